@@ -1,0 +1,15 @@
+"""powernorm-fairseq: Power Normalization and its neighbours as a fairseq plugin.
+
+Pass ``--user-dir`` pointing at this package to any fairseq command; importing
+it registers the ``powernorm_transformer`` model and its architectures.
+"""
+
+from .checkpoints import allow_fairseq_checkpoints
+from .errors import install_excepthook
+
+__version__ = "0.1.0"
+
+allow_fairseq_checkpoints()
+install_excepthook()
+
+from . import models  # noqa: E402,F401 (registers the model with fairseq)

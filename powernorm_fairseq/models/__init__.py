@@ -1,0 +1,1 @@
+from .powernorm_transformer import PowerNormTransformerModel  # noqa: F401 (registers the model)

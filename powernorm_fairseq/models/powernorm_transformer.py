@@ -1,0 +1,300 @@
+"""``powernorm_transformer``: fairseq's transformer with every norm chosen by flag.
+
+The encoder's norms follow ``--norm-type`` and the decoder's
+``--decoder-norm-type`` (LN by default, as in the PowerNorm paper, Section 5).
+``--norm-placement``, ``--fixnorm`` and ``--small-init`` give the rows of
+Nguyen & Salazar (2019), "Transformers without Tears".
+"""
+
+import argparse
+import math
+
+import torch.nn.functional as F
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerDecoderBase,
+    TransformerEncoderBase,
+    TransformerModel,
+)
+from fairseq.models.transformer.transformer_legacy import (
+    transformer_iwslt_de_en,
+    transformer_vaswani_wmt_en_de_big,
+    transformer_wmt_en_de,
+)
+from fairseq.modules import MultiheadAttention
+from torch import nn
+
+from ..errors import PowerNormConfigError
+from ..modules import (
+    FixNormEmbedding,
+    PowerNormDecoderLayer,
+    PowerNormEncoderLayer,
+    decoder_norm,
+    encoder_norm,
+)
+from ..norms import NORM_TYPES, Norm, build_norm, norm_type_of, padding_mask
+
+BATCH_NORMS = ("bn", "pn", "pn-v")  # norms with running statistics
+
+
+def _fraction(flag):
+    def parse(text):
+        value = float(text)
+        if not 0.0 < value < 1.0:
+            raise argparse.ArgumentTypeError(f"{flag} must be in (0, 1), got {text}")
+        return value
+
+    return parse
+
+
+def _positive(text):
+    value = float(text)
+    if not value > 0.0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _count(text):
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+@register_model("powernorm_transformer")
+class PowerNormTransformerModel(TransformerModel):
+    """fairseq's ``TransformerModel`` with the norms of the PowerNorm paper."""
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        # fmt: off
+        parser.add_argument("--norm-type", choices=NORM_TYPES, metavar="{" + ",".join(NORM_TYPES) + "}",
+                            help="every encoder norm: attention, FFN and the final norm (default: pn)")
+        parser.add_argument("--decoder-norm-type", choices=NORM_TYPES,
+                            metavar="{" + ",".join(NORM_TYPES) + "}",
+                            help="every decoder norm (default: ln, as in the paper)")
+        parser.add_argument("--norm-placement", choices=("pre", "post"),
+                            help="norm before each sublayer (pre) or after the residual sum (post); default: pre")
+        parser.add_argument("--fixnorm", action="store_true",
+                            help="unit-length word embeddings times a learned scale (needs tied embeddings)")
+        parser.add_argument("--small-init", action="store_true",
+                            help="attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))")
+        parser.add_argument("--pn-alpha-fwd", type=_fraction("--pn-alpha-fwd"),
+                            help="PN running psi^2 decay, in (0, 1) (default: 0.9)")
+        parser.add_argument("--pn-alpha-bwd", type=_fraction("--pn-alpha-bwd"),
+                            help="PN running nu decay, in (0, 1) (default: 0.9)")
+        parser.add_argument("--pn-warmup-updates", type=_count,
+                            help="PN forwards that use batch statistics (default: --warmup-updates)")
+        parser.add_argument("--pn-eps", type=_positive, help="PN and PN-V epsilon (default: 1e-5)")
+        parser.add_argument("--pn-group-scaling", action=argparse.BooleanOptionalAction,
+                            help="per-token RMS scaling over groups = heads before PN, "
+                                 "as in the authors' code (default: on)")
+        parser.add_argument("--pn-backward", choices=("paper", "reference"),
+                            help="PN backward: Algorithm 2 of the paper, or the authors' "
+                                 "released code (default: paper)")
+        parser.add_argument("--norm-momentum", type=_fraction("--norm-momentum"),
+                            help="running-statistics momentum of bn and pn-v (default: 0.1)")
+        # fmt: on
+
+    @classmethod
+    def build_model(cls, args, task):
+        check_args(args)
+        model = super().build_model(args, task)
+        if args.small_init:
+            small_init_(model)
+        return model
+
+    @classmethod
+    def build_embedding(cls, cfg, dictionary, embed_dim, path=None):
+        if not getattr(cfg, "fixnorm", False):
+            return super().build_embedding(cfg, dictionary, embed_dim, path)
+        if path:
+            raise PowerNormConfigError("--fixnorm cannot start from pretrained embeddings (--*-embed-path)")
+        return FixNormEmbedding(len(dictionary), embed_dim, dictionary.pad())
+
+    @classmethod
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return PowerNormTransformerEncoder(cfg, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
+        return PowerNormTransformerDecoder(
+            cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
+        )
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        check_norm_state(self, state_dict)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+class PowerNormTransformerEncoder(TransformerEncoderBase):
+    """fairseq's encoder; its norms get the source padding mask."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
+        super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
+        if self.layer_norm is not None:
+            self.layer_norm = encoder_norm(cfg)
+
+    def build_encoder_layer(self, cfg):
+        layer = PowerNormEncoderLayer(cfg, return_fc=self.return_fc)
+        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap)
+
+    def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens=False,
+                           token_embeddings=None):
+        with padding_mask(self, src_tokens.eq(self.padding_idx)):
+            return super().forward_scriptable(
+                src_tokens, src_lengths, return_all_hiddens, token_embeddings
+            )
+
+
+class PowerNormTransformerDecoder(TransformerDecoderBase):
+    """fairseq's decoder; its norms get the target padding mask."""
+
+    def __init__(self, cfg, dictionary, embed_tokens, no_encoder_attn=False,
+                 output_projection=None):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
+        if self.layer_norm is not None:
+            self.layer_norm = decoder_norm(cfg)
+
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        layer = PowerNormDecoderLayer(cfg, no_encoder_attn)
+        return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap)
+
+    def extract_features_scriptable(self, prev_output_tokens, encoder_out,
+                                    incremental_state=None, full_context_alignment=False,
+                                    alignment_layer=None, alignment_heads=None):
+        # incremental decoding feeds one position at a time
+        tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -1:]
+        with padding_mask(self, tokens.eq(self.padding_idx)):
+            return super().extract_features_scriptable(
+                prev_output_tokens, encoder_out, incremental_state,
+                full_context_alignment, alignment_layer, alignment_heads,
+            )
+
+    def output_layer(self, features):
+        if self.share_input_output_embed and isinstance(self.embed_tokens, FixNormEmbedding):
+            # the tied output projection is the same FixNorm'd table as the input
+            return F.linear(features, self.embed_tokens.fixnorm_weight())
+        return super().output_layer(features)
+
+
+def check_args(args):
+    """Reject flag combinations that would leave a norm the flags did not ask for."""
+    kinds = (args.norm_type, args.decoder_norm_type)
+    if getattr(args, "layernorm_embedding", False):
+        raise PowerNormConfigError(
+            "--layernorm-embedding adds a LayerNorm that --norm-type does not control; "
+            "drop it (powernorm_transformer has no embedding norm)"
+        )
+    for flag in ("scale_attn", "scale_fc"):
+        if getattr(args, flag, False):
+            raise PowerNormConfigError(
+                f"--{flag.replace('_', '-')} adds a LayerNorm that --norm-type does not control; drop it"
+            )
+    if getattr(args, "checkpoint_activations", False) and any(k in BATCH_NORMS for k in kinds):
+        raise PowerNormConfigError(
+            "--checkpoint-activations recomputes forwards, which would update running "
+            f"statistics twice; use --norm-type/--decoder-norm-type in {{ln,scalenorm}} or drop it"
+        )
+    if args.fixnorm and not (args.share_all_embeddings or args.share_decoder_input_output_embed):
+        raise PowerNormConfigError(
+            "--fixnorm needs tied embeddings: add --share-all-embeddings "
+            "or --share-decoder-input-output-embed"
+        )
+
+
+def small_init_(model):
+    """SmallInit (Nguyen & Salazar, 2019, Section 2.4): Xavier normal with the
+    attention fan taken as d + 4d, and the FFN's true fan d + d_ff."""
+    for module in model.modules():
+        if isinstance(module, MultiheadAttention):
+            std = math.sqrt(2.0 / (5 * module.embed_dim))
+            for proj in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
+                nn.init.normal_(proj.weight, mean=0.0, std=std)
+        elif isinstance(module, (PowerNormEncoderLayer, PowerNormDecoderLayer)):
+            d, d_ff = module.fc1.in_features, module.fc1.out_features
+            std = math.sqrt(2.0 / (d + d_ff))
+            for fc in (module.fc1, module.fc2):
+                nn.init.normal_(fc.weight, mean=0.0, std=std)
+
+
+_STATE_KEYS = {frozenset(build_norm(kind, 4).state_dict()): kind for kind in NORM_TYPES}
+
+
+def check_norm_state(model, state_dict):
+    """Fail in one line when a checkpoint's norms are not the model's."""
+    found, wanted = {}, {}
+    for name, module in model.named_modules():
+        if not isinstance(module, Norm):
+            continue
+        keys = frozenset(k[len(name) + 1:] for k in state_dict if k.startswith(name + "."))
+        part = name.split(".")[0]
+        found.setdefault(part, set()).add(_STATE_KEYS.get(keys, "unknown"))
+        wanted.setdefault(part, set()).add(norm_type_of(module))
+    if found != wanted:
+        flags = {"encoder": "--norm-type", "decoder": "--decoder-norm-type"}
+        have = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(found.items()))
+        need = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(wanted.items()))
+        fix = " ".join(
+            f"{flags.get(p, p)} {sorted(k)[0]}" for p, k in sorted(found.items())
+            if k != wanted.get(p) and len(k) == 1 and "unknown" not in k
+        )
+        raise PowerNormConfigError(
+            f"checkpoint norms ({have}) do not match the model ({need})"
+            + (f"; pass {fix}" if fix else "")
+        )
+
+
+def _powernorm_defaults(args):
+    args.norm_type = getattr(args, "norm_type", "pn")
+    args.decoder_norm_type = getattr(args, "decoder_norm_type", "ln")
+    args.norm_placement = getattr(args, "norm_placement", "pre")
+    pre = args.norm_placement == "pre"
+    for side in ("encoder", "decoder"):
+        flag = f"{side}_normalize_before"
+        if getattr(args, flag, False) and not pre:
+            raise PowerNormConfigError(
+                f"--{flag.replace('_', '-')} contradicts --norm-placement post; "
+                "use --norm-placement {pre,post} alone"
+            )
+        setattr(args, flag, pre)
+    args.fixnorm = getattr(args, "fixnorm", False)
+    if args.fixnorm:  # the FixNorm length g replaces fairseq's sqrt(d) embedding scale
+        args.no_scale_embedding = True
+    args.small_init = getattr(args, "small_init", False)
+    args.pn_alpha_fwd = getattr(args, "pn_alpha_fwd", 0.9)
+    args.pn_alpha_bwd = getattr(args, "pn_alpha_bwd", 0.9)
+    args.pn_warmup_updates = getattr(args, "pn_warmup_updates", getattr(args, "warmup_updates", 0))
+    args.pn_eps = getattr(args, "pn_eps", 1e-5)
+    args.pn_group_scaling = getattr(args, "pn_group_scaling", True)
+    args.pn_backward = getattr(args, "pn_backward", "paper")
+    args.norm_momentum = getattr(args, "norm_momentum", 0.1)
+
+
+@register_model_architecture("powernorm_transformer", "powernorm_transformer")
+def powernorm_transformer(args):
+    _powernorm_defaults(args)
+    transformer_wmt_en_de(args)
+
+
+@register_model_architecture("powernorm_transformer", "powernorm_transformer_iwslt_de_en")
+def powernorm_transformer_iwslt_de_en(args):
+    """The paper's IWSLT14 "small": 6+6 layers, 512 embed, 1024 FFN, 4 heads."""
+    _powernorm_defaults(args)
+    transformer_iwslt_de_en(args)
+
+
+@register_model_architecture("powernorm_transformer", "powernorm_transformer_wmt_en_de")
+def powernorm_transformer_wmt_en_de(args):
+    """Transformer base."""
+    _powernorm_defaults(args)
+    transformer_wmt_en_de(args)
+
+
+@register_model_architecture("powernorm_transformer", "powernorm_transformer_wmt_en_de_big")
+def powernorm_transformer_wmt_en_de_big(args):
+    """Transformer big (Vaswani et al., 2017)."""
+    _powernorm_defaults(args)
+    transformer_vaswani_wmt_en_de_big(args)

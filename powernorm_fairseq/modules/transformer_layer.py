@@ -1,0 +1,63 @@
+"""fairseq's transformer layers with their norms chosen by flag.
+
+The layers keep fairseq's attribute names (``self_attn_layer_norm``,
+``final_layer_norm``, ...) whatever norm sits there, so an ``ln`` model has the
+state dict of a stock fairseq transformer. fairseq calls these norms with ``x``
+alone; the padding mask reaches them through :func:`norms.padding_mask`.
+"""
+
+from fairseq.modules.transformer_layer import (
+    TransformerDecoderLayerBase,
+    TransformerEncoderLayerBase,
+)
+
+from ..norms import build_norm
+
+
+def norm_options(cfg, kind: str, heads: int) -> dict:
+    """The constructor options of a norm of ``kind`` from the model's flags."""
+    if kind == "pn":
+        return dict(
+            alpha_fwd=cfg.pn_alpha_fwd,
+            alpha_bwd=cfg.pn_alpha_bwd,
+            warmup_updates=cfg.pn_warmup_updates,
+            eps=cfg.pn_eps,
+            group_scaling=cfg.pn_group_scaling,
+            groups=heads,
+            backward=cfg.pn_backward,
+        )
+    if kind == "pn-v":
+        return dict(momentum=cfg.norm_momentum, eps=cfg.pn_eps)
+    if kind == "bn":
+        return dict(momentum=cfg.norm_momentum)
+    return {}
+
+
+def encoder_norm(cfg):
+    kind, heads = cfg.norm_type, cfg.encoder.attention_heads
+    return build_norm(kind, cfg.encoder.embed_dim, **norm_options(cfg, kind, heads))
+
+
+def decoder_norm(cfg):
+    kind, heads = cfg.decoder_norm_type, cfg.decoder.attention_heads
+    return build_norm(kind, cfg.decoder.embed_dim, **norm_options(cfg, kind, heads))
+
+
+class PowerNormEncoderLayer(TransformerEncoderLayerBase):
+    """Encoder layer whose attention and FFN norms follow ``--norm-type``."""
+
+    def __init__(self, cfg, return_fc=False):
+        super().__init__(cfg, return_fc=return_fc)
+        self.self_attn_layer_norm = encoder_norm(cfg)
+        self.final_layer_norm = encoder_norm(cfg)
+
+
+class PowerNormDecoderLayer(TransformerDecoderLayerBase):
+    """Decoder layer whose three norms follow ``--decoder-norm-type``."""
+
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
+        self.self_attn_layer_norm = decoder_norm(cfg)
+        if self.encoder_attn_layer_norm is not None:
+            self.encoder_attn_layer_norm = decoder_norm(cfg)
+        self.final_layer_norm = decoder_norm(cfg)

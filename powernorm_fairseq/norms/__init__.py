@@ -1,0 +1,40 @@
+"""The norm library: every norm takes (T, B, C) and fairseq's padding mask.
+
+``build_norm(kind, dim, **options)`` is the one way to make a norm; its
+registry ``NORMS`` also gives the command-line choices (``NORM_TYPES``).
+"""
+
+from torch import nn
+
+from .base import Norm, padding_mask
+from .batchnorm import MaskedBatchNorm
+from .layernorm import LayerNorm
+from .powernorm import PowerNorm, PowerNormV
+from .scalenorm import ScaleNorm
+
+NORMS = {
+    "ln": LayerNorm,
+    "bn": MaskedBatchNorm,
+    "pn": PowerNorm,
+    "pn-v": PowerNormV,
+    "scalenorm": ScaleNorm,
+}
+NORM_TYPES = tuple(NORMS)
+
+
+def build_norm(kind: str, dim: int, **options) -> nn.Module:
+    """A norm of type ``kind`` (one of ``NORM_TYPES``) over ``dim`` channels."""
+    if kind not in NORMS:
+        raise ValueError(f"unknown norm type {kind!r}; choose one of {', '.join(NORM_TYPES)}")
+    return NORMS[kind](dim, **options)
+
+
+def norm_type_of(module: nn.Module) -> str:
+    """The registry name of a norm module (inverse of :func:`build_norm`)."""
+    for kind, cls in NORMS.items():
+        if type(module) is cls:
+            return kind
+    raise TypeError(f"{type(module).__name__} is not a registered norm")
+
+
+__all__ = ["NORMS", "NORM_TYPES", "Norm", "build_norm", "norm_type_of", "padding_mask"]

@@ -1,0 +1,69 @@
+"""What every norm shares: the forward signature and the padding mask.
+
+Every norm takes ``x`` of shape ``(seq_len, batch, channels)`` and fairseq's
+padding mask of shape ``(batch, seq_len)``, True at padding. fairseq's layers
+call their norms with ``x`` alone, so the encoder and decoder of this plugin
+hand the mask over with :func:`padding_mask` for the duration of a forward.
+"""
+
+from contextlib import contextmanager
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+
+class Norm(nn.Module):
+    """Base class: ``forward(x, pad_mask=None)`` over ``(T, B, C)``."""
+
+    #: set by :func:`padding_mask` for calls that cannot pass the mask
+    pad_mask: Optional[Tensor] = None
+
+    def forward(self, x: Tensor, pad_mask: Optional[Tensor] = None) -> Tensor:
+        if pad_mask is None:
+            pad_mask = self.pad_mask
+        if pad_mask is not None and pad_mask.shape != (x.size(1), x.size(0)):
+            raise ValueError(
+                f"pad_mask has shape {tuple(pad_mask.shape)}, expected "
+                f"(batch, seq_len) = ({x.size(1)}, {x.size(0)})"
+            )
+        return self.normalize(x, pad_mask)
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        raise NotImplementedError
+
+
+@contextmanager
+def padding_mask(module: nn.Module, pad_mask: Optional[Tensor]):
+    """Give every :class:`Norm` inside ``module`` the padding mask (B, T)."""
+    norms = [m for m in module.modules() if isinstance(m, Norm)]
+    for norm in norms:
+        norm.pad_mask = pad_mask
+    try:
+        yield
+    finally:
+        for norm in norms:
+            norm.pad_mask = None
+
+
+def upcast(x: Tensor) -> Tensor:
+    """``x`` in at least float32: statistics of half precision overflow."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def real_tokens(x: Tensor, pad_mask: Optional[Tensor]) -> Tuple[Optional[Tensor], int]:
+    """Weights (T, B, 1), in the statistics dtype, that are 1 at real tokens, and their count.
+
+    The weights are None when nothing is padded, so callers take plain sums.
+    """
+    if pad_mask is None or not pad_mask.any():
+        return None, x.size(0) * x.size(1)
+    keep = (~pad_mask).t().unsqueeze(-1).to(upcast(x).dtype)
+    return keep, int(keep.sum().item())
+
+
+def token_mean(v: Tensor, keep: Optional[Tensor], n: int) -> Tensor:
+    """Mean over the real tokens of ``v`` (T, B, C): one value per channel."""
+    if keep is not None:
+        v = v * keep
+    return v.sum(dim=(0, 1)) / n

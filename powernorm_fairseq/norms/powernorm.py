@@ -1,0 +1,194 @@
+"""Power Normalization (Shen et al., ICML 2020, "PowerNorm: Rethinking Batch
+Normalization in Transformers", https://arxiv.org/abs/2003.07845).
+
+Two members of the family:
+
+* :class:`PowerNormV` ("PN-V"): divide by the quadratic mean of the batch,
+  psi_B^2 = mean(x^2) over the real tokens, with the exact gradient (Eq. 6).
+* :class:`PowerNorm` ("PN"): divide by a *running* psi^2 in the forward pass
+  and use the approximate backward pass of Algorithm 2, whose running term nu
+  stands in for the batch-dependent part of Eq. 6.
+
+``backward="reference"`` reproduces what the authors' released code computes
+(``fairseq/modules/norms/mask_powernorm.py`` of sIncerass/powernorm), so a
+model trained with it can be continued or compared exactly. Each departure
+from the paper is marked ``REFERENCE:`` below.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .base import Norm, real_tokens, token_mean, upcast
+
+
+def group_scale(x: Tensor, groups: int, eps: float = 1e-5) -> Tensor:
+    """The original code's "layer scale": per token, divide each of ``groups``
+    channel groups by its root mean square. ``x``: (T, B, C)."""
+    T, B, C = x.shape
+    xg = x.reshape(T, B, groups, C // groups)
+    xg = xg * torch.rsqrt(xg.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return xg.reshape(T, B, C)
+
+
+def _affine(xh: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    return xh * weight.to(xh) + bias.to(xh)
+
+
+class PowerNormV(Norm):
+    """PN-V: x / sqrt(psi_B^2 + eps) with the exact gradient; running psi^2 for eval."""
+
+    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5):
+        super().__init__()
+        if not 0.0 < momentum < 1.0:
+            raise ValueError(f"momentum must be in (0, 1), got {momentum}")
+        self.dim, self.momentum, self.eps = dim, momentum, eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.register_buffer("running_psi2", torch.ones(dim))
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        xf = upcast(x)
+        keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
+        if n == 0:  # eval, or a training batch that is all padding
+            psi2 = self.running_psi2.to(xf)
+        else:
+            psi2 = token_mean(xf * xf, keep, n)  # psi_B^2; autograd gives Eq. 6
+            with torch.no_grad():
+                self.running_psi2.lerp_(psi2.to(self.running_psi2), self.momentum)
+        return _affine(xf * torch.rsqrt(psi2 + self.eps), self.weight, self.bias).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, momentum={self.momentum}, eps={self.eps}"
+
+
+class PowerNormFunction(torch.autograd.Function):
+    """Forward with a fixed scale; backward replaces the batch term of Eq. 6
+    by the running nu (Algorithm 2), or computes it exactly during warmup."""
+
+    @staticmethod
+    def forward(ctx, x, keep, n, inv, weight, bias, nu, mode, alpha_bwd, inv_batch):
+        # x: (T, B, C) float32; keep: (T, B, 1) real-token weights or None;
+        # inv: (C,) 1/sqrt(psi^2 + eps) used by the forward pass.
+        xh = x * inv
+        ctx.save_for_backward(xh, keep, inv, weight, inv_batch)
+        ctx.n, ctx.nu, ctx.mode, ctx.alpha_bwd = n, nu, mode, alpha_bwd
+        return xh * weight + bias
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        xh, keep, inv, weight, inv_batch = ctx.saved_tensors
+        n, nu, rate = ctx.n, ctx.nu, 1.0 - ctx.alpha_bwd
+        g = grad_y * weight  # dL/dxh
+        if ctx.mode == "reference":
+            # REFERENCE: nu enters scaled by (1 - alpha_bwd) instead of its
+            # decay, is a plain running sum rather than Algorithm 2's
+            # exponential average, averages over every position including
+            # padding, and the result is divided by the *batch* psi_B even
+            # after warmup, where the forward pass used the running psi.
+            g = g - rate * nu * xh
+            nu.add_((g * xh).mean(dim=(0, 1)))
+            grad_x = g * inv_batch
+        else:
+            g_xh = g * xh
+            gamma_t = token_mean(g_xh, keep, n)  # Algorithm 2: Gamma_t
+            lambda_t = token_mean(xh * xh, keep, n)  # Algorithm 2: Lambda_t
+            if ctx.mode == "exact":  # warmup: the exact gradient, Eq. 6
+                correction = g_xh.sum(dim=(0, 1)) / n
+            else:  # Algorithm 2: dL/dxh' = dL/dxh - nu_{t-1} * xh
+                correction = nu.clone()
+            # the correction belongs to the real tokens, which alone make psi
+            shift = correction * xh if keep is None else correction * xh * keep
+            grad_x = (g - shift) * inv
+            nu.mul_(1.0 - rate * lambda_t).add_(rate * gamma_t)  # nu_t
+        grad_weight = (grad_y * xh).sum(dim=(0, 1))
+        grad_bias = grad_y.sum(dim=(0, 1))
+        return grad_x, None, None, None, grad_weight, grad_bias, None, None, None, None
+
+
+class PowerNorm(Norm):
+    """PN: running quadratic mean forward, Algorithm 2 backward.
+
+    For the first ``warmup_updates`` training forwards it behaves as PN-V
+    (batch statistic, exact gradient) while psi^2 is the cumulative mean of
+    the batch statistics; nu already follows Algorithm 2's update then, so the
+    approximate backward starts from a current estimate.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        alpha_fwd: float = 0.9,
+        alpha_bwd: float = 0.9,
+        warmup_updates: int = 0,
+        eps: float = 1e-5,
+        group_scaling: bool = False,
+        groups: int = 1,
+        backward: str = "paper",
+    ):
+        super().__init__()
+        for name, alpha in (("alpha_fwd", alpha_fwd), ("alpha_bwd", alpha_bwd)):
+            if not 0.0 < alpha < 1.0:
+                raise ValueError(f"{name} must be in (0, 1), got {alpha}")
+        if backward not in ("paper", "reference"):
+            raise ValueError(f"backward must be 'paper' or 'reference', got {backward!r}")
+        if warmup_updates < 0:
+            raise ValueError(f"warmup_updates must be >= 0, got {warmup_updates}")
+        if groups < 1 or dim % groups:
+            raise ValueError(f"groups must divide dim={dim}, got {groups}")
+        self.dim, self.eps = dim, eps
+        self.alpha_fwd, self.alpha_bwd = alpha_fwd, alpha_bwd
+        self.warmup_updates, self.backward = warmup_updates, backward
+        self.group_scaling, self.groups = group_scaling, groups
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+        self.register_buffer("running_psi2", torch.ones(dim))
+        self.register_buffer("running_nu", torch.zeros(dim))
+        self.register_buffer("num_steps", torch.tensor(0, dtype=torch.long))
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        xf = upcast(x)
+        if self.group_scaling:
+            xf = group_scale(xf, self.groups)
+        keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
+        if n == 0:  # eval, or a training batch that is all padding
+            xh = xf * torch.rsqrt(self.running_psi2.to(xf) + self.eps)
+            return _affine(xh, self.weight, self.bias).to(x.dtype)
+
+        with torch.no_grad():
+            psi2_batch = token_mean(xf * xf, keep, n)  # psi_B^2
+            psi2 = self.running_psi2  # psi^2_{t-1}
+            self.num_steps += 1
+            k = int(self.num_steps)
+            warm = k <= self.warmup_updates
+            inv_batch = torch.rsqrt(psi2_batch + self.eps)
+            inv = inv_batch if warm else torch.rsqrt(psi2.to(xf) + self.eps)
+            if self.backward == "reference":
+                # REFERENCE: the cumulative mean stops one step before the
+                # warmup does, and the exponential average is applied on top
+                # of it at every step, warmup included.
+                if k < self.warmup_updates:
+                    psi2.mul_((k - 1) / k).add_((psi2_batch / k).to(psi2))
+                psi2.lerp_(psi2_batch.to(psi2), 1.0 - self.alpha_fwd)
+                mode = "reference"
+            elif warm:
+                psi2.mul_((k - 1) / k).add_((psi2_batch / k).to(psi2))  # cumulative mean
+                mode = "exact"
+            else:
+                psi2.lerp_(psi2_batch.to(psi2), 1.0 - self.alpha_fwd)  # Algorithm 2: psi_t^2
+                mode = "paper"
+
+        y = PowerNormFunction.apply(
+            xf, keep, n, inv, self.weight.to(xf), self.bias.to(xf),
+            self.running_nu, mode, self.alpha_bwd, inv_batch,
+        )
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.dim}, alpha_fwd={self.alpha_fwd}, alpha_bwd={self.alpha_bwd}, "
+            f"warmup_updates={self.warmup_updates}, eps={self.eps}, "
+            f"group_scaling={self.group_scaling}, groups={self.groups}, "
+            f"backward={self.backward!r}"
+        )

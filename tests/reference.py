@@ -1,0 +1,97 @@
+"""Plain-PyTorch references of every norm's formula, written independently of
+the library: real tokens are gathered with boolean indexing, each formula is
+spelled out as in the paper or the issue that specifies it, and the PN
+backward passes are computed by hand, step by step, from an upstream gradient.
+"""
+
+import torch
+
+
+def real(x, pad):
+    """(N, C) real tokens of x (T, B, C); pad (B, T) True at padding."""
+    return x[~pad.t()]
+
+
+def layer_norm(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + eps) * w + b
+
+
+def scale_norm(x, g, eps=1e-5):
+    length = torch.sqrt((x * x).sum(-1, keepdim=True))
+    return g * x / torch.maximum(length, torch.full_like(length, eps))
+
+
+def batch_norm(x, pad, w, b, eps=1e-5):
+    X = real(x, pad)
+    mu = X.mean(0)
+    var = ((X - mu) ** 2).mean(0)
+    return (x - mu) / torch.sqrt(var + eps) * w + b, mu, var * X.shape[0] / (X.shape[0] - 1)
+
+
+def pn_v(x, pad, w, b, eps=1e-5):
+    psi2 = (real(x, pad) ** 2).mean(0)
+    return x / torch.sqrt(psi2 + eps) * w + b, psi2
+
+
+def group_scale(x, groups, eps=1e-5):
+    out = []
+    for chunk in x.chunk(groups, dim=-1):
+        out.append(chunk / torch.sqrt((chunk ** 2).mean(-1, keepdim=True) + eps))
+    return torch.cat(out, dim=-1)
+
+
+class PaperPN:
+    """Algorithm 2 with warmup as PN-V, one training step at a time."""
+
+    def __init__(self, C, alpha_fwd=0.9, alpha_bwd=0.9, warmup=0, eps=1e-5):
+        self.psi2 = torch.ones(C, dtype=torch.float64)
+        self.nu = torch.zeros(C, dtype=torch.float64)
+        self.a_f, self.a_b, self.warmup, self.eps, self.k = alpha_fwd, alpha_bwd, warmup, eps, 0
+
+    def step(self, x, pad, gamma, beta, grad_y):
+        """Output, dL/dx and dL/dgamma for upstream gradient grad_y."""
+        self.k += 1
+        keep = (~pad.t()).unsqueeze(-1).double()
+        X = real(x, pad)
+        psi_b2 = (X ** 2).mean(0)
+        g = gamma * grad_y
+        if self.k <= self.warmup:  # PN-V with its exact gradient, from autograd
+            xr = x.detach().clone().requires_grad_(True)
+            y, _ = pn_v(xr, pad, gamma, beta, self.eps)
+            (grad_x,) = torch.autograd.grad(y, xr, grad_y)
+            xh = x / torch.sqrt(psi_b2 + self.eps)
+            self.psi2 = self.psi2 * (self.k - 1) / self.k + psi_b2 / self.k
+        else:
+            xh = x / torch.sqrt(self.psi2 + self.eps)
+            y = gamma * xh + beta
+            grad_x = (g - keep * self.nu * xh) / torch.sqrt(self.psi2 + self.eps)
+            self.psi2 = self.a_f * self.psi2 + (1 - self.a_f) * psi_b2
+        Xh, G = real(xh, pad), real(g, pad)
+        gamma_t, lambda_t = (Xh * G).mean(0), (Xh ** 2).mean(0)
+        self.nu = self.nu * (1 - (1 - self.a_b) * lambda_t) + (1 - self.a_b) * gamma_t
+        return y, grad_x, (grad_y * xh).sum((0, 1))
+
+
+class ReferencePN:
+    """What the authors' released code computes, transcribed from the issue."""
+
+    def __init__(self, C, alpha_fwd=0.9, alpha_bwd=0.9, warmup=0, eps=1e-5):
+        self.psi2 = torch.ones(C, dtype=torch.float64)
+        self.nu = torch.zeros(C, dtype=torch.float64)
+        self.a_f, self.a_b, self.W, self.eps, self.k = alpha_fwd, alpha_bwd, warmup, eps, 0
+
+    def step(self, x, pad, gamma, beta, grad_y):
+        self.k += 1
+        k = self.k
+        psi_b2 = (real(x, pad) ** 2).mean(0)
+        z = x / torch.sqrt((psi_b2 if k <= self.W else self.psi2) + self.eps)
+        if k < self.W:
+            self.psi2 = self.psi2 * (k - 1) / k + psi_b2 / k
+        self.psi2 = self.a_f * self.psi2 + (1 - self.a_f) * psi_b2
+        y = gamma * z + beta
+        g = gamma * grad_y
+        g2 = g - (1 - self.a_b) * self.nu * z
+        self.nu = self.nu + (g2 * z).mean((0, 1))
+        return y, g2 / torch.sqrt(psi_b2 + self.eps), (grad_y * z).sum((0, 1))

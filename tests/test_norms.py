@@ -1,0 +1,250 @@
+"""The norm library against independent references of its formulas."""
+
+import pytest
+import torch
+
+import reference as ref
+from powernorm_fairseq.norms import NORM_TYPES, build_norm
+
+T, B, C = 9, 4, 8
+BATCH_NORMS = ("bn", "pn", "pn-v")
+
+
+def batch(seed, dtype=torch.float64, T=T, B=B):
+    """x (T, B, C) with ragged padding, its mask (B, T) and an upstream gradient."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, B, C, generator=g, dtype=dtype) * 2 + 0.5
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    pad = torch.arange(T)[None, :] >= lengths[:, None]
+    grad_y = torch.randn(T, B, C, generator=g, dtype=dtype)
+    grad_y[pad.t()] = 0  # the loss never sees padded positions
+    return x, pad, grad_y
+
+
+def affine(norm, seed=0):
+    """Random gamma/beta so that their gradients matter in the checks."""
+    g = torch.Generator().manual_seed(seed)
+    if not hasattr(norm, "weight"):  # ScaleNorm: one scalar
+        with torch.no_grad():
+            norm.scale.mul_(1.3)
+        return norm
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(C, generator=g, dtype=norm.weight.dtype))
+        norm.bias.copy_(0.1 * torch.randn(C, generator=g, dtype=norm.bias.dtype))
+    return norm
+
+
+def run(norm, x, pad, grad_y):
+    x = x.clone().requires_grad_(True)
+    y = norm(x, pad)
+    y.backward(grad_y)
+    return y.detach(), x.grad
+
+
+def test_registry_and_unknown_kind():
+    assert set(NORM_TYPES) == {"ln", "bn", "pn", "pn-v", "scalenorm"}
+    with pytest.raises(ValueError, match="unknown norm type 'rms'.*ln, bn, pn, pn-v, scalenorm"):
+        build_norm("rms", C)
+
+
+@pytest.mark.parametrize("option, value", [("alpha_fwd", 1.0), ("alpha_bwd", 0.0), ("alpha_fwd", -0.5)])
+def test_pn_rejects_alpha_outside_unit_interval(option, value):
+    with pytest.raises(ValueError, match=rf"{option} must be in \(0, 1\)"):
+        build_norm("pn", C, **{option: value})
+
+
+def test_pn_rejects_bad_backward_and_groups():
+    with pytest.raises(ValueError, match="backward must be 'paper' or 'reference'"):
+        build_norm("pn", C, backward="exact")
+    with pytest.raises(ValueError, match="groups must divide"):
+        build_norm("pn", C, group_scaling=True, groups=3)
+
+
+def test_layer_norm_matches_reference():
+    norm = affine(build_norm("ln", C).double())
+    x, pad, _ = batch(1)
+    torch.testing.assert_close(norm(x, pad), ref.layer_norm(x, norm.weight, norm.bias))
+
+
+def test_scale_norm_matches_reference_and_initial_scale():
+    norm = build_norm("scalenorm", C).double()
+    assert norm.scale.item() == pytest.approx(C ** 0.5)
+    x, pad, _ = batch(2)
+    x[0, 0] = 0  # the eps floor keeps a zero vector finite
+    torch.testing.assert_close(norm(x, pad), ref.scale_norm(x, norm.scale))
+
+
+def test_batch_norm_matches_reference_over_steps():
+    norm = affine(build_norm("bn", C, momentum=0.2).double()).train()
+    mean, var = torch.zeros(C, dtype=torch.float64), torch.ones(C, dtype=torch.float64)
+    for step in range(4):
+        x, pad, grad_y = batch(10 + step)
+        y, gx = run(norm, x, pad, grad_y)
+        xr = x.clone().requires_grad_(True)
+        y_ref, mu, unbiased = ref.batch_norm(xr, pad, norm.weight.detach(), norm.bias.detach())
+        (gx_ref,) = torch.autograd.grad(y_ref, xr, grad_y)
+        mean, var = 0.8 * mean + 0.2 * mu.detach(), 0.8 * var + 0.2 * unbiased.detach()
+        torch.testing.assert_close(y, y_ref.detach())
+        torch.testing.assert_close(gx, gx_ref)
+        torch.testing.assert_close(norm.running_mean, mean)
+        torch.testing.assert_close(norm.running_var, var)
+
+
+def test_pn_v_matches_reference_over_steps():
+    norm = affine(build_norm("pn-v", C, momentum=0.1).double()).train()
+    psi2 = torch.ones(C, dtype=torch.float64)
+    for step in range(4):
+        x, pad, grad_y = batch(20 + step)
+        y, gx = run(norm, x, pad, grad_y)
+        xr = x.clone().requires_grad_(True)
+        y_ref, psi_b2 = ref.pn_v(xr, pad, norm.weight.detach(), norm.bias.detach())
+        (gx_ref,) = torch.autograd.grad(y_ref, xr, grad_y)
+        psi2 = 0.9 * psi2 + 0.1 * psi_b2.detach()
+        torch.testing.assert_close(y, y_ref.detach())
+        torch.testing.assert_close(gx, gx_ref)
+        torch.testing.assert_close(norm.running_psi2, psi2)
+
+
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_pn_paper_backward_matches_algorithm_2(warmup):
+    norm = affine(build_norm("pn", C, alpha_fwd=0.8, alpha_bwd=0.7, warmup_updates=warmup)).double()
+    paper = ref.PaperPN(C, alpha_fwd=0.8, alpha_bwd=0.7, warmup=warmup)
+    for step in range(6):
+        x, pad, grad_y = batch(30 + step)
+        norm.weight.grad = None
+        y, gx = run(norm, x, pad, grad_y)
+        y_ref, gx_ref, gw_ref = paper.step(x, pad, norm.weight.detach(), norm.bias.detach(), grad_y)
+        torch.testing.assert_close(y, y_ref.detach())
+        torch.testing.assert_close(gx, gx_ref)
+        torch.testing.assert_close(norm.weight.grad, gw_ref)
+        torch.testing.assert_close(norm.running_psi2, paper.psi2)
+        torch.testing.assert_close(norm.running_nu, paper.nu)
+    assert int(norm.num_steps) == 6
+    assert norm.running_nu.abs().sum() > 0  # nu really moved
+
+
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_pn_reference_backward_matches_released_code(warmup):
+    norm = affine(build_norm("pn", C, warmup_updates=warmup, backward="reference")).double()
+    released = ref.ReferencePN(C, warmup=warmup)
+    for step in range(6):
+        x, pad, grad_y = batch(40 + step)
+        norm.weight.grad = None
+        y, gx = run(norm, x, pad, grad_y)
+        y_ref, gx_ref, gw_ref = released.step(x, pad, norm.weight.detach(), norm.bias.detach(), grad_y)
+        torch.testing.assert_close(y, y_ref)
+        torch.testing.assert_close(gx, gx_ref)
+        torch.testing.assert_close(norm.weight.grad, gw_ref)
+        torch.testing.assert_close(norm.running_psi2, released.psi2)
+        torch.testing.assert_close(norm.running_nu, released.nu)
+
+
+def test_pn_paper_and_reference_differ():
+    """The two backward variants are not the same computation in disguise."""
+    x, pad, grad_y = batch(50)
+    grads = []
+    for variant in ("paper", "reference"):
+        norm = build_norm("pn", C, backward=variant).double()
+        for _ in range(3):
+            _, gx = run(norm, x, pad, grad_y)
+        grads.append(gx)
+    assert not torch.allclose(*grads)
+
+
+@pytest.mark.parametrize("backward", ["paper", "reference"])
+def test_pn_group_scaling_is_applied_before_pn(backward):
+    groups = 4
+    norm = build_norm("pn", C, group_scaling=True, groups=groups, backward=backward).double()
+    plain = build_norm("pn", C, backward=backward).double()
+    x, pad, grad_y = batch(60)
+    xs = x.clone().requires_grad_(True)
+    scaled = ref.group_scale(xs, groups)
+    y_plain = plain(scaled, pad)
+    y_plain.backward(grad_y)
+    y, gx = run(norm, x, pad, grad_y)
+    torch.testing.assert_close(y, y_plain.detach())
+    torch.testing.assert_close(gx, xs.grad)
+    torch.testing.assert_close(norm.running_psi2, plain.running_psi2)
+
+
+def _exact(kind):
+    """Norms (or phases) whose gradient is the exact one, for gradcheck."""
+    if kind == "pn":  # PN during warmup is PN-V with a hand-written exact backward
+        return build_norm("pn", C, warmup_updates=10**9).double()
+    return build_norm(kind, C, **({"momentum": 0.1} if kind in ("bn", "pn-v") else {})).double()
+
+
+@pytest.mark.parametrize("kind", ["ln", "scalenorm", "bn", "pn-v", "pn"])
+def test_gradcheck_exact_gradients(kind):
+    norm = affine(_exact(kind)).train()
+    x, pad, _ = batch(70, T=5, B=3)
+    x.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda inp: norm(inp, pad), (x,))
+
+
+@pytest.mark.parametrize("kind", NORM_TYPES)
+def test_padding_changes_nothing_for_real_tokens(kind):
+    """Longer padding, filled with junk, gives the same real outputs and gradients."""
+    x, pad, grad_y = batch(80)
+    extra = 3
+    x_long = torch.cat([x, 100 * torch.randn(extra, B, C, dtype=x.dtype)])
+    pad_long = torch.cat([pad, torch.ones(B, extra, dtype=torch.bool)], dim=1)
+    grad_long = torch.cat([grad_y, torch.zeros(extra, B, C, dtype=x.dtype)])
+    outs = []
+    for xi, pi, gi in ((x, pad, grad_y), (x_long, pad_long, grad_long)):
+        torch.manual_seed(0)
+        norm = affine(build_norm(kind, C).double()).train()
+        for _ in range(3):  # several steps: running statistics and nu must agree too
+            y, gx = run(norm, xi, pi, gi)
+        keep = ~pi.t()
+        outs.append((y[:T][keep[:T]], gx[:T][keep[:T]], {k: v.clone() for k, v in norm.state_dict().items()}))
+    (y0, g0, s0), (y1, g1, s1) = outs
+    torch.testing.assert_close(y0, y1)
+    torch.testing.assert_close(g0, g1)
+    for key in s0:
+        torch.testing.assert_close(s0[key], s1[key])
+
+
+@pytest.mark.parametrize("kind", BATCH_NORMS)
+def test_state_dict_round_trip_and_eval_uses_running_stats(kind):
+    norm = affine(build_norm(kind, C).double()).train()
+    for step in range(3):
+        run(norm, *batch(90 + step))
+    copy = build_norm(kind, C).double()
+    copy.load_state_dict(norm.state_dict())
+    norm.eval(), copy.eval()
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    x, pad, _ = batch(99)
+    y = norm(x, pad)
+    torch.testing.assert_close(copy(x, pad), y)
+    for key, value in norm.state_dict().items():
+        assert torch.equal(value, before[key]), f"eval changed {key}"
+    # eval is per token: a token's output does not depend on the rest of the batch
+    torch.testing.assert_close(norm(x[:, :1], pad[:1]), y[:, :1])
+
+
+@pytest.mark.parametrize("kind", BATCH_NORMS)
+def test_all_padding_batch_leaves_state_and_gives_no_nan(kind):
+    norm = build_norm(kind, C).train()
+    run(norm, *batch(100, dtype=torch.float32))
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    x = torch.randn(T, B, C, requires_grad=True)
+    y = norm(x, torch.ones(B, T, dtype=torch.bool))
+    y.sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+    for key, value in norm.state_dict().items():
+        assert torch.equal(value, before[key]), f"all-pad batch changed {key}"
+
+
+@pytest.mark.parametrize("kind", NORM_TYPES)
+def test_half_precision_input_keeps_float32_statistics(kind):
+    norm = build_norm(kind, C).train()
+    x, pad, _ = batch(110, dtype=torch.float32)
+    y32 = build_norm(kind, C).train()(x, pad)
+    y = norm(x.to(torch.bfloat16), pad)
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+    torch.testing.assert_close(y.float(), y32, atol=0.05, rtol=0.05)
+    for name, buf in norm.named_buffers():
+        if buf.is_floating_point():
+            assert buf.dtype == torch.float32, name
