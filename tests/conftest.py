@@ -1,4 +1,57 @@
+import os
+import random
+import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))  # for `import reference`
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+# a model small enough to train in seconds on a CPU
+TINY = [
+    "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+]
+
+
+def cli(tool, *args, check=True, cwd=ROOT, timeout=600):
+    """Run a fairseq console script of this environment; return the process."""
+    proc = subprocess.run(
+        [str(BIN / tool), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def toy_corpus(n, seed):
+    """Word-for-word "translation" through a fixed lexicon, lengths 3-12."""
+    rng = random.Random(seed)
+    de = "haus baum katze hund auto buch tisch stuhl fenster tür garten blume apfel brot milch wasser".split()
+    en = "house tree cat dog car book table chair window door garden flower apple bread milk water".split()
+    src, tgt = [], []
+    for _ in range(n):
+        idx = [rng.randrange(len(de)) for _ in range(rng.randint(3, 12))]
+        src.append(" ".join(de[i] for i in idx))
+        tgt.append(" ".join(en[i] for i in idx))
+    return src, tgt
+
+
+@pytest.fixture(scope="session")
+def toy_data(tmp_path_factory):
+    """A binarized toy de-en corpus with a joined dictionary."""
+    root = tmp_path_factory.mktemp("toy")
+    for split, n, seed in (("train", 600, 1), ("valid", 40, 2), ("test", 24, 3)):
+        src, tgt = toy_corpus(n, seed)
+        (root / f"{split}.de").write_text("\n".join(src) + "\n")
+        (root / f"{split}.en").write_text("\n".join(tgt) + "\n")
+    cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
+        "--trainpref", root / "train", "--validpref", root / "valid", "--testpref", root / "test",
+        "--destdir", root / "bin", "--joined-dictionary", "--workers", "1")
+    return root / "bin"

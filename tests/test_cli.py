@@ -1,0 +1,112 @@
+"""End to end through the real fairseq commands with --user-dir powernorm_fairseq."""
+
+import json
+import re
+import subprocess
+from statistics import mean
+
+import pytest
+import torch
+
+import powernorm_fairseq  # noqa: F401 (lets torch.load read fairseq checkpoints)
+from conftest import ROOT, TINY, cli
+
+USER_DIR = ROOT / "powernorm_fairseq"
+
+
+def train_args(data, save_dir, *flags, max_update=40):
+    return [
+        data, "--user-dir", USER_DIR, "--arch", "powernorm_transformer_iwslt_de_en", *TINY,
+        "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+        "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "8",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", "600", "--max-update", max_update, "--save-dir", save_dir,
+        "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1",
+        "--seed", "1", "--num-workers", "0", *flags,
+    ]
+
+
+def losses(log):
+    """Training losses per update from fairseq's JSON log lines."""
+    rows = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
+    return [float(r["loss"]) for r in rows]
+
+
+@pytest.mark.parametrize("norm", ["ln", "bn", "pn", "pn-v", "scalenorm"])
+def test_train_then_generate(toy_data, tmp_path, norm):
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", norm))
+    curve = losses(proc.stdout + proc.stderr)
+    assert len(curve) == 40
+    assert mean(curve[-5:]) < mean(curve[:5]) - 1.0, curve  # bits per token
+    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
+    assert state["cfg"]["model"].norm_type == norm
+    gen = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
+              "--beam", "5", "--remove-bpe", "--batch-size", "8")
+    hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
+    assert len(hyps) == 24
+    assert "BLEU4" in gen.stdout
+
+
+def test_resume_continues_from_the_last_checkpoint(toy_data, tmp_path):
+    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=12))
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=20))
+    log = proc.stdout + proc.stderr
+    assert "Loaded checkpoint" in log and "@ 12 updates" in log
+    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
+    assert state["extra_state"]["train_iterator"]["epoch"] >= 1
+    assert int(state["model"]["encoder.layer_norm.num_steps"]) == 20  # one PN step per update
+
+
+def test_interactive_translates(toy_data, tmp_path):
+    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=4))
+    proc = subprocess.run(
+        [str(ROOT / ".venv/bin/fairseq-interactive"), str(toy_data), "--user-dir", str(USER_DIR),
+         "--path", str(tmp_path / "checkpoint_last.pt"), "--source-lang", "de", "--target-lang", "en"],
+        input="haus katze\n", capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"^H-0\t", proc.stdout, re.M)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--pn-alpha-fwd", "1.5"], "argument --pn-alpha-fwd: --pn-alpha-fwd must be in (0, 1), got 1.5"),
+    (["--norm-type", "layer"], "argument --norm-type: invalid choice: 'layer'"),
+    (["--norm-placement", "middle"], "argument --norm-placement: invalid choice: 'middle'"),
+    (["--pn-backward", "approx"], "argument --pn-backward: invalid choice: 'approx'"),
+    (["--no-share-all-embeddings-please"], "unrecognized arguments"),
+])
+def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)
+    assert proc.returncode == 2
+    assert message in proc.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--norm-placement", "post", "--decoder-normalize-before"],
+     "--decoder-normalize-before contradicts --norm-placement post"),
+    (["--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm"),
+])
+def test_bad_flag_combinations_fail_in_one_line(toy_data, tmp_path, flags, message):
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fairseq-train: error: ") and message in last
+    assert "Traceback" not in proc.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_fixnorm_without_tied_embeddings_fails_in_one_line(toy_data, tmp_path):
+    args = [a for a in train_args(toy_data, tmp_path, "--fixnorm") if a != "--share-all-embeddings"]
+    proc = cli("fairseq-train", *args, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--fixnorm needs tied embeddings" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_fixnorm_scalenorm_post_norm_row_trains(toy_data, tmp_path):
+    """The "Transformers without Tears" row: ScaleNorm + FixNorm + SmallInit."""
+    proc = cli("fairseq-train", *train_args(
+        toy_data, tmp_path, "--norm-type", "scalenorm", "--decoder-norm-type", "scalenorm",
+        "--fixnorm", "--small-init", "--norm-placement", "post"))
+    curve = losses(proc.stdout + proc.stderr)
+    assert mean(curve[-5:]) < mean(curve[:5]) - 1.0, curve

@@ -1,0 +1,168 @@
+"""The powernorm_transformer model built the way fairseq-train builds it."""
+
+import math
+
+import pytest
+import torch
+from fairseq import options, tasks
+
+from conftest import TINY
+from powernorm_fairseq.errors import PowerNormConfigError
+from powernorm_fairseq.modules import FixNormEmbedding
+from powernorm_fairseq.norms import NORM_TYPES, NORMS, Norm, norm_type_of
+from powernorm_fairseq.norms.powernorm import PowerNorm
+
+
+def build(data, *flags, arch="powernorm_transformer_iwslt_de_en", seed=0):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data), "--arch", arch, "--optimizer", "adam", "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", "7", "--dropout", "0", *TINY, *map(str, flags)])
+    task = tasks.setup_task(args)
+    torch.manual_seed(seed)
+    return task.build_model(args), task
+
+
+def sample(task, n=8):
+    task.load_dataset("valid")
+    dataset = task.dataset("valid")
+    return dataset.collater([dataset[i] for i in range(n)])
+
+
+def forward(model, s):
+    return model(**s["net_input"])[0]
+
+
+def norms_of(module):
+    return [m for m in module.modules() if isinstance(m, Norm)]
+
+
+def test_ln_model_is_the_stock_pre_norm_transformer(toy_data):
+    ours, task = build(toy_data, "--norm-type", "ln", "--decoder-norm-type", "ln")
+    stock, _ = build(toy_data, "--encoder-normalize-before", "--decoder-normalize-before",
+                     arch="transformer_iwslt_de_en")
+    assert ours.state_dict().keys() == stock.state_dict().keys()
+    for key, value in stock.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    s = sample(task)
+    ours.train(), stock.train()
+    y_ours, y_stock = forward(ours, s), forward(stock, s)
+    torch.testing.assert_close(y_ours, y_stock)
+    y_ours.logsumexp(-1).sum().backward(), y_stock.logsumexp(-1).sum().backward()
+    stock_grads = dict(stock.named_parameters())
+    for name, p in ours.named_parameters():
+        torch.testing.assert_close(p.grad, stock_grads[name].grad, msg=name)
+
+
+@pytest.mark.parametrize("enc", NORM_TYPES)
+@pytest.mark.parametrize("dec", ["ln", "pn", "bn"])
+def test_every_norm_follows_the_flags(toy_data, enc, dec):
+    model, task = build(toy_data, "--norm-type", enc, "--decoder-norm-type", dec)
+    # fairseq's LayerNorm() returns torch's or apex's module; neither may be left
+    assert not [m for m in model.modules() if "LayerNorm" in type(m).__name__ and not isinstance(m, Norm)]
+    enc_norms, dec_norms = norms_of(model.encoder), norms_of(model.decoder)
+    assert len(enc_norms) == 2 * 2 + 1 and len(dec_norms) == 3 * 2 + 1  # layers + final
+    assert {norm_type_of(m) for m in enc_norms} == {enc}
+    assert {norm_type_of(m) for m in dec_norms} == {dec}
+    model.train()
+    out = forward(model, sample(task))
+    assert torch.isfinite(out).all()
+
+
+def test_pn_flags_reach_the_layers(toy_data):
+    model, _ = build(toy_data, "--norm-type", "pn", "--pn-alpha-fwd", "0.8", "--pn-alpha-bwd", "0.7",
+                     "--pn-backward", "reference", "--pn-eps", "1e-4")
+    pn = model.encoder.layers[0].self_attn_layer_norm
+    assert isinstance(pn, PowerNorm)
+    assert (pn.alpha_fwd, pn.alpha_bwd, pn.eps, pn.backward) == (0.8, 0.7, 1e-4, "reference")
+    assert pn.warmup_updates == 7  # the run's --warmup-updates
+    assert pn.group_scaling and pn.groups == 4  # on by default, groups = heads
+    model, _ = build(toy_data, "--no-pn-group-scaling", "--pn-warmup-updates", "0")
+    pn = model.encoder.layer_norm
+    assert not pn.group_scaling and pn.warmup_updates == 0
+
+
+def test_post_norm_placement(toy_data):
+    model, task = build(toy_data, "--norm-placement", "post", "--norm-type", "bn")
+    assert model.encoder.layer_norm is None and model.decoder.layer_norm is None
+    assert not model.encoder.layers[0].normalize_before
+    assert not model.decoder.layers[0].normalize_before
+    assert len(norms_of(model.encoder)) == 4
+    model.train()
+    assert torch.isfinite(forward(model, sample(task))).all()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--norm-placement", "post", "--encoder-normalize-before"],
+     "--encoder-normalize-before contradicts --norm-placement post"),
+    (["--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm"),
+    (["--fixnorm"], "--fixnorm needs tied embeddings"),
+    (["--checkpoint-activations"], "--checkpoint-activations recomputes forwards"),
+])
+def test_bad_combinations_are_rejected(toy_data, flags, message):
+    with pytest.raises(PowerNormConfigError, match=message):
+        build(toy_data, *flags)
+
+
+def test_fixnorm(toy_data):
+    model, task = build(toy_data, "--fixnorm", "--share-all-embeddings")
+    emb = model.encoder.embed_tokens
+    assert isinstance(emb, FixNormEmbedding) and emb is model.decoder.embed_tokens
+    assert model.encoder.embed_scale == 1.0  # g replaces fairseq's sqrt(d) scale
+    assert emb.weight.abs().max() <= 0.01
+    lengths = emb.fixnorm_weight().norm(dim=-1)
+    pad = task.source_dictionary.pad()
+    torch.testing.assert_close(lengths[pad], torch.tensor(0.0))
+    others = torch.cat([lengths[:pad], lengths[pad + 1:]])
+    torch.testing.assert_close(others, torch.full_like(others, math.sqrt(32)))
+    features = torch.randn(2, 3, 32)
+    torch.testing.assert_close(model.decoder.output_layer(features), features @ emb.fixnorm_weight().t())
+
+
+def test_small_init(toy_data):
+    torch.manual_seed(0)
+    model, _ = build(toy_data, "--small-init", "--encoder-embed-dim", "256", "--decoder-embed-dim", "256",
+                     "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512")
+    attn = model.encoder.layers[0].self_attn
+    for proj in (attn.q_proj, attn.k_proj, attn.out_proj, model.decoder.layers[1].encoder_attn.v_proj):
+        assert proj.weight.std().item() == pytest.approx(math.sqrt(2 / (5 * 256)), rel=0.05)
+    for fc in (model.encoder.layers[1].fc1, model.decoder.layers[0].fc2):
+        assert fc.weight.std().item() == pytest.approx(math.sqrt(2 / (256 + 512)), rel=0.05)
+
+
+def test_checkpoint_with_other_norms_is_rejected(toy_data):
+    pn_model, _ = build(toy_data, "--norm-type", "pn")
+    ln_model, _ = build(toy_data, "--norm-type", "ln")
+    with pytest.raises(PowerNormConfigError, match=r"checkpoint norms \(decoder ln, encoder pn\) .*"
+                                                   r"model \(decoder ln, encoder ln\); pass --norm-type pn"):
+        ln_model.load_state_dict(pn_model.state_dict())
+    ln_model.load_state_dict(build(toy_data, "--norm-type", "ln", seed=1)[0].state_dict())
+
+
+@pytest.mark.parametrize("dec", ["bn", "pn", "pn-v"])
+def test_incremental_decoding_equals_full_scoring(toy_data, dec):
+    model, task = build(toy_data, "--norm-type", "pn", "--decoder-norm-type", dec)
+    s = sample(task)
+    model.train()
+    for _ in range(3):  # move the running statistics away from their initial values
+        forward(model, s)
+    model.eval()
+    net = s["net_input"]
+    with torch.no_grad():
+        enc = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+        full = model.decoder(net["prev_output_tokens"], encoder_out=enc)[0]
+        state, steps = {}, []
+        for t in range(net["prev_output_tokens"].size(1)):
+            out = model.decoder(net["prev_output_tokens"][:, : t + 1], encoder_out=enc, incremental_state=state)
+            steps.append(out[0])
+    real = net["prev_output_tokens"].ne(task.target_dictionary.pad())
+    torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], atol=1e-5, rtol=1e-4)
+
+
+def test_registry_feeds_the_flag_choices(toy_data):
+    with pytest.raises(SystemExit):
+        build(toy_data, "--norm-type", "layer")
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [str(toy_data), "--arch", "powernorm_transformer_iwslt_de_en"])
+    assert args.norm_type == "pn" and args.decoder_norm_type == "ln" and args.norm_placement == "pre"
+    assert set(NORMS) == set(NORM_TYPES)
