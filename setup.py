@@ -18,4 +18,10 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["powernorm_fairseq", "powernorm_fairseq.*"]),
     install_requires=["sacrebleu>=2", "sacremoses", "subword-nmt"],
+    entry_points={
+        "console_scripts": [
+            "powernorm-average=powernorm_fairseq.average:main",
+            "powernorm-score=powernorm_fairseq.score:main",
+        ]
+    },
 )

@@ -8,7 +8,8 @@ usage() {
 usage: scripts/setup.sh [--python PYTHON]
 
 Creates .venv in the repository root with torch 2.13.0 (CPU), the Python 3.11
-fork of fairseq 0.12 (ve-fairseq 0.12.3) and this plugin in editable mode.
+fork of fairseq 0.12 (fairseq-fixed 0.12.3.1, built here: about 3 minutes the
+first time) and this plugin in editable mode.
   --python PYTHON   interpreter for the venv (default: python3, 3.11 needed)
 USAGE
 }
@@ -23,7 +24,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 TORCH=torch==2.13.0
-FAIRSEQ=ve-fairseq==0.12.3
+FAIRSEQ=fairseq-fixed==0.12.3.1
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.powernorm-setup"
@@ -38,9 +39,11 @@ fi
 pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 # torch first, pinned: anything unpinned later must find it satisfied
 "${pip[@]}" "$TORCH"
-# fairseq without its declared deps: they include torchaudio (another torch)
-"${pip[@]}" --no-deps "$FAIRSEQ"
 "${pip[@]}" -r requirements.txt
+# fairseq without its declared deps (they include torchaudio, which pulls
+# another torch), built against the torch, numpy and Cython installed above
+"$VENV/bin/python" -m pip uninstall -y -q ve-fairseq 2>/dev/null || true
+"${pip[@]}" --no-deps --no-build-isolation "$FAIRSEQ"
 "${pip[@]}" --no-deps -e .
 "$VENV/bin/python" -c "import torch, fairseq, powernorm_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 echo "$want" > "$STAMP"

@@ -47,7 +47,7 @@ def toy_corpus(n, seed):
 def toy_data(tmp_path_factory):
     """A binarized toy de-en corpus with a joined dictionary."""
     root = tmp_path_factory.mktemp("toy")
-    for split, n, seed in (("train", 600, 1), ("valid", 40, 2), ("test", 24, 3)):
+    for split, n, seed in (("train", 600, 1), ("valid", 40, 2), ("test", 27, 3)):
         src, tgt = toy_corpus(n, seed)
         (root / f"{split}.de").write_text("\n".join(src) + "\n")
         (root / f"{split}.en").write_text("\n".join(tgt) + "\n")

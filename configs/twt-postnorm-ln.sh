@@ -1,0 +1,3 @@
+# Transformers without Tears, PostNorm + LayerNorm on IWSLT14: the original Transformer placement
+NORM=ln
+PLACEMENT=post

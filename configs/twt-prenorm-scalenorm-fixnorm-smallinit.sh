@@ -1,0 +1,4 @@
+# Transformers without Tears, PreNorm + FixNorm + ScaleNorm + SmallInit: their best IWSLT row
+NORM=scalenorm
+DECODER_NORM=scalenorm
+EXTRA=(--fixnorm --small-init)

@@ -1,0 +1,3 @@
+# Table 1, WMT14 PN-V row (paper: 28.5 BLEU)
+DATASET=wmt14
+NORM=pn-v

@@ -1,0 +1,58 @@
+# shellcheck shell=bash
+# Steps shared by the preparation recipes. Every step writes to a temporary
+# file and renames it when complete, and is skipped when its output exists,
+# so an interrupted run resumes and never leaves a half-written file behind.
+
+WORKERS=${WORKERS:-$(nproc 2>/dev/null || echo 2)}
+
+die() { echo "$(basename "$0"): error: $*" >&2; exit 1; }
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+# run_step OUTPUT COMMAND...: run COMMAND with stdout to OUTPUT.tmp, then rename
+run_step() {
+  local out=$1; shift
+  [[ -s "$out" ]] && return 0
+  "$@" > "$out.tmp" || { rm -f "$out.tmp"; die "step failed: $*"; }
+  mv "$out.tmp" "$out"
+}
+
+# tokenize LANG IN OUT [lowercase]: Moses tokenization (sacremoses, XML escaping
+# as Moses' tokenizer.perl does by default), optionally lowercased
+tokenize() {
+  local lang=$1 in=$2 out=$3 lower=${4:-}
+  if [[ -n "$lower" ]]; then
+    run_step "$out" bash -c 'sacremoses -q -l "$0" -j "$1" tokenize -x < "$2" | python -c "import sys
+for line in sys.stdin: sys.stdout.write(line.lower())"' "$lang" "$WORKERS" "$in"
+  else
+    run_step "$out" bash -c 'sacremoses -q -l "$0" -j "$1" tokenize -x < "$2"' "$lang" "$WORKERS" "$in"
+  fi
+}
+
+# learn_bpe MERGES CODES TRAIN_SRC TRAIN_TGT: joint BPE (subword-nmt)
+learn_bpe() {
+  local merges=$1 codes=$2 src=$3 tgt=$4
+  [[ -s "$codes" ]] && return 0
+  subword-nmt learn-joint-bpe-and-vocab --input "$src" "$tgt" -s "$merges" \
+    -o "$codes.tmp" --write-vocabulary "$codes.vocab.src" "$codes.vocab.tgt" 2>/dev/null \
+    || { rm -f "$codes.tmp"; die "learning BPE failed"; }
+  mv "$codes.tmp" "$codes"
+}
+
+# apply_bpe CODES IN OUT
+apply_bpe() {
+  run_step "$3" subword-nmt apply-bpe -c "$1" --num-workers "$WORKERS" --input "$2"
+}
+
+# binarize SRC TGT PREFIX_DIR DEST: fairseq-preprocess with a joined dictionary
+binarize() {
+  local src=$1 tgt=$2 dir=$3 dest=$4
+  [[ -f "$dest/.done" ]] && return 0
+  rm -rf "$dest.tmp"
+  fairseq-preprocess --source-lang "$src" --target-lang "$tgt" \
+    --trainpref "$dir/train" --validpref "$dir/valid" --testpref "$dir/test" \
+    --destdir "$dest.tmp" --joined-dictionary --workers "$WORKERS" >&2 \
+    || { rm -rf "$dest.tmp"; die "fairseq-preprocess failed"; }
+  touch "$dest.tmp/.done"
+  rm -rf "$dest"
+  mv "$dest.tmp" "$dest"
+}

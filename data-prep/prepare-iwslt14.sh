@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# IWSLT14 German-English as fairseq's examples/translation/prepare-iwslt14.sh
+# prepares it, with sacremoses and subword-nmt instead of cloned Moses and
+# subword-nmt repositories, then binarized with fairseq-preprocess.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/lib.sh"
+
+URL="http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
+SRC=de TGT=en LANG_PAIR=de-en
+BPE_TOKENS=10000        # joint BPE merges, as fairseq's recipe
+CLEAN_RATIO=1.5 CLEAN_MIN=1 CLEAN_MAX=175
+VALID_EVERY=23          # valid = every 23rd line of the cleaned training data
+# test = these five sets, concatenated in this order
+TEST_SETS="IWSLT14.TED.dev2010 IWSLT14.TEDX.dev2012 IWSLT14.TED.tst2010 IWSLT14.TED.tst2011 IWSLT14.TED.tst2012"
+OUT=data-bin/iwslt14 ARCHIVE="" FORCE=""
+
+usage() {
+  cat <<USAGE
+usage: data-prep/prepare-iwslt14.sh [--archive PATH] [--out DIR] [--force]
+
+  --archive PATH   a local copy of de-en.tgz (default: download $URL)
+  --out DIR        output directory (default: $OUT): DIR/bin is the binarized
+                   data, DIR/raw the untokenized test references, DIR/tmp the
+                   intermediate files
+  --force          prepare again even if DIR is complete
+USAGE
+}
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --archive) ARCHIVE="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --force) FORCE=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option '$1'" ;;
+  esac
+done
+
+if [[ -f "$OUT/bin/.done" && -z "$FORCE" ]]; then
+  log "$OUT is already prepared (use --force to redo it)"
+  exit 0
+fi
+[[ -n "$FORCE" ]] && rm -rf "$OUT"
+mkdir -p "$OUT/orig" "$OUT/tmp" "$OUT/raw"
+
+if [[ -z "$ARCHIVE" ]]; then
+  ARCHIVE="$OUT/orig/de-en.tgz"
+  if [[ ! -s "$ARCHIVE" ]]; then
+    log "downloading $URL"
+    curl -fL --retry 3 -o "$ARCHIVE.tmp" "$URL" || { rm -f "$ARCHIVE.tmp"; die "download failed: $URL (use --archive PATH)"; }
+    mv "$ARCHIVE.tmp" "$ARCHIVE"
+  fi
+fi
+[[ -f "$ARCHIVE" ]] || die "--archive: no such file '$ARCHIVE'"
+members=$(tar tzf "$ARCHIVE" 2>/dev/null) || die "corrupt or unreadable archive: $ARCHIVE"
+for m in "train.tags.$LANG_PAIR.$SRC" "train.tags.$LANG_PAIR.$TGT"; do
+  grep -qx "$LANG_PAIR/$m" <<<"$members" || die "archive $ARCHIVE lacks $LANG_PAIR/$m (is it IWSLT14 de-en.tgz?)"
+done
+for t in $TEST_SETS; do
+  for l in $SRC $TGT; do
+    grep -qx "$LANG_PAIR/$t.$LANG_PAIR.$l.xml" <<<"$members" || die "archive $ARCHIVE lacks $LANG_PAIR/$t.$LANG_PAIR.$l.xml"
+  done
+done
+if [[ ! -f "$OUT/orig/.extracted" ]]; then
+  rm -rf "$OUT/orig/$LANG_PAIR"
+  tar xzf "$ARCHIVE" -C "$OUT/orig" || die "corrupt archive: $ARCHIVE"
+  touch "$OUT/orig/.extracted"
+fi
+orig="$OUT/orig/$LANG_PAIR" tmp="$OUT/tmp"
+
+log "training data: strip the TED markup, tokenize"
+for l in $SRC $TGT; do
+  run_step "$tmp/train.tags.raw.$l" bash -c \
+    'grep -v -e "<url>" -e "<talkid>" -e "<keywords>" "$0" | sed -e "s/<title>//g; s/<\/title>//g; s/<description>//g; s/<\/description>//g"' \
+    "$orig/train.tags.$LANG_PAIR.$l"
+  tokenize "$l" "$tmp/train.tags.raw.$l" "$tmp/train.tags.tok.$l"
+done
+
+log "cleaning: length $CLEAN_MIN-$CLEAN_MAX, ratio $CLEAN_RATIO; lowercasing"
+# the rules of Moses' clean-corpus-n.perl: whitespace normalised, both sides
+# within the length bounds, neither side more than RATIO times the other
+if [[ ! -s "$tmp/train.tags.$SRC" ]]; then
+  python - "$tmp/train.tags.tok" "$SRC" "$TGT" "$CLEAN_MIN" "$CLEAN_MAX" "$CLEAN_RATIO" "$tmp/train.tags" <<'PY' \
+    || die "cleaning failed"
+import sys
+inp, src, tgt, lo, hi, ratio, out = sys.argv[1:]
+lo, hi, ratio = int(lo), int(hi), float(ratio)
+with open(f"{inp}.{src}", encoding="utf-8") as fs, open(f"{inp}.{tgt}", encoding="utf-8") as ft, \
+        open(f"{out}.{src}.tmp", "w", encoding="utf-8") as os_, open(f"{out}.{tgt}.tmp", "w", encoding="utf-8") as ot:
+    for s, t in zip(fs, ft, strict=True):
+        s, t = " ".join(s.split()), " ".join(t.split())
+        ns, nt = len(s.split()), len(t.split())
+        if not (lo <= ns <= hi and lo <= nt <= hi) or ns / nt > ratio or nt / ns > ratio:
+            continue
+        os_.write(s.lower() + "\n")
+        ot.write(t.lower() + "\n")
+PY
+  mv "$tmp/train.tags.$TGT.tmp" "$tmp/train.tags.$TGT"
+  mv "$tmp/train.tags.$SRC.tmp" "$tmp/train.tags.$SRC"
+fi
+
+log "valid/test data: extract the <seg> lines, tokenize, lowercase"
+for l in $SRC $TGT; do
+  for t in $TEST_SETS; do
+    run_step "$tmp/$t.raw.$l" bash -c \
+      'grep "<seg id" "$0" | sed -e "s/<seg id=\"[0-9]*\">\s*//g; s/\s*<\/seg>\s*//g" | sed -e "s/’/'"'"'/g"' \
+      "$orig/$t.$LANG_PAIR.$l.xml"
+    tokenize "$l" "$tmp/$t.raw.$l" "$tmp/$t.$l" lowercase
+  done
+done
+
+log "splitting: valid = every ${VALID_EVERY}rd training line, test = $TEST_SETS"
+for l in $SRC $TGT; do
+  run_step "$tmp/valid.$l" awk -v n="$VALID_EVERY" 'NR % n == 0' "$tmp/train.tags.$l"
+  run_step "$tmp/train.$l" awk -v n="$VALID_EVERY" 'NR % n != 0' "$tmp/train.tags.$l"
+  test_files=() raw_files=()
+  for t in $TEST_SETS; do test_files+=("$tmp/$t.$l"); raw_files+=("$tmp/$t.raw.$l"); done
+  run_step "$tmp/test.$l" cat "${test_files[@]}"
+  run_step "$OUT/raw/test.$l" cat "${raw_files[@]}"
+done
+
+log "learning BPE with $BPE_TOKENS merges on the joint training text (subword-nmt)"
+run_step "$tmp/train.joint" cat "$tmp/train.$SRC" "$tmp/train.$TGT"
+run_step "$tmp/code" subword-nmt learn-bpe -s "$BPE_TOKENS" --input "$tmp/train.joint"
+mkdir -p "$tmp/bpe"
+for l in $SRC $TGT; do
+  for split in train valid test; do
+    apply_bpe "$tmp/code" "$tmp/$split.$l" "$tmp/bpe/$split.$l"
+  done
+done
+
+log "binarizing (fairseq-preprocess --joined-dictionary)"
+binarize "$SRC" "$TGT" "$tmp/bpe" "$OUT/bin"
+log "done: $OUT/bin"

@@ -1,0 +1,105 @@
+"""Score ``fairseq-generate`` output the way the PowerNorm paper reports BLEU:
+``powernorm-score``.
+
+* ``--bleu iwslt14``: case-insensitive BLEU on the tokenized, BPE-removed
+  output (``fairseq-generate --remove-bpe``), as fairseq's IWSLT14 recipe.
+* ``--bleu wmt14``: case-sensitive tokenized BLEU after splitting hyphenated
+  compounds (``a-b`` -> ``a ##AT##-##AT## b``), as fairseq's
+  ``compound_split_bleu.sh`` and Vaswani et al. (2017).
+
+Beside it, always, sacreBLEU on detokenized text (sacremoses detokenizer) with
+its signature, against the raw reference when one is given. Every line says
+which BLEU it is and how many checkpoints were averaged.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from sacrebleu.metrics import BLEU
+from sacremoses import MosesDetokenizer
+
+
+def read_generate_output(path):
+    """Hypotheses and references of a fairseq-generate log, in test-set order."""
+    hyps, refs = {}, {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            kind, _, rest = line.rstrip("\n").partition("-")
+            if kind not in ("H", "T") or "\t" not in rest:
+                continue
+            fields = rest.split("\t")
+            if not fields[0].isdigit():
+                continue
+            if kind == "H":
+                hyps[int(fields[0])] = fields[2] if len(fields) > 2 else ""
+            else:
+                refs[int(fields[0])] = fields[1] if len(fields) > 1 else ""
+    if not hyps or hyps.keys() != refs.keys():
+        raise ValueError(f"{path}: no complete H-/T- pairs (is it fairseq-generate output?)")
+    ids = sorted(hyps)
+    return [hyps[i] for i in ids], [refs[i] for i in ids]
+
+
+def split_compounds(line):
+    return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line)
+
+
+def score(hyps, refs, scheme, lang, raw_refs=None):
+    """{name: (score, description)} for the paper's BLEU and sacreBLEU."""
+    if scheme == "wmt14":
+        tok = BLEU(tokenize="none", force=True)
+        tok_score = tok.corpus_score([split_compounds(h) for h in hyps], [[split_compounds(r) for r in refs]])
+        tok_name = "tokenized BLEU, case-sensitive, compound-split"
+    else:
+        tok = BLEU(tokenize="none", lowercase=True, force=True)
+        tok_score = tok.corpus_score(hyps, [refs])
+        tok_name = "tokenized BLEU, case-insensitive"
+    detok = MosesDetokenizer(lang=lang)
+    detok_hyps = [detok.detokenize(h.split()) for h in hyps]
+    if raw_refs is None:
+        detok_refs, ref_name = [detok.detokenize(r.split()) for r in refs], "detokenized test references"
+    else:
+        if len(raw_refs) != len(hyps):
+            raise ValueError(f"raw reference has {len(raw_refs)} lines, output has {len(hyps)}")
+        detok_refs, ref_name = raw_refs, "raw references"
+    sacre = BLEU()
+    sacre_score = sacre.corpus_score(detok_hyps, [detok_refs])
+    return {
+        "bleu": (round(tok_score.score, 2), tok_name),
+        "sacrebleu": (round(sacre_score.score, 2), f"sacreBLEU on detokenized output vs {ref_name}"),
+        "sacrebleu_signature": str(sacre.get_signature()),
+        "sentences": len(hyps),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="powernorm-score", description=__doc__.split("\n\n")[0])
+    parser.add_argument("generate_output", help="a fairseq-generate log (run with --remove-bpe)")
+    parser.add_argument("--bleu", choices=("iwslt14", "wmt14"), required=True,
+                        help="which of the paper's BLEU definitions to compute")
+    parser.add_argument("--target-lang", default="en", help="language of the detokenizer (default: en)")
+    parser.add_argument("--raw-ref", help="untokenized reference, one line per test sentence")
+    parser.add_argument("--checkpoints", type=int, default=1, help="how many checkpoints were averaged")
+    parser.add_argument("--json", help="also write the scores to this JSON file")
+    args = parser.parse_args(argv)
+
+    try:
+        hyps, refs = read_generate_output(args.generate_output)
+        raw = Path(args.raw_ref).read_text(encoding="utf-8").splitlines() if args.raw_ref else None
+        result = score(hyps, refs, args.bleu, args.target_lang, raw)
+    except (OSError, ValueError) as err:
+        parser.exit(2, f"powernorm-score: error: {err}\n")
+    result["checkpoints_averaged"] = args.checkpoints
+    for key in ("bleu", "sacrebleu"):
+        value, name = result[key]
+        print(f"{value:6.2f}  {name}; {args.checkpoints} checkpoint(s) averaged")
+    print(f"        sacreBLEU signature: {result['sacrebleu_signature']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

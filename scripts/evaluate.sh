@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Average the last checkpoints of a run, translate the test set and score it
+# exactly as the PowerNorm paper reports BLEU, plus sacreBLEU with its signature.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+usage() {
+  cat <<USAGE
+usage: scripts/evaluate.sh --save-dir DIR [--dataset NAME] [options]
+
+  --save-dir DIR     the run's checkpoint directory (required)
+  --dataset NAME     iwslt14 | wmt14 | quickstart (default: iwslt14); picks the
+                     beam, length penalty and BLEU definition of the paper:
+                     iwslt14/quickstart: beam 5, lenpen 1.0, tokenized case-insensitive BLEU
+                     wmt14: beam 4, lenpen 0.6, tokenized case-sensitive compound-split BLEU
+  --data DIR         binarized data (default: data-bin/<dataset>/bin)
+  --raw-ref FILE     untokenized test reference for sacreBLEU
+                     (default: <data>/../raw/test.<tgt> if present)
+  --average N        average the last N epoch checkpoints (default: 5 iwslt14,
+                     10 wmt14, 3 quickstart; 1 = checkpoint_last.pt alone)
+  --subset NAME      test | valid (default: test)
+  --cpu              generate on the CPU
+USAGE
+}
+
+die() { echo "evaluate.sh: error: $*" >&2; exit 2; }
+
+DATASET=iwslt14 SAVE_DIR="" DATA="" RAW_REF="" AVERAGE="" SUBSET=test CPU=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --save-dir) SAVE_DIR="$2"; shift 2 ;;
+    --dataset) DATASET="$2"; shift 2 ;;
+    --data) DATA="$2"; shift 2 ;;
+    --raw-ref) RAW_REF="$2"; shift 2 ;;
+    --average) AVERAGE="$2"; shift 2 ;;
+    --subset) SUBSET="$2"; shift 2 ;;
+    --cpu) CPU=(--cpu); shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option '$1'" ;;
+  esac
+done
+[[ -n "$SAVE_DIR" ]] || { usage >&2; die "--save-dir is required"; }
+[[ -d "$SAVE_DIR" ]] || die "--save-dir: no such directory '$SAVE_DIR'"
+case "$DATASET" in
+  iwslt14) BEAM=5 LENPEN=1.0 BLEU=iwslt14 SRC=de TGT=en N=5 ;;
+  quickstart) BEAM=5 LENPEN=1.0 BLEU=iwslt14 SRC=de TGT=en N=3 ;;
+  wmt14) BEAM=4 LENPEN=0.6 BLEU=wmt14 SRC=en TGT=de N=10 ;;
+  *) die "--dataset must be one of {iwslt14,wmt14,quickstart}, got '$DATASET'" ;;
+esac
+[[ "$SUBSET" == test || "$SUBSET" == valid ]] || die "--subset must be one of {test,valid}, got '$SUBSET'"
+AVERAGE="${AVERAGE:-$N}"
+[[ "$AVERAGE" =~ ^[1-9][0-9]*$ ]] || die "--average must be a positive integer, got '$AVERAGE'"
+DATA="${DATA:-data-bin/$DATASET/bin}"
+[[ -f "$DATA/dict.$TGT.txt" ]] || die "no binarized data in '$DATA' (pass --data)"
+if [[ -z "$RAW_REF" && -f "$DATA/../raw/$SUBSET.$TGT" ]]; then
+  RAW_REF="$DATA/../raw/$SUBSET.$TGT"
+fi
+
+if [[ "$AVERAGE" == 1 ]]; then
+  CKPT="$SAVE_DIR/checkpoint_last.pt"
+  [[ -f "$CKPT" ]] || die "no checkpoint_last.pt in '$SAVE_DIR'"
+else
+  CKPT="$SAVE_DIR/averaged_last_$AVERAGE.pt"
+  powernorm-average --inputs "$SAVE_DIR" --num-epoch-checkpoints "$AVERAGE" --output "$CKPT"
+fi
+
+OUT="$SAVE_DIR/generate-$SUBSET-$(basename "$CKPT" .pt).txt"
+fairseq-generate "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "$CKPT" \
+  --gen-subset "$SUBSET" --source-lang "$SRC" --target-lang "$TGT" \
+  --beam "$BEAM" --lenpen "$LENPEN" --remove-bpe --batch-size 128 "${CPU[@]}" \
+  --required-batch-size-multiple 1 > "$OUT.tmp"  # fairseq drops a last batch that is not a multiple
+mv "$OUT.tmp" "$OUT"
+grep '^H-' "$OUT" | sort -t- -k2 -n | cut -f3 > "$OUT.hyp"
+
+REF_ARGS=()
+[[ -n "$RAW_REF" ]] && REF_ARGS=(--raw-ref "$RAW_REF")
+echo "$SAVE_DIR ($SUBSET, beam $BEAM, lenpen $LENPEN):"
+powernorm-score "$OUT" --bleu "$BLEU" --target-lang "$TGT" --checkpoints "$AVERAGE" \
+  --json "$SAVE_DIR/bleu-$SUBSET.json" "${REF_ARGS[@]}"

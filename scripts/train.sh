@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Train one row of the PowerNorm paper's Table 1 (or a variant) with fairseq-train.
+# Defaults are the paper's hyperparameters (Shen et al., 2020, Appendix A);
+# configs/*.sh hold the rows, each listing only what differs from these.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+usage() {
+  cat <<USAGE
+usage: scripts/train.sh [--config FILE] [--dataset NAME] [--norm KIND] [options] [-- FAIRSEQ_FLAGS...]
+
+  --config FILE        a row from configs/ (sets DATASET, NORM, DECODER_NORM, PLACEMENT, EXTRA)
+  --dataset NAME       iwslt14 | wmt14 | quickstart (default: iwslt14)
+  --data DIR           binarized data (default: data-bin/<dataset>/bin)
+  --norm KIND          encoder norm: ln | bn | pn | pn-v | scalenorm (default: pn)
+  --decoder-norm KIND  decoder norm (default: ln, as in the paper)
+  --placement P        pre | post (default: pre)
+  --seed N             random seed (default: 1)
+  --gpus N             GPUs, one process each (default: all visible; 0 = CPU)
+  --update-freq N      gradient accumulation (default: keeps the paper's total
+                       batch: 4,096 tokens on IWSLT14, 131,072 on WMT14)
+  --save-dir DIR       checkpoints and logs (default: checkpoints/<dataset>-<norm>-<placement>-seed<N>)
+  --dry-run            print the fairseq-train command and exit
+Everything after -- goes to fairseq-train unchanged (and wins over the defaults).
+USAGE
+}
+
+die() { echo "train.sh: error: $*" >&2; exit 2; }
+
+DATASET=iwslt14 NORM=pn DECODER_NORM=ln PLACEMENT=pre SEED=1 GPUS="" UPDATE_FREQ=""
+DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
+args=("$@")
+# a config is read first so that options given on the command line win over it
+for ((i = 0; i < ${#args[@]}; i++)); do
+  if [[ "${args[i]}" == "--config" ]]; then
+    cfg="${args[i+1]:-}"
+    [[ -f "$cfg" ]] || die "--config: no such file '$cfg'"
+    # shellcheck source=/dev/null
+    source "$cfg"
+  fi
+done
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --config) shift 2 ;;
+    --dataset) DATASET="$2"; shift 2 ;;
+    --data) DATA="$2"; shift 2 ;;
+    --norm) NORM="$2"; shift 2 ;;
+    --decoder-norm) DECODER_NORM="$2"; shift 2 ;;
+    --placement) PLACEMENT="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
+    --gpus) GPUS="$2"; shift 2 ;;
+    --update-freq) UPDATE_FREQ="$2"; shift 2 ;;
+    --save-dir) SAVE_DIR="$2"; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; EXTRA+=("$@"); break ;;
+    *) usage >&2; die "unknown option '$1'" ;;
+  esac
+done
+
+NORMS="ln bn pn pn-v scalenorm"
+[[ " $NORMS " == *" $NORM "* ]] || die "--norm must be one of {${NORMS// /,}}, got '$NORM'"
+[[ " $NORMS " == *" $DECODER_NORM "* ]] || die "--decoder-norm must be one of {${NORMS// /,}}, got '$DECODER_NORM'"
+[[ "$PLACEMENT" == pre || "$PLACEMENT" == post ]] || die "--placement must be one of {pre,post}, got '$PLACEMENT'"
+[[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$SEED'"
+
+# the paper's hyperparameters per dataset; TOTAL_TOKENS is the batch per update
+case "$DATASET" in
+  iwslt14)  # Appendix A, IWSLT14 small
+    ARCH=powernorm_transformer_iwslt_de_en TOTAL_TOKENS=4096 MAX_TOKENS=4096 KEEP=5
+    HPARAMS=(--lr 0.0015 --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1
+             --weight-decay 0.0001 --patience 5) ;;
+  wmt14)  # Appendix A, WMT14 big: lr in 0.001-0.003, big batch through --update-freq
+    ARCH=powernorm_transformer_wmt_en_de_big TOTAL_TOKENS=131072 MAX_TOKENS=4096 KEEP=10
+    HPARAMS=(--lr 0.001 --dropout 0.3 --weight-decay 0.0 --patience 10) ;;
+  quickstart)  # a CPU-sized IWSLT14 small: 3+3 layers, 256 dims, a few minutes per run
+    ARCH=powernorm_transformer_iwslt_de_en TOTAL_TOKENS=2048 MAX_TOKENS=2048 KEEP=3
+    HPARAMS=(--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256
+             --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512 --lr 0.002 --warmup-updates 300
+             --dropout 0.2 --weight-decay 0.0001 --max-epoch 8) ;;
+  *) die "--dataset must be one of {iwslt14,wmt14,quickstart}, got '$DATASET'" ;;
+esac
+DATA="${DATA:-data-bin/$DATASET/bin}"
+[[ -f "$DATA/dict.en.txt" || -n "$DRY_RUN" ]] || die "no binarized data in '$DATA' (run data-prep/ first, or pass --data)"
+
+if [[ -z "$GPUS" ]]; then
+  GPUS=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+fi
+[[ "$GPUS" =~ ^[0-9]+$ ]] || die "--gpus must be a non-negative integer, got '$GPUS'"
+WORKERS=$(( GPUS > 0 ? GPUS : 1 ))
+if [[ -z "$UPDATE_FREQ" ]]; then
+  UPDATE_FREQ=$(( (TOTAL_TOKENS + WORKERS * MAX_TOKENS - 1) / (WORKERS * MAX_TOKENS) ))
+fi
+[[ "$UPDATE_FREQ" =~ ^[1-9][0-9]*$ ]] || die "--update-freq must be a positive integer, got '$UPDATE_FREQ'"
+
+SAVE_DIR="${SAVE_DIR:-checkpoints/$DATASET-$NORM-$PLACEMENT-seed$SEED}"
+DEVICE=()
+[[ "$GPUS" == 0 ]] && DEVICE=(--cpu)
+[[ "$GPUS" -gt 1 ]] && DEVICE=(--distributed-world-size "$GPUS")
+
+cmd=(fairseq-train "$DATA" --user-dir "$ROOT/powernorm_fairseq"
+  --arch "$ARCH" --share-all-embeddings
+  --norm-type "$NORM" --decoder-norm-type "$DECODER_NORM" --norm-placement "$PLACEMENT"
+  --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0
+  --lr-scheduler inverse_sqrt --warmup-init-lr 1e-07 --warmup-updates 8000
+  --criterion label_smoothed_cross_entropy --label-smoothing 0.1
+  --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --seed "$SEED"
+  --keep-last-epochs "$KEEP" --save-dir "$SAVE_DIR"
+  --log-format simple --log-interval 50 --tensorboard-logdir "$SAVE_DIR/tensorboard"
+  "${HPARAMS[@]}" "${DEVICE[@]}" "${EXTRA[@]}")
+
+if [[ -n "$DRY_RUN" ]]; then
+  printf '%q ' "${cmd[@]}"; echo
+  exit 0
+fi
+mkdir -p "$SAVE_DIR"
+printf '%q ' "${cmd[@]}" > "$SAVE_DIR/command.txt"; echo >> "$SAVE_DIR/command.txt"
+echo "train.sh: $DATASET, encoder $NORM, decoder $DECODER_NORM, $PLACEMENT-norm, seed $SEED," \
+     "$WORKERS worker(s) x $MAX_TOKENS tokens x update-freq $UPDATE_FREQ -> $SAVE_DIR" >&2
+"${cmd[@]}" 2>&1 | tee -a "$SAVE_DIR/train.log"

@@ -1,0 +1,170 @@
+"""The shell recipes end to end on a tiny IWSLT14-shaped archive."""
+
+import json
+import os
+import random
+import subprocess
+import tarfile
+
+import pytest
+
+from conftest import BIN, ROOT, TINY
+
+TEST_SETS = ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
+             "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012"]
+WORDS_DE = "Das Haus ist groß und der Baum steht im Garten neben dem alten Auto".split()
+WORDS_EN = "The house is big and the tree stands in the garden next to the old car".split()
+
+
+def sh(*args, check=True):
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(["bash", *map(str, args)], cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def sentence(rng, n):
+    idx = [rng.randrange(len(WORDS_DE)) for _ in range(n)]
+    return " ".join(WORDS_DE[i] for i in idx) + " .", " ".join(WORDS_EN[i] for i in idx) + " ."
+
+
+def make_archive(path, n_train=300):
+    """A de-en.tgz with IWSLT14's member names and TED markup."""
+    rng = random.Random(0)
+    root = path.parent / "de-en"
+    root.mkdir()
+    de, en = [], []
+    for talk in range(3):  # the per-talk header lines of train.tags.*
+        de += [f"<url>http://www.ted.com/talks/{talk}.html</url>", f"<keywords>talks, science</keywords>",
+               f"<talkid>{talk}</talkid>", f"<title>Ein Vortrag {talk}</title>",
+               f"<description>Eine Beschreibung {talk}</description>"]
+        en += [f"<url>http://www.ted.com/talks/{talk}.html</url>", f"<keywords>talks, science</keywords>",
+               f"<talkid>{talk}</talkid>", f"<title>A talk {talk}</title>",
+               f"<description>A description {talk}</description>"]
+        for _ in range(n_train // 3):
+            s, t = sentence(rng, rng.randint(3, 15))
+            de.append(s), en.append(t)
+    de.append("kurz"), en.append(" ".join(["far", "too", "long", "for", "ratio"] * 3))  # ratio > 1.5
+    de.append(" ".join(["Haus"] * 180)), en.append(" ".join(["house"] * 180))  # longer than 175
+    (root / "train.tags.de-en.de").write_text("\n".join(de) + "\n")
+    (root / "train.tags.de-en.en").write_text("\n".join(en) + "\n")
+    for name in TEST_SETS + ["IWSLT14.TED.tst2013"]:  # the last one must not be used
+        for lang, words in (("de", 0), ("en", 1)):
+            segs = [f'<seg id="{i + 1}"> {sentence(rng, 6)[words]} {name[-4:]}’s </seg>' for i in range(4)]
+            (root / f"{name}.de-en.{lang}.xml").write_text(
+                f'<mteval>\n<srcset setid="{name}" srclang="german">\n<doc docid="1">\n'
+                + "\n".join(segs) + "\n</doc>\n</srcset>\n</mteval>\n")
+    with tarfile.open(path, "w:gz") as tar:
+        tar.add(root, arcname="de-en")
+    return path
+
+
+@pytest.fixture(scope="module")
+def iwslt(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("iwslt")
+    archive = make_archive(tmp / "de-en.tgz")
+    out = tmp / "prepared"
+    proc = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out)
+    return archive, out, proc
+
+
+def lines(path):
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_iwslt14_preparation_outputs(iwslt):
+    _, out, _ = iwslt
+    tmp = out / "tmp"
+    cleaned = lines(tmp / "train.tags.de")
+    assert not [l for l in cleaned if "<" in l or "url" in l or "talkid" in l]
+    assert "ein vortrag 0" in cleaned  # <title> kept without its tags, lowercased
+    assert len(cleaned) == 300 + 3 + 3  # sentences, titles, descriptions; two bad pairs dropped
+    assert not [l for l in cleaned if len(l.split()) > 175]
+    assert "kurz" not in cleaned  # the 1:15 pair fails the 1.5 ratio
+    for lang in ("de", "en"):
+        full = lines(tmp / f"train.tags.{lang}")
+        assert lines(tmp / f"valid.{lang}") == full[22::23]
+        assert lines(tmp / f"train.{lang}") == [l for i, l in enumerate(full, 1) if i % 23]
+        for split in ("train", "valid", "test"):
+            text = (tmp / f"{split}.{lang}").read_text(encoding="utf-8")
+            assert text == text.lower()
+    test = lines(tmp / "test.en")
+    assert len(test) == 5 * 4
+    assert [l.split()[-2] for l in test[::4]] == ["2010", "2012", "2010", "2011", "2012"]
+    assert test[0].endswith("2010 &apos;s")  # ’ became ' (then Moses-escaped)
+    raw = lines(out / "raw" / "test.en")
+    assert len(raw) == 20 and raw[0].endswith("2010's") and "<seg" not in raw[0]
+    bpe_test = (tmp / "bpe" / "test.de").read_text(encoding="utf-8")
+    assert "@@ " in bpe_test  # unseen words are split into BPE units
+    assert len(lines(tmp / "bpe" / "test.de")) == 20
+    assert (out / "bin" / ".done").exists() and (out / "bin" / "dict.en.txt").exists()
+    assert (out / "bin" / "dict.en.txt").read_text() == (out / "bin" / "dict.de.txt").read_text()
+
+
+def test_iwslt14_rerun_skips_and_force_redoes(iwslt):
+    archive, out, _ = iwslt
+    again = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out)
+    assert "already prepared" in again.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"this is not a gzip file", "corrupt or unreadable archive"),
+    (None, "no such file"),
+])
+def test_iwslt14_bad_archive_stops_with_its_name(tmp_path, content, message):
+    archive = tmp_path / "de-en.tgz"
+    if content is not None:
+        archive.write_bytes(content)
+    proc = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", tmp_path / "out", check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr and str(archive) in proc.stderr
+    assert not (tmp_path / "out" / "bin").exists()
+
+
+def test_iwslt14_truncated_archive_is_rejected(tmp_path, iwslt):
+    archive, _, _ = iwslt
+    cut = tmp_path / "cut.tgz"
+    cut.write_bytes(archive.read_bytes()[:200])
+    proc = sh("data-prep/prepare-iwslt14.sh", "--archive", cut, "--out", tmp_path / "out", check=False)
+    assert proc.returncode != 0 and str(cut) in proc.stderr
+    assert not (tmp_path / "out" / "bin").exists()
+
+
+def test_train_average_evaluate(iwslt, tmp_path):
+    _, out, _ = iwslt
+    save = tmp_path / "run"
+    sh("scripts/train.sh", "--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0",
+       "--save-dir", save, "--", *TINY, "--max-epoch", "3", "--warmup-updates", "4", "--max-tokens", "1000",
+       "--tensorboard-logdir", "")
+    assert (save / "checkpoint3.pt").exists() and "done training" in (save / "train.log").read_text()
+    proc = sh("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
+              "--average", "2", "--cpu")
+    assert (save / "averaged_last_2.pt").exists()
+    result = json.loads((save / "bleu-test.json").read_text())
+    assert result["sentences"] == 20 and result["checkpoints_averaged"] == 2
+    assert "case-insensitive" in result["bleu"][1] and "raw references" in result["sacrebleu"][1]
+    assert "2 checkpoint(s) averaged" in proc.stdout
+
+
+def test_train_script_options(tmp_path):
+    dry = sh("scripts/train.sh", "--config", "configs/wmt14-pn.sh", "--gpus", "8", "--dry-run")
+    cmd = dry.stdout
+    assert "--arch powernorm_transformer_wmt_en_de_big" in cmd and "--norm-type pn" in cmd
+    assert "--update-freq 4" in cmd  # 131,072 tokens = 8 GPUs x 4,096 x 4
+    assert "--distributed-world-size 8" in cmd
+    dry = sh("scripts/train.sh", "--config", "configs/iwslt14-ln.sh", "--norm", "bn", "--seed", "3",
+             "--dry-run", "--gpus", "0", "--", "--max-update", "10")
+    assert "--norm-type bn" in dry.stdout and "--seed 3" in dry.stdout and dry.stdout.rstrip().endswith("10")
+    bad = sh("scripts/train.sh", "--norm", "layer", "--dry-run", check=False)
+    assert bad.returncode == 2 and "--norm must be one of {ln,bn,pn,pn-v,scalenorm}, got 'layer'" in bad.stderr
+
+
+def test_every_config_is_a_valid_row():
+    configs = sorted((ROOT / "configs").glob("*.sh"))
+    assert len(configs) >= 13
+    for cfg in configs:
+        text = cfg.read_text()
+        assert text.startswith("# "), f"{cfg.name} lacks its one-line reason"
+        dry = sh("scripts/train.sh", "--config", cfg, "--dry-run", "--gpus", "1")
+        assert "fairseq-train" in dry.stdout

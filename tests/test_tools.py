@@ -1,0 +1,98 @@
+"""powernorm-average and powernorm-score."""
+
+import argparse
+import os
+import time
+
+import pytest
+import torch
+
+from conftest import cli
+from powernorm_fairseq.average import average_checkpoints, last_checkpoints
+from powernorm_fairseq.score import read_generate_output, score, split_compounds
+
+
+def fake_checkpoint(path, value, steps):
+    state = {
+        "args": argparse.Namespace(arch="powernorm_transformer_iwslt_de_en"),
+        "model": {
+            "w": torch.full((2, 2), float(value)),
+            "encoder.layer_norm.running_psi2": torch.full((2,), 2.0 * value),
+            "encoder.layer_norm.num_steps": torch.tensor(steps),
+        },
+        "extra_state": {"epoch": value},
+    }
+    torch.save(state, path)
+    time.sleep(0.01)  # distinct modification times: the newest gives the metadata
+
+
+def test_average_parameters_and_running_statistics(tmp_path):
+    for epoch in (1, 2, 3, 4):
+        fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch, steps=10 * epoch)
+    paths = last_checkpoints(tmp_path, 3)
+    assert [p.name for p in paths] == ["checkpoint4.pt", "checkpoint3.pt", "checkpoint2.pt"]
+    avg = average_checkpoints(paths)
+    torch.testing.assert_close(avg["model"]["w"], torch.full((2, 2), 3.0))
+    torch.testing.assert_close(avg["model"]["encoder.layer_norm.running_psi2"], torch.full((2,), 6.0))
+    assert int(avg["model"]["encoder.layer_norm.num_steps"]) == 40  # the newest counter
+    assert avg["extra_state"]["epoch"] == 4
+
+
+def test_average_cli_writes_a_loadable_checkpoint(tmp_path):
+    for epoch in (1, 2):
+        fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch, steps=epoch)
+    out = tmp_path / "avg.pt"
+    proc = cli("powernorm-average", "--inputs", tmp_path, "--num-epoch-checkpoints", "2", "--output", out)
+    assert "averaged 2 checkpoints" in proc.stderr and "running statistics" in proc.stderr
+    torch.testing.assert_close(torch.load(out, weights_only=True)["model"]["w"], torch.full((2, 2), 1.5))
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".avg.pt")]  # no temporary left
+
+
+def test_average_cli_errors(tmp_path):
+    fake_checkpoint(tmp_path / "checkpoint1.pt", 1, steps=1)
+    proc = cli("powernorm-average", "--inputs", tmp_path, "--num-epoch-checkpoints", "3",
+               "--output", tmp_path / "avg.pt", check=False)
+    assert proc.returncode == 2 and "has 1 epoch checkpoints, 3 requested" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "avg.pt").exists()
+
+
+GENERATE = """S-1\tdas haus
+T-1\tThe house
+H-1\t-0.2\tthe house
+D-1\t-0.2\tthe house
+S-0\tder state-of-the-art hund
+T-0\ta state-of-the-art dog
+H-0\t-0.1\ta state-of-the-art dog
+Generate test with beam=5: BLEU4 = 100.00
+"""
+
+
+def test_read_generate_output_orders_by_id(tmp_path):
+    path = tmp_path / "gen.txt"
+    path.write_text(GENERATE)
+    hyps, refs = read_generate_output(path)
+    assert hyps == ["a state-of-the-art dog", "the house"]
+    assert refs == ["a state-of-the-art dog", "The house"]
+
+
+def test_bleu_definitions():
+    hyps, refs = ["the house is red", "a state-of-the-art dog"], ["The house is red", "a state-of-the-art dog"]
+    iwslt = score(hyps, refs, "iwslt14", "en")
+    wmt = score(hyps, refs, "wmt14", "en")
+    assert iwslt["bleu"][0] == 100.0 and "case-insensitive" in iwslt["bleu"][1]
+    assert wmt["bleu"][0] < 100.0 and "case-sensitive" in wmt["bleu"][1]
+    assert wmt["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert split_compounds("a-b-c d-e") == "a ##AT##-##AT## b-c d ##AT##-##AT## e"
+
+
+def test_score_cli(tmp_path):
+    path = tmp_path / "gen.txt"
+    path.write_text(GENERATE)
+    raw = tmp_path / "ref.en"
+    raw.write_text("A state-of-the-art dog\nThe house\n")
+    proc = cli("powernorm-score", path, "--bleu", "iwslt14", "--raw-ref", raw, "--checkpoints", "5",
+               "--json", tmp_path / "s.json")
+    assert "tokenized BLEU, case-insensitive; 5 checkpoint(s) averaged" in proc.stdout
+    assert "vs raw references" in proc.stdout and "sacreBLEU signature: nrefs:1" in proc.stdout
+    bad = cli("powernorm-score", raw, "--bleu", "iwslt14", check=False)
+    assert bad.returncode == 2 and "no complete H-/T- pairs" in bad.stderr
