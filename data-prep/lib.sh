@@ -43,6 +43,30 @@ apply_bpe() {
   run_step "$3" subword-nmt apply-bpe -c "$1" --num-workers "$WORKERS" --input "$2"
 }
 
+# clean_corpus IN SRC TGT MIN MAX RATIO OUT [lowercase]: the rules of Moses'
+# clean-corpus-n.perl on IN.SRC/IN.TGT: whitespace normalised, both sides
+# MIN-MAX words, neither side more than RATIO times the other; OUT.SRC/OUT.TGT
+clean_corpus() {
+  [[ -s "$7.$2" && -s "$7.$3" ]] && return 0
+  python - "$@" <<'PY' || die "cleaning $1 failed"
+import os, sys
+inp, src, tgt, lo, hi, ratio, out = sys.argv[1:8]
+lower = len(sys.argv) > 8
+lo, hi, ratio = int(lo), int(hi), float(ratio)
+with open(f"{inp}.{src}", encoding="utf-8") as fs, open(f"{inp}.{tgt}", encoding="utf-8") as ft, \
+        open(f"{out}.{src}.tmp", "w", encoding="utf-8") as os_, open(f"{out}.{tgt}.tmp", "w", encoding="utf-8") as ot:
+    for s, t in zip(fs, ft, strict=True):
+        s, t = " ".join(s.split()), " ".join(t.split())
+        ns, nt = len(s.split()), len(t.split())
+        if not (lo <= ns <= hi and lo <= nt <= hi) or ns / nt > ratio or nt / ns > ratio:
+            continue
+        os_.write((s.lower() if lower else s) + "\n")
+        ot.write((t.lower() if lower else t) + "\n")
+os.replace(f"{out}.{tgt}.tmp", f"{out}.{tgt}")
+os.replace(f"{out}.{src}.tmp", f"{out}.{src}")
+PY
+}
+
 # binarize SRC TGT PREFIX_DIR DEST: fairseq-preprocess with a joined dictionary
 binarize() {
   local src=$1 tgt=$2 dir=$3 dest=$4

@@ -78,27 +78,7 @@ for l in $SRC $TGT; do
 done
 
 log "cleaning: length $CLEAN_MIN-$CLEAN_MAX, ratio $CLEAN_RATIO; lowercasing"
-# the rules of Moses' clean-corpus-n.perl: whitespace normalised, both sides
-# within the length bounds, neither side more than RATIO times the other
-if [[ ! -s "$tmp/train.tags.$SRC" ]]; then
-  python - "$tmp/train.tags.tok" "$SRC" "$TGT" "$CLEAN_MIN" "$CLEAN_MAX" "$CLEAN_RATIO" "$tmp/train.tags" <<'PY' \
-    || die "cleaning failed"
-import sys
-inp, src, tgt, lo, hi, ratio, out = sys.argv[1:]
-lo, hi, ratio = int(lo), int(hi), float(ratio)
-with open(f"{inp}.{src}", encoding="utf-8") as fs, open(f"{inp}.{tgt}", encoding="utf-8") as ft, \
-        open(f"{out}.{src}.tmp", "w", encoding="utf-8") as os_, open(f"{out}.{tgt}.tmp", "w", encoding="utf-8") as ot:
-    for s, t in zip(fs, ft, strict=True):
-        s, t = " ".join(s.split()), " ".join(t.split())
-        ns, nt = len(s.split()), len(t.split())
-        if not (lo <= ns <= hi and lo <= nt <= hi) or ns / nt > ratio or nt / ns > ratio:
-            continue
-        os_.write(s.lower() + "\n")
-        ot.write(t.lower() + "\n")
-PY
-  mv "$tmp/train.tags.$TGT.tmp" "$tmp/train.tags.$TGT"
-  mv "$tmp/train.tags.$SRC.tmp" "$tmp/train.tags.$SRC"
-fi
+clean_corpus "$tmp/train.tags.tok" "$SRC" "$TGT" "$CLEAN_MIN" "$CLEAN_MAX" "$CLEAN_RATIO" "$tmp/train.tags" lowercase
 
 log "valid/test data: extract the <seg> lines, tokenize, lowercase"
 for l in $SRC $TGT; do

@@ -57,6 +57,15 @@ def test_resume_continues_from_the_last_checkpoint(toy_data, tmp_path):
     assert int(state["model"]["encoder.layer_norm.num_steps"]) == 20  # one PN step per update
 
 
+def test_resuming_with_other_norms_fails_in_one_line(toy_data, tmp_path):
+    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=2))
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "ln", max_update=4), check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fairseq-train: error: checkpoint norms (decoder ln, encoder pn)")
+    assert last.endswith("pass --norm-type pn")
+
+
 def test_interactive_translates(toy_data, tmp_path):
     cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=4))
     proc = subprocess.run(

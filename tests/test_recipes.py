@@ -131,6 +131,55 @@ def test_iwslt14_truncated_archive_is_rejected(tmp_path, iwslt):
     assert not (tmp_path / "out" / "bin").exists()
 
 
+def make_wmt_archives(directory):
+    """The five WMT14 archives with the members the recipe reads."""
+    rng = random.Random(1)
+    directory.mkdir()
+    members = {
+        "training-parallel-europarl-v7.tgz": "training/europarl-v7.de-en",
+        "training-parallel-commoncrawl.tgz": "commoncrawl.de-en",
+        "training-parallel-nc-v12.tgz": "training/news-commentary-v12.de-en",
+    }
+    for archive, stem in members.items():
+        with tarfile.open(directory / archive, "w:gz") as tar:
+            pairs = [sentence(rng, rng.randint(3, 12)) for _ in range(60)]
+            pairs.append(("Ein hochmodernes Haus .", "A state-of-the-art house ."))
+            for lang, col in (("de", 0), ("en", 1)):
+                f = directory / "member"
+                f.write_text("\n".join(p[col] for p in pairs) + "\n")
+                tar.add(f, arcname=f"{stem}.{lang}")
+    with tarfile.open(directory / "dev.tgz", "w:gz") as tar:
+        pairs = [sentence(rng, 6) for _ in range(7)]
+        for lang, col in (("de", 0), ("en", 1)):
+            f = directory / "member"
+            f.write_text("\n".join(p[col] for p in pairs) + "\n")
+            tar.add(f, arcname=f"dev/newstest2013.{lang}")
+    with tarfile.open(directory / "test-full.tgz", "w:gz") as tar:
+        pairs = [sentence(rng, 5) for _ in range(9)]
+        for lang, col, kind in (("de", 0, "ref"), ("en", 1, "src")):
+            f = directory / "member"
+            segs = "\n".join(f'<seg id="{i + 1}">{p[col]}</seg>' for i, p in enumerate(pairs))
+            f.write_text(f'<refset setid="newstest2014">\n<doc>\n{segs}\n</doc>\n</refset>\n')
+            tar.add(f, arcname=f"test-full/newstest2014-deen-{kind}.{lang}.sgm")
+    return directory
+
+
+def test_wmt14_preparation(tmp_path):
+    archives = make_wmt_archives(tmp_path / "archives")
+    out = tmp_path / "wmt"
+    sh("data-prep/prepare-wmt14en2de.sh", "--archive-dir", archives, "--out", out)
+    tok = lines(out / "tmp" / "train.tok.en")
+    assert len(tok) == 3 * 61
+    assert "A state @-@ of @-@ the @-@ art house ." in tok  # Moses -a splits hyphens
+    assert len(lines(out / "raw" / "valid.en")) == 7 and len(lines(out / "raw" / "test.de")) == 9
+    assert "<seg" not in (out / "raw" / "test.de").read_text()
+    assert len(lines(out / "tmp" / "bpe" / "test.en")) == 9
+    assert (out / "bin" / ".done").exists()
+    (archives / "dev.tgz").unlink()
+    proc = sh("data-prep/prepare-wmt14en2de.sh", "--archive-dir", archives, "--out", tmp_path / "again", check=False)
+    assert proc.returncode != 0 and f"missing archive: {archives}/dev.tgz" in proc.stderr
+
+
 def test_train_average_evaluate(iwslt, tmp_path):
     _, out, _ = iwslt
     save = tmp_path / "run"
