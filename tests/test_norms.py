@@ -4,10 +4,20 @@ import pytest
 import torch
 
 import reference as ref
-from powernorm_fairseq.norms import NORM_TYPES, build_norm
+from powernorm_fairseq.norms import NORM_TYPES, build_norm, fused, kernels
 
 T, B, C = 9, 4, 8
 BATCH_NORMS = ("bn", "pn", "pn-v")
+
+
+@pytest.fixture(autouse=True, params=["fused", "plain"])
+def path(request, monkeypatch):
+    """Every check runs on the fused C++ kernels and on the plain PyTorch path."""
+    if request.param == "plain":
+        monkeypatch.setattr(fused, "usable", lambda x: False)
+    elif kernels.load() is None:
+        pytest.fail(f"the fused kernels did not build: {kernels._failed}")
+    return request.param
 
 
 def batch(seed, dtype=torch.float64, T=T, B=B):
@@ -248,3 +258,4 @@ def test_half_precision_input_keeps_float32_statistics(kind):
     for name, buf in norm.named_buffers():
         if buf.is_floating_point():
             assert buf.dtype == torch.float32, name
+

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from . import fused
 from .base import Norm, real_tokens, token_mean, upcast
 
 
@@ -31,19 +32,31 @@ class MaskedBatchNorm(Norm):
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
+        if self.training and fused.usable(xf):
+            x2, keep, n = fused.rows(xf, pad_mask)
+            if n > 0:
+                mean, var = fused.batch_stats(x2, keep, n, groups=0, center=True)
+                self._update_running(mean, var, n)
+                plan = fused.Plan(groups=0, center=True, mode="exact", n=n, mean=mean,
+                                  inv=torch.rsqrt(var + self.eps))
+                y = fused.FusedChannelNorm.apply(x2, keep, self.weight.to(xf), self.bias.to(xf), plan)
+                return y.view_as(x).to(x.dtype)
         keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
         if n == 0:  # eval, or a training batch that is all padding
             mean, var = self.running_mean.to(xf), self.running_var.to(xf)
         else:
-            mean = token_mean(xf, keep, n)  # Eq. 1
+            mean = token_mean(xf, keep, n)
             centred = xf - mean
-            var = token_mean(centred * centred, keep, n)  # Eq. 2, biased
-            with torch.no_grad():
-                unbiased = var * n / max(n - 1, 1)
-                self.running_mean.lerp_(mean.to(self.running_mean), self.momentum)
-                self.running_var.lerp_(unbiased.to(self.running_var), self.momentum)
+            var = token_mean(centred * centred, keep, n)  # biased, as the normalisation uses
+            self._update_running(mean, var, n)
         y = (xf - mean) * torch.rsqrt(var + self.eps)
         return (y * self.weight.to(xf) + self.bias.to(xf)).to(x.dtype)
+
+    @torch.no_grad()
+    def _update_running(self, mean: Tensor, var: Tensor, n: int):
+        unbiased = var * n / max(n - 1, 1)
+        self.running_mean.lerp_(mean.to(self.running_mean), self.momentum)
+        self.running_var.lerp_(unbiased.to(self.running_var), self.momentum)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, momentum={self.momentum}, eps={self.eps}"

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from . import fused
 from .base import Norm, real_tokens, token_mean, upcast
 
 
@@ -50,6 +51,15 @@ class PowerNormV(Norm):
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
+        if self.training and fused.usable(xf):
+            x2, keep, n = fused.rows(xf, pad_mask)
+            if n > 0:
+                _, psi2 = fused.batch_stats(x2, keep, n, groups=0, center=False)
+                with torch.no_grad():
+                    self.running_psi2.lerp_(psi2.to(self.running_psi2), self.momentum)
+                plan = fused.Plan(groups=0, center=False, mode="exact", n=n, inv=torch.rsqrt(psi2 + self.eps))
+                y = fused.FusedChannelNorm.apply(x2, keep, self.weight.to(xf), self.bias.to(xf), plan)
+                return y.view_as(x).to(x.dtype)
         keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
         if n == 0:  # eval, or a training batch that is all padding
             psi2 = self.running_psi2.to(xf)
@@ -149,41 +159,67 @@ class PowerNorm(Norm):
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
-        if self.group_scaling:
-            xf = group_scale(xf, self.groups)
-        keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
-        if n == 0:  # eval, or a training batch that is all padding
-            xh = xf * torch.rsqrt(self.running_psi2.to(xf) + self.eps)
-            return _affine(xh, self.weight, self.bias).to(x.dtype)
+        if not self.training or (pad_mask is not None and bool(pad_mask.all())):
+            # eval, or a training batch that is all padding: running psi^2, no update
+            xs = group_scale(xf, self.groups) if self.group_scaling else xf
+            return _affine(xs * torch.rsqrt(self.running_psi2.to(xf) + self.eps), self.weight, self.bias).to(x.dtype)
 
-        with torch.no_grad():
-            psi2_batch = token_mean(xf * xf, keep, n)  # psi_B^2
-            psi2 = self.running_psi2  # psi^2_{t-1}
-            self.num_steps += 1
-            k = int(self.num_steps)
-            warm = k <= self.warmup_updates
-            inv_batch = torch.rsqrt(psi2_batch + self.eps)
-            inv = inv_batch if warm else torch.rsqrt(psi2.to(xf) + self.eps)
+        self.num_steps += 1
+        k = int(self.num_steps)
+        warm = k <= self.warmup_updates
+        if self.backward == "reference":
+            mode, batch_scale = "reference", warm
+        else:
+            mode, batch_scale = ("exact" if warm else "paper"), warm
+        run = self._fused if fused.usable(xf) else self._plain
+        y, psi2_batch = run(xf, pad_mask, mode, batch_scale)
+
+        with torch.no_grad():  # psi^2_t, after the forward used psi^2_{t-1}
+            psi2, psi2_batch = self.running_psi2, psi2_batch.to(self.running_psi2)
             if self.backward == "reference":
                 # REFERENCE: the cumulative mean stops one step before the
                 # warmup does, and the exponential average is applied on top
                 # of it at every step, warmup included.
                 if k < self.warmup_updates:
-                    psi2.mul_((k - 1) / k).add_((psi2_batch / k).to(psi2))
-                psi2.lerp_(psi2_batch.to(psi2), 1.0 - self.alpha_fwd)
-                mode = "reference"
+                    psi2.mul_((k - 1) / k).add_(psi2_batch / k)
+                psi2.lerp_(psi2_batch, 1.0 - self.alpha_fwd)
             elif warm:
-                psi2.mul_((k - 1) / k).add_((psi2_batch / k).to(psi2))  # cumulative mean
-                mode = "exact"
+                psi2.mul_((k - 1) / k).add_(psi2_batch / k)  # cumulative mean
             else:
-                psi2.lerp_(psi2_batch.to(psi2), 1.0 - self.alpha_fwd)  # Algorithm 2: psi_t^2
-                mode = "paper"
+                psi2.lerp_(psi2_batch, 1.0 - self.alpha_fwd)  # Algorithm 2: psi_t^2
+        return y.to(x.dtype)
 
+    def _fused(self, xf, pad_mask, mode, batch_scale):
+        """One pass each way (two for the exact gradient), group scaling included."""
+        x2, keep, n = fused.rows(xf, pad_mask)
+        groups = self.groups if self.group_scaling else 0
+        plan = fused.Plan(groups=groups, center=False, mode=mode, n=n, inv=None, nu=self.running_nu,
+                          rate=1.0 - self.alpha_bwd, collect_stats=not batch_scale)
+        if batch_scale:
+            _, psi2_batch = fused.batch_stats(x2, keep, n, groups, center=False)
+            plan.inv = torch.rsqrt(psi2_batch + self.eps)
+        else:
+            plan.inv = torch.rsqrt(self.running_psi2.to(xf) + self.eps)
+        y = fused.FusedChannelNorm.apply(x2, keep, self.weight.to(xf), self.bias.to(xf), plan)
+        if not batch_scale:
+            psi2_batch = (plan.stats[1] / n).to(xf.dtype)
+        if mode == "reference":
+            plan.inv_bwd = torch.rsqrt(psi2_batch + self.eps)
+        return y.view_as(xf), psi2_batch
+
+    def _plain(self, xf, pad_mask, mode, batch_scale):
+        """The same computation in plain PyTorch operations."""
+        if self.group_scaling:
+            xf = group_scale(xf, self.groups)
+        keep, n = real_tokens(xf, pad_mask)
+        psi2_batch = token_mean(xf * xf, keep, n).detach()  # psi_B^2
+        inv_batch = torch.rsqrt(psi2_batch + self.eps)
+        inv = inv_batch if batch_scale else torch.rsqrt(self.running_psi2.to(xf) + self.eps)
         y = PowerNormFunction.apply(
             xf, keep, n, inv, self.weight.to(xf), self.bias.to(xf),
             self.running_nu, mode, self.alpha_bwd, inv_batch,
         )
-        return y.to(x.dtype)
+        return y, psi2_batch
 
     def extra_repr(self) -> str:
         return (

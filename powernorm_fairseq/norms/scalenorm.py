@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
+from . import fused
 from .base import Norm, upcast
 
 
@@ -24,6 +25,9 @@ class ScaleNorm(Norm):
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
+        if fused.usable(xf):
+            x2 = xf.contiguous().view(-1, self.dim)
+            return fused.FusedScaleNorm.apply(x2, self.scale.to(xf), self.eps).view_as(x).to(x.dtype)
         norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
         return (self.scale.to(xf) * xf / norm.clamp(min=self.eps)).to(x.dtype)
 
