@@ -2,13 +2,13 @@
 https://arxiv.org/abs/1502.03167), the "BN" row of the PowerNorm paper.
 
 The mean and variance are taken over the non-pad tokens only (the paper's
-Eq. 1-2 with B the number of real tokens); the gradient is the exact one of
-that computation (Eq. 3), left to autograd. Padding neither enters the
-statistics nor is filled with anything: pad positions are normalised with the
-same statistics as the real tokens so every position has an output.
+Section 3 with B the number of real tokens); the gradient is the exact one of
+that computation (Eq. 3). Padding neither enters the statistics nor is filled
+with anything: pad positions are normalised with the same statistics as the
+real tokens so every position has an output.
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -17,8 +17,12 @@ from . import fused
 from .base import Norm, real_tokens, token_mean, upcast
 
 
-class MaskedBatchNorm(Norm):
-    """BatchNorm whose batch is the set of real tokens of a (T, B, C) input."""
+class BatchStatNorm(Norm):
+    """What BN and PN-V share: statistics of the batch's real tokens with the
+    exact gradient in training, running statistics in eval. ``center`` says
+    whether the mean is removed (BN) or not (PN-V)."""
+
+    center = True
 
     def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5):
         super().__init__()
@@ -27,36 +31,52 @@ class MaskedBatchNorm(Norm):
         self.dim, self.momentum, self.eps = dim, momentum, eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
-        self.register_buffer("running_mean", torch.zeros(dim))
-        self.register_buffer("running_var", torch.ones(dim))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
+        weight, bias = self.weight.to(xf), self.bias.to(xf)
         if self.training and fused.usable(xf):
             x2, keep, n = fused.rows(xf, pad_mask)
             if n > 0:
-                mean, var = fused.batch_stats(x2, keep, n, groups=0, center=True)
-                self._update_running(mean, var, n)
-                plan = fused.Plan(groups=0, center=True, mode="exact", n=n, mean=mean,
-                                  inv=torch.rsqrt(var + self.eps))
-                y = fused.FusedChannelNorm.apply(x2, keep, self.weight.to(xf), self.bias.to(xf), plan)
-                return y.view_as(x).to(x.dtype)
+                mean, second = fused.batch_stats(x2, keep, n, groups=0, center=self.center)
+                self.update_running(mean, second, n)
+                plan = fused.Plan(groups=0, center=self.center, mode="exact", n=n, mean=mean,
+                                  inv=torch.rsqrt(second + self.eps))
+                return fused.FusedChannelNorm.apply(x2, keep, weight, bias, plan).view_as(x).to(x.dtype)
         keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
         if n == 0:  # eval, or a training batch that is all padding
-            mean, var = self.running_mean.to(xf), self.running_var.to(xf)
-        else:
-            mean = token_mean(xf, keep, n)
-            centred = xf - mean
-            var = token_mean(centred * centred, keep, n)  # biased, as the normalisation uses
-            self._update_running(mean, var, n)
-        y = (xf - mean) * torch.rsqrt(var + self.eps)
-        return (y * self.weight.to(xf) + self.bias.to(xf)).to(x.dtype)
+            mean, second = self.running(xf)
+        else:  # autograd through the masked statistics gives the exact gradient
+            mean = token_mean(xf, keep, n) if self.center else None
+            centred = xf - mean if self.center else xf
+            second = token_mean(centred * centred, keep, n)
+            self.update_running(mean, second, n)
+        y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
+        return (y * weight + bias).to(x.dtype)
 
-    @torch.no_grad()
-    def _update_running(self, mean: Tensor, var: Tensor, n: int):
-        unbiased = var * n / max(n - 1, 1)
-        self.running_mean.lerp_(mean.to(self.running_mean), self.momentum)
-        self.running_var.lerp_(unbiased.to(self.running_var), self.momentum)
+    def running(self, like: Tensor) -> Tuple[Optional[Tensor], Tensor]:
+        raise NotImplementedError
+
+    def update_running(self, mean: Optional[Tensor], second: Tensor, n: int):
+        raise NotImplementedError
 
     def extra_repr(self) -> str:
         return f"{self.dim}, momentum={self.momentum}, eps={self.eps}"
+
+
+class MaskedBatchNorm(BatchStatNorm):
+    """BatchNorm whose batch is the set of real tokens of a (T, B, C) input."""
+
+    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5):
+        super().__init__(dim, momentum, eps)
+        self.register_buffer("running_mean", torch.zeros(dim))
+        self.register_buffer("running_var", torch.ones(dim))
+
+    def running(self, like):
+        return self.running_mean.to(like), self.running_var.to(like)
+
+    @torch.no_grad()
+    def update_running(self, mean, var, n):
+        unbiased = var * n / max(n - 1, 1)  # like torch's BatchNorm
+        self.running_mean.lerp_(mean.to(self.running_mean), self.momentum)
+        self.running_var.lerp_(unbiased.to(self.running_var), self.momentum)

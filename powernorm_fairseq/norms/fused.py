@@ -69,17 +69,20 @@ class FusedChannelNorm(torch.autograd.Function):
         A = B = None
         if p.mode == "exact":  # first pass: the batch terms of Eq. 3 / Eq. 6
             _, sums = k.backward(x, _opt(keep), _opt(scale), grad_y, weight, _opt(p.mean), p.inv, p.inv,
-                                 _none(), _none(), p.groups, False, False)
-            sums = sums.to(x.dtype)
-            B = weight * sums[0] / p.n
-            A = weight * sums[1] / p.n if p.center else None
+                                 _none(), _none(), p.groups, False, False, True)
+            first = sums.to(x.dtype)
+            B = weight * first[0] / p.n
+            A = weight * first[1] / p.n if p.center else None
         elif p.mode == "paper":
             B = p.nu.to(x.dtype).clone()  # nu_{t-1}
         else:
             B = p.rate * p.nu.to(x.dtype)
         inv_bwd = p.inv if p.inv_bwd is None else p.inv_bwd
-        grad_x, sums = k.backward(x, _opt(keep), _opt(scale), grad_y, weight, _opt(p.mean), p.inv, inv_bwd,
-                                  _opt(A), B, p.groups, p.mode == "reference", True)
+        # the second pass of an exact gradient sums again only where nu needs the real-token terms
+        want_sums = p.mode != "exact" or p.nu is not None
+        grad_x, second = k.backward(x, _opt(keep), _opt(scale), grad_y, weight, _opt(p.mean), p.inv, inv_bwd,
+                                    _opt(A), B, p.groups, p.mode == "reference", True, want_sums)
+        sums = second if want_sums else sums
         if p.nu is not None:
             with torch.no_grad():
                 nu = p.nu

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from . import fused
 from .base import Norm, real_tokens, token_mean, upcast
+from .batchnorm import BatchStatNorm
 
 
 def group_scale(x: Tensor, groups: int, eps: float = 1e-5) -> Tensor:
@@ -37,40 +38,21 @@ def _affine(xh: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return xh * weight.to(xh) + bias.to(xh)
 
 
-class PowerNormV(Norm):
-    """PN-V: x / sqrt(psi_B^2 + eps) with the exact gradient; running psi^2 for eval."""
+class PowerNormV(BatchStatNorm):
+    """PN-V: x / sqrt(psi_B^2 + eps) with the exact gradient (Eq. 6); running psi^2 for eval."""
+
+    center = False
 
     def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5):
-        super().__init__()
-        if not 0.0 < momentum < 1.0:
-            raise ValueError(f"momentum must be in (0, 1), got {momentum}")
-        self.dim, self.momentum, self.eps = dim, momentum, eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
+        super().__init__(dim, momentum, eps)
         self.register_buffer("running_psi2", torch.ones(dim))
 
-    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        xf = upcast(x)
-        if self.training and fused.usable(xf):
-            x2, keep, n = fused.rows(xf, pad_mask)
-            if n > 0:
-                _, psi2 = fused.batch_stats(x2, keep, n, groups=0, center=False)
-                with torch.no_grad():
-                    self.running_psi2.lerp_(psi2.to(self.running_psi2), self.momentum)
-                plan = fused.Plan(groups=0, center=False, mode="exact", n=n, inv=torch.rsqrt(psi2 + self.eps))
-                y = fused.FusedChannelNorm.apply(x2, keep, self.weight.to(xf), self.bias.to(xf), plan)
-                return y.view_as(x).to(x.dtype)
-        keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
-        if n == 0:  # eval, or a training batch that is all padding
-            psi2 = self.running_psi2.to(xf)
-        else:
-            psi2 = token_mean(xf * xf, keep, n)  # psi_B^2; autograd gives Eq. 6
-            with torch.no_grad():
-                self.running_psi2.lerp_(psi2.to(self.running_psi2), self.momentum)
-        return _affine(xf * torch.rsqrt(psi2 + self.eps), self.weight, self.bias).to(x.dtype)
+    def running(self, like):
+        return None, self.running_psi2.to(like)
 
-    def extra_repr(self) -> str:
-        return f"{self.dim}, momentum={self.momentum}, eps={self.eps}"
+    @torch.no_grad()
+    def update_running(self, mean, psi2, n):
+        self.running_psi2.lerp_(psi2.to(self.running_psi2), self.momentum)
 
 
 class PowerNormFunction(torch.autograd.Function):

@@ -142,7 +142,8 @@ template <typename T>
 std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& keep, const Tensor& scale,
                                   const Tensor& gy, const Tensor& w, const Tensor& mean,
                                   const Tensor& inv_fwd, const Tensor& inv_bwd, const Tensor& A,
-                                  const Tensor& B, int64_t G, bool correct_pads, bool want_gx) {
+                                  const Tensor& B, int64_t G, bool correct_pads, bool want_gx,
+                                  bool want_sums) {
   const int64_t N = x.size(0), C = x.size(1);
   Tensor gx = want_gx ? torch::empty_like(x) : Tensor();
   // sums of gy*xh, gy and xh^2, kept apart for real (0-2) and padded (3-5) rows
@@ -181,7 +182,14 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& keep, const Ten
       T* __restrict__ s0 = stage.data() + (real ? 0 : 3 * C);
       T* __restrict__ s1 = s0 + C;
       T* __restrict__ s2 = s1 + C;
-      if (op) {
+      if (op && !want_sums) {  // the second pass of an exact gradient: the sums are known
+        T* __restrict__ gv = sp ? gxs.data() : op + n * C;
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) {
+          const T xh = xs[c] * ip[c] - hp[c];
+          gv[c] = (gr[c] * wp[c] - m * (ap[c] + bp[c] * xh)) * jp[c];
+        }
+      } else if (op) {
         T* __restrict__ gv = sp ? gxs.data() : op + n * C;
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) {
@@ -295,12 +303,13 @@ std::vector<Tensor> forward(const Tensor& x, const Tensor& keep, int64_t G, doub
 std::vector<Tensor> backward(const Tensor& x, const Tensor& keep, const Tensor& scale,
                              const Tensor& gy, const Tensor& w, const Tensor& mean,
                              const Tensor& inv_fwd, const Tensor& inv_bwd, const Tensor& A,
-                             const Tensor& B, int64_t G, bool correct_pads, bool want_gx) {
+                             const Tensor& B, int64_t G, bool correct_pads, bool want_gx,
+                             bool want_sums) {
   TORCH_CHECK(x.is_contiguous() && gy.is_contiguous(), "x and gy must be contiguous");
   std::vector<Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "powernorm_backward", [&] {
     out = backward_impl<scalar_t>(x, keep, scale, gy, w, mean, inv_fwd, inv_bwd, A, B, G,
-                                  correct_pads, want_gx);
+                                  correct_pads, want_gx, want_sums);
   });
   return out;
 }

@@ -1,0 +1,387 @@
+"""The benchmark suite: norm layers, training throughput, translation quality
+and memory, each norm side by side with LayerNorm in one run.
+
+    python bench/run.py [--sections layers,throughput,quality] [--out bench/results]
+
+Writes OUT/results.json, OUT/results.md and one PNG per section. Timings on a
+shared machine are noisy, so every comparison is a ratio of runs interleaved
+with their LayerNorm baseline, and the median is reported.
+"""
+
+import argparse
+import json
+import logging
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from powernorm_fairseq.norms import NORM_TYPES, build_norm, kernels  # noqa: E402
+
+BIN = Path(sys.executable).parent
+TARGETS = {"layers": {"pn": 1.3, "bn": 1.5, "pn-v": 1.5, "scalenorm": 1.0},
+           "throughput": 0.95, "memory": 1.05}
+
+
+# ---------------------------------------------------------------- 1. layers
+def layer_options(kind, C):
+    # as the model builds them: PN with the authors' group scaling over 4 heads
+    return dict(group_scaling=True, groups=4) if kind == "pn" else {}
+
+
+def bench_layers(shapes, reps, dtypes):
+    """Forward+backward time of every norm over F.layer_norm, interleaved."""
+    rows = []
+    bandwidth = measure_bandwidth()
+    for dtype in dtypes:
+        for T, B, C in shapes:
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(T, B, C, generator=g).to(dtype).requires_grad_(True)
+            grad = torch.randn(T, B, C, generator=g).to(dtype)
+            lengths = T - (torch.rand(B, generator=g) * 0.4 * T).long()  # 20% padding on average
+            pad = torch.arange(T)[None, :] >= lengths[:, None]
+            w = torch.ones(C, dtype=dtype, requires_grad=True)
+            b = torch.zeros(C, dtype=dtype, requires_grad=True)
+
+            def ln():
+                F.layer_norm(x, (C,), w, b).backward(grad)
+
+            norms = {k: build_norm(k, C, **layer_options(k, C)).to(dtype).train() for k in NORM_TYPES}
+            calls = {k: (lambda m=m: m(x, pad).backward(grad)) for k, m in norms.items()}
+            for f in [ln, *calls.values()] * 3:  # warm-up
+                f()
+            ratios = {k: [] for k in calls}
+            ln_times = []
+            order = random.Random(0)
+            for _ in range(reps):
+                for k, f in calls.items():
+                    # back to back, in random order, each from a fresh x.grad (no accumulation pass)
+                    first_ln = order.random() < 0.5
+                    t_a = timed_fresh(ln if first_ln else f, x)
+                    t_b = timed_fresh(f if first_ln else ln, x)
+                    t_ln, t_k = (t_a, t_b) if first_ln else (t_b, t_a)
+                    ratios[k].append(t_k / t_ln)
+                    ln_times.append(t_ln)
+            t_ln = statistics.median(ln_times)
+            bytes_moved = 5 * x.numel() * x.element_size()  # read x, write y; read x, dy, write dx
+            for k in calls:
+                ratio = statistics.median(ratios[k])
+                seconds = ratio * t_ln
+                rows.append(dict(
+                    dtype=str(dtype).replace("torch.", ""), shape=f"{T}x{B}x{C}", norm=k,
+                    ratio_to_ln=round(ratio, 3), ms=round(seconds * 1e3, 3), ln_ms=round(t_ln * 1e3, 3),
+                    gb_per_s=round(bytes_moved / seconds / 1e9, 2),
+                    fraction_of_bandwidth=round(bytes_moved / seconds / bandwidth, 3),
+                    target=TARGETS["layers"].get(k) if dtype == torch.float32 else None,
+                ))
+    return rows, bandwidth
+
+
+def timed(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def timed_fresh(f, x):
+    x.grad = None
+    return timed(f)
+
+
+def measure_bandwidth(n=64 * 2**20):
+    """Bytes per second of a large copy (read + write), the best of 10."""
+    src, dst = torch.empty(n // 4), torch.empty(n // 4)
+    dst.copy_(src)
+    best = min(timed(lambda: dst.copy_(src)) for _ in range(10))
+    return 2 * n / best
+
+
+# ------------------------------------------------------ 2./4. throughput, memory
+def model_flags(dims):
+    layers, d, ffn, heads = dims
+    return ["--encoder-layers", layers, "--decoder-layers", layers, "--encoder-embed-dim", d,
+            "--decoder-embed-dim", d, "--encoder-ffn-embed-dim", ffn, "--decoder-ffn-embed-dim", ffn,
+            "--encoder-attention-heads", heads, "--decoder-attention-heads", heads]
+
+
+def train_command(data, save_dir, variant, dims, seed, extra):
+    if variant == "stock-ln":
+        arch = ["--arch", "transformer_iwslt_de_en", "--encoder-normalize-before", "--decoder-normalize-before"]
+    else:
+        arch = ["--user-dir", str(ROOT / "powernorm_fairseq"), "--arch", "powernorm_transformer_iwslt_de_en",
+                "--norm-type", variant]
+    return [str(BIN / "fairseq-train"), str(data), *arch, *map(str, model_flags(dims)),
+            "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.002",
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "300", "--dropout", "0.2",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "2048",
+            "--seed", str(seed), "--save-dir", str(save_dir), "--log-format", "json", "--log-interval", "10",
+            "--num-workers", "0", "--cpu", *map(str, extra)]
+
+
+def run_training(cmd):
+    """Run fairseq-train in a child process; return its log and its peak resident memory (MiB)."""
+    code = ("import resource, sys\n"
+            "from fairseq_cli.train import cli_main\n"
+            f"sys.argv = {cmd!r}\n"
+            "try:\n    cli_main()\n"
+            "finally:\n    print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"fairseq-train failed:\n{proc.stderr[-3000:]}")
+    peak = int(re.search(r"PEAK_KIB (\d+)", proc.stdout).group(1)) / 1024
+    return proc.stdout + proc.stderr, peak
+
+
+def words_per_second(log, skip=1):
+    """Median words/s of the logged intervals after the first (start-up), or the epoch's."""
+    rows = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
+    rows = rows[skip:] or [json.loads(m) for m in re.findall(r"\| train \| (\{.*\})", log)]
+    return statistics.median(float(r.get("wps", r.get("train_wps"))) for r in rows)
+
+
+def bench_throughput(data, work, variants, dims, updates, rounds):
+    """Words/s and peak memory of fairseq-train per norm, interleaved with stock LN."""
+    results = {v: {"wps": [], "peak_mib": []} for v in variants}
+    for r in range(rounds):
+        order = variants[:]
+        random.Random(r).shuffle(order)
+        for v in order:
+            cmd = train_command(data, work / f"tp-{v}-{r}", v, dims, 1,
+                                ["--max-update", updates, "--no-save", "--disable-validation"])
+            log, peak = run_training(cmd)
+            results[v]["wps"].append(words_per_second(log))
+            results[v]["peak_mib"].append(peak)
+    base_wps = statistics.median(results["stock-ln"]["wps"])
+    base_mem = statistics.median(results["stock-ln"]["peak_mib"])
+    return [dict(variant=v, wps=round(statistics.median(r["wps"]), 1),
+                 wps_ratio=round(statistics.median(r["wps"]) / base_wps, 3),
+                 peak_mib=round(statistics.median(r["peak_mib"]), 1),
+                 memory_ratio=round(statistics.median(r["peak_mib"]) / base_mem, 3))
+            for v, r in results.items()]
+
+
+# ---------------------------------------------------------------- 3. quality
+def bench_quality(corpus, work, norms, seeds, minutes, dims):
+    """BLEU of each encoder norm after a fixed CPU time budget, several seeds."""
+    data = prepare(corpus, work / "data")
+    rows = []
+    for seed in seeds:
+        for norm in norms:
+            save = work / f"q-{norm}-seed{seed}"
+            cmd = train_command(data / "bin", save, norm, dims, seed,
+                                ["--stop-time-hours", minutes / 60, "--keep-last-epochs", "3"])
+            log, _ = run_training(cmd)
+            updates = max([int(m) for m in re.findall(r'"num_updates": "(\d+)"', log)] or [0])
+            epochs = sorted(save.glob("checkpoint[0-9]*.pt"))
+            average = min(3, len(epochs)) or 1
+            ev = subprocess.run(["bash", str(ROOT / "scripts/evaluate.sh"), "--dataset", "quickstart",
+                                 "--data", str(data / "bin"), "--save-dir", str(save), "--average", str(average),
+                                 "--cpu"], capture_output=True, text=True,
+                                env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"})
+            if ev.returncode != 0:
+                raise RuntimeError(f"evaluate.sh failed:\n{ev.stderr[-2000:]}")
+            result = json.loads((save / "bleu-test.json").read_text())
+            rows.append(dict(norm=norm, seed=seed, updates=updates, bleu=result["bleu"][0],
+                             sacrebleu=result["sacrebleu"][0], checkpoints_averaged=average,
+                             signature=result["sacrebleu_signature"]))
+    summary = []
+    for norm in norms:
+        scores = [r["sacrebleu"] for r in rows if r["norm"] == norm]
+        tok = [r["bleu"] for r in rows if r["norm"] == norm]
+        summary.append(dict(norm=norm, seeds=len(scores), sacrebleu_mean=round(statistics.mean(scores), 2),
+                            sacrebleu_std=round(statistics.stdev(scores), 2) if len(scores) > 1 else 0.0,
+                            bleu_mean=round(statistics.mean(tok), 2),
+                            bleu_std=round(statistics.stdev(tok), 2) if len(tok) > 1 else 0.0))
+    return rows, summary
+
+
+def prepare(corpus, out):
+    """Tokenize, BPE and binarize a raw {train,valid,test}.{de,en} directory."""
+    subprocess.run(["bash", str(ROOT / "data-prep/prepare-quickstart.sh"), "--src-dir", str(corpus),
+                    "--out", str(out)], check=True, capture_output=True,
+                   env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"})
+    return out
+
+
+# ---------------------------------------------------------------- report
+def machine():
+    cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                if l.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
+                python=platform.python_version(), fused_kernels=kernels.load() is not None,
+                date=time.strftime("%Y-%m-%d"))
+
+
+def markdown(results):
+    m = results["machine"]
+    out = [f"Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), "
+           f"torch {m['torch']}, fused kernels {'on' if m['fused_kernels'] else 'OFF'}, {m['date']}.", ""]
+    if "layers" in results:
+        bw = results["layers_bandwidth_gb_s"]
+        out += ["### 1. Norm layer, forward + backward, relative to `F.layer_norm`", "",
+                f"20% padding, median of interleaved pairs; memory bandwidth (large copy) {bw} GB/s; "
+                "bytes = 5 x tensor (read x, write y; read x and dy, write dx).", "",
+                "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s | of bandwidth | target |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in results["layers"]:
+            met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["ratio_to_ln"] <= r["target"] else "**missed**"))
+            out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.2f} | "
+                       f"{r['ln_ms']:.2f} | {r['gb_per_s']} | {r['fraction_of_bandwidth']:.0%} | {met} |")
+        out.append("")
+    if "throughput" in results:
+        out += ["### 2 and 4. `fairseq-train` words/s and peak memory, relative to stock `transformer_iwslt_de_en` (LN)", "",
+                f"Model {results['dims']}, interleaved runs, median; peak memory is the process's peak RSS.", "",
+                "| variant | words/s | / stock LN | peak MiB | / stock LN |", "|---|---|---|---|---|"]
+        for r in results["throughput"]:
+            out.append(f"| {r['variant']} | {r['wps']} | {r['wps_ratio']:.3f} | {r['peak_mib']} | {r['memory_ratio']:.3f} |")
+        out += ["", f"Targets: `--norm-type pn` words/s >= {TARGETS['throughput']} x stock, "
+                    f"memory <= {TARGETS['memory']} x stock.", ""]
+    if "quality" in results:
+        q = results["quality"]
+        out += ["### 3. Translation quality at a fixed CPU budget", "",
+                f"Corpus {q['corpus']}, {q['minutes']} CPU minutes per run, seeds {q['seeds']}, "
+                f"last <= 3 epoch checkpoints averaged; mean +- standard deviation over seeds.", "",
+                "| encoder norm | sacreBLEU | tokenized BLEU (case-insens.) |", "|---|---|---|"]
+        for r in q["summary"]:
+            out.append(f"| {r['norm']} | {r['sacrebleu_mean']:.2f} +- {r['sacrebleu_std']:.2f} | "
+                       f"{r['bleu_mean']:.2f} +- {r['bleu_std']:.2f} |")
+        out += ["", "| norm | seed | updates | sacreBLEU | tokenized BLEU |", "|---|---|---|---|---|"]
+        for r in q["runs"]:
+            out.append(f"| {r['norm']} | {r['seed']} | {r['updates']} | {r['sacrebleu']} | {r['bleu']} |")
+        out += ["", f"sacreBLEU signature: `{q['runs'][0]['signature']}`", ""]
+    return "\n".join(out)
+
+
+def plots(results, out):
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if "layers" in results:
+        rows = [r for r in results["layers"] if r["dtype"] == "float32"]
+        shapes = sorted({r["shape"] for r in rows})
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        width = 0.8 / len(shapes)
+        for i, shape in enumerate(shapes):
+            vals = [next(r["ratio_to_ln"] for r in rows if r["shape"] == shape and r["norm"] == k) for k in NORM_TYPES]
+            ax.bar([j + i * width for j in range(len(NORM_TYPES))], vals, width, label=f"(T, B, C) = {shape}")
+        for j, k in enumerate(NORM_TYPES):
+            if k in TARGETS["layers"]:
+                ax.hlines(TARGETS["layers"][k], j - 0.1, j + 0.8, colors="red", linestyles="dashed")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(NORM_TYPES))], NORM_TYPES)
+        ax.set_ylabel("forward + backward time / LayerNorm (ratio)")
+        ax.set_xlabel("norm type (red dashes: target)")
+        ax.set_title("Norm layer cost on the CPU, float32, 20% padding")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "layers.png", dpi=120)
+        plt.close(fig)
+    if "throughput" in results:
+        rows = results["throughput"]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        names = [r["variant"] for r in rows]
+        axes[0].bar(names, [r["wps_ratio"] for r in rows], color="tab:blue")
+        axes[0].axhline(TARGETS["throughput"], color="red", linestyle="dashed", label="target for pn")
+        axes[0].set_ylabel("words/s / stock LN transformer (ratio)")
+        axes[0].set_title("fairseq-train throughput")
+        axes[1].bar(names, [r["memory_ratio"] for r in rows], color="tab:orange")
+        axes[1].axhline(TARGETS["memory"], color="red", linestyle="dashed", label="target for pn")
+        axes[1].set_ylabel("peak memory / stock LN transformer (ratio)")
+        axes[1].set_title("fairseq-train peak memory (RSS)")
+        for ax in axes:
+            ax.set_xlabel("encoder norm (stock-ln: fairseq's transformer)")
+            ax.legend(loc="lower right")
+            ax.tick_params(axis="x", rotation=20)
+        fig.tight_layout()
+        fig.savefig(out / "throughput_memory.png", dpi=120)
+        plt.close(fig)
+    if "quality" in results:
+        q = results["quality"]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        names = [r["norm"] for r in q["summary"]]
+        ax.bar(names, [r["sacrebleu_mean"] for r in q["summary"]],
+               yerr=[r["sacrebleu_std"] for r in q["summary"]], capsize=6, color="tab:green", alpha=0.7,
+               label="mean +- std over seeds")
+        for r in q["runs"]:
+            ax.plot(names.index(r["norm"]), r["sacrebleu"], "ko", markersize=4)
+        ax.plot([], [], "ko", markersize=4, label="one seed")
+        ax.set_xlabel("encoder norm (decoder: LN)")
+        ax.set_ylabel("sacreBLEU (detokenized)")
+        ax.set_title(f"BLEU after {q['minutes']} CPU minutes per run")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "quality.png", dpi=120)
+        plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sections", default="layers,throughput,quality",
+                   help="comma-separated subset of layers,throughput,quality (memory comes with throughput)")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--corpus", default=str(ROOT / "data-prep" / "quickstart"),
+                   help="raw {train,valid,test}.{de,en} for throughput and quality "
+                        "(e.g. ../shared/data/l10n-de-en; default: the shipped quickstart corpus)")
+    p.add_argument("--seeds", default="1,2", help="seeds of the quality runs")
+    p.add_argument("--quality-norms", default="ln,bn,pn-v,pn", help="encoder norms of the quality runs")
+    p.add_argument("--minutes", type=float, default=3.0, help="CPU minutes per quality run")
+    p.add_argument("--reps", type=int, default=60, help="interleaved repetitions per layer timing")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the throughput runs")
+    p.add_argument("--updates", type=int, default=60, help="updates per throughput run")
+    p.add_argument("--tiny", action="store_true", help="tiny sizes, to check that every benchmark runs")
+    args = p.parse_args(argv)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "work"
+    sections = set(args.sections.split(","))
+    unknown = sections - {"layers", "throughput", "quality"}
+    if unknown:
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; allowed: layers, throughput, quality")
+    dims = (1, 32, 64, 4) if args.tiny else (3, 256, 512, 4)
+    # a run of some sections updates those in an existing results.json and keeps the others
+    previous = out / "results.json"
+    results = json.loads(previous.read_text()) if previous.exists() else {}
+    results.update(machine=machine(), dims="layers {} + {}, {} dims, FFN {}, {} heads".format(dims[0], *dims))
+    if "layers" in sections:
+        shapes = [(8, 4, 64)] if args.tiny else [(64, 64, 512), (128, 32, 1024)]
+        rows, bw = bench_layers(shapes, 3 if args.tiny else args.reps, [torch.float32, torch.bfloat16])
+        results["layers"], results["layers_bandwidth_gb_s"] = rows, round(bw / 1e9, 1)
+    if "throughput" in sections or "quality" in sections:
+        data = prepare(args.corpus, work / "data")
+    if "throughput" in sections:
+        variants = ["stock-ln", *NORM_TYPES]
+        results["throughput"] = bench_throughput(data / "bin", work, variants, dims,
+                                                 4 if args.tiny else args.updates, 1 if args.tiny else args.rounds)
+    if "quality" in sections:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        norms = args.quality_norms.split(",")
+        bad = set(norms) - set(NORM_TYPES)
+        if bad:
+            p.error(f"--quality-norms: unknown {', '.join(sorted(bad))}; allowed: {', '.join(NORM_TYPES)}")
+        minutes = 0.05 if args.tiny else args.minutes
+        runs, summary = bench_quality(args.corpus, work, norms, seeds, minutes, dims)
+        results["quality"] = dict(corpus=str(args.corpus), minutes=minutes, seeds=seeds, runs=runs, summary=summary)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(results) + "\n")
+    plots(results, out)
+    print(markdown(results))
+    print(f"\nwritten: {out}/results.json, results.md, *.png")
+
+
+if __name__ == "__main__":
+    main()
