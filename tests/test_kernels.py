@@ -1,5 +1,9 @@
 """The fused C++ kernels against the plain PyTorch path, in float32."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -37,3 +41,14 @@ def test_fused_kernels_match_the_plain_path_in_float32(kind, options, monkeypatc
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
         for key in s0:
             torch.testing.assert_close(s0[key], s1[key], atol=1e-5, rtol=1e-5)
+
+
+def test_kernels_can_be_switched_off():
+    code = ("from powernorm_fairseq.norms import kernels, build_norm\n"
+            "import torch\n"
+            "assert kernels.load() is None and 'POWERNORM_KERNELS=0' in kernels._failed\n"
+            "y = build_norm('pn', 8).train()(torch.randn(3, 2, 8))\n"
+            "assert torch.isfinite(y).all()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "POWERNORM_KERNELS": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]

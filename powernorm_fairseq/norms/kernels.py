@@ -8,6 +8,8 @@ path instead (same math, several passes over memory) and a warning says so.
 
 import logging
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -30,18 +32,31 @@ def load():
     try:
         from torch.utils.cpp_extension import load as load_extension
 
-        _module = load_extension(
-            name="powernorm_fairseq_kernels",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        with _venv_tools_on_path():
+            _module = load_extension(
+                name="powernorm_fairseq_kernels",
+                sources=[str(_SOURCE)],
+                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
     except Exception as err:  # no compiler, no ninja, a build error: fall back, loudly
         _failed = f"{type(err).__name__}: {str(err).strip().splitlines()[-1] if str(err).strip() else err}"
         logger.warning("powernorm_fairseq: fused C++ kernels unavailable (%s); "
                        "using the plain PyTorch path, which is slower", _failed)
     return _module
+
+
+@contextmanager
+def _venv_tools_on_path():
+    """The build calls `ninja` by name: find the one installed beside this
+    interpreter (requirements.txt) even when the environment is not activated."""
+    path = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + path
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = path
 
 
 def usable(x: torch.Tensor) -> bool:
