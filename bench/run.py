@@ -172,7 +172,7 @@ def bench_throughput(data, work, variants, dims, updates, rounds):
 
 
 # ---------------------------------------------------------------- 3. quality
-def bench_quality(corpus, work, norms, seeds, minutes, dims):
+def bench_quality(corpus, work, norms, seeds, minutes, dims, extra=()):
     """BLEU of each encoder norm after a fixed CPU time budget, several seeds."""
     data = prepare(corpus, work / "data")
     rows = []
@@ -180,9 +180,9 @@ def bench_quality(corpus, work, norms, seeds, minutes, dims):
         for norm in norms:
             save = work / f"q-{norm}-seed{seed}"
             cmd = train_command(data / "bin", save, norm, dims, seed,
-                                ["--stop-time-hours", minutes / 60, "--keep-last-epochs", "3"])
+                                ["--stop-time-hours", minutes / 60, "--keep-last-epochs", "3", *extra])
             log, _ = run_training(cmd)
-            updates = max([int(m) for m in re.findall(r'"num_updates": "(\d+)"', log)] or [0])
+            updates = max([int(m) for m in re.findall(r'"(?:train_)?num_updates": "(\d+)"', log)] or [0])
             epochs = sorted(save.glob("checkpoint[0-9]*.pt"))
             average = min(3, len(epochs)) or 1
             ev = subprocess.run(["bash", str(ROOT / "scripts/evaluate.sh"), "--dataset", "quickstart",
@@ -373,8 +373,9 @@ def main(argv=None):
         bad = set(norms) - set(NORM_TYPES)
         if bad:
             p.error(f"--quality-norms: unknown {', '.join(sorted(bad))}; allowed: {', '.join(NORM_TYPES)}")
-        minutes = 0.05 if args.tiny else args.minutes
-        runs, summary = bench_quality(args.corpus, work, norms, seeds, minutes, dims)
+        minutes = 0.2 if args.tiny else args.minutes
+        extra = ["--max-update", 5] if args.tiny else []  # tiny: whichever comes first
+        runs, summary = bench_quality(args.corpus, work, norms, seeds, minutes, dims, extra)
         results["quality"] = dict(corpus=str(args.corpus), minutes=minutes, seeds=seeds, runs=runs, summary=summary)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results) + "\n")
