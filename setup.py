@@ -22,6 +22,7 @@ setup(
         "console_scripts": [
             "powernorm-average=powernorm_fairseq.average:main",
             "powernorm-score=powernorm_fairseq.score:main",
+            "powernorm-analyze=powernorm_fairseq.analyze:main",
         ]
     },
 )

@@ -25,6 +25,7 @@ from fairseq.models.transformer.transformer_legacy import (
 from fairseq.modules import MultiheadAttention
 from torch import nn
 
+from ..diagnostics import NormDiagnostics
 from ..errors import PowerNormConfigError
 from ..modules import (
     FixNormEmbedding,
@@ -62,6 +63,13 @@ def _count(text):
     return value
 
 
+def _interval(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--norm-diagnostics-interval must be >= 1, got {text}")
+    return value
+
+
 @register_model("powernorm_transformer")
 class PowerNormTransformerModel(TransformerModel):
     """fairseq's ``TransformerModel`` with the norms of the PowerNorm paper."""
@@ -96,6 +104,11 @@ class PowerNormTransformerModel(TransformerModel):
                                  "released code (default: paper)")
         parser.add_argument("--norm-momentum", type=_fraction("--norm-momentum"),
                             help="running-statistics momentum of bn and pn-v (default: 0.1)")
+        parser.add_argument("--norm-diagnostics", action="store_true",
+                            help="log batch vs running statistics distances and the gradient terms "
+                                 "of the statistics for every bn, pn-v and pn layer (diag/... metrics)")
+        parser.add_argument("--norm-diagnostics-interval", type=_interval, metavar="N",
+                            help="measure every N updates (default: 1)")
         # fmt: on
 
     @classmethod
@@ -104,7 +117,16 @@ class PowerNormTransformerModel(TransformerModel):
         model = super().build_model(args, task)
         if args.small_init:
             small_init_(model)
+        if args.norm_diagnostics:
+            model.norm_diagnostics = NormDiagnostics(model, args.norm_diagnostics_interval)
         return model
+
+    norm_diagnostics = None
+
+    def set_num_updates(self, num_updates):
+        super().set_num_updates(num_updates)
+        if self.norm_diagnostics is not None:
+            self.norm_diagnostics.set_num_updates(num_updates)
 
     @classmethod
     def build_embedding(cls, cfg, dictionary, embed_dim, path=None):
@@ -271,6 +293,8 @@ def _powernorm_defaults(args):
     args.pn_group_scaling = getattr(args, "pn_group_scaling", True)
     args.pn_backward = getattr(args, "pn_backward", "paper")
     args.norm_momentum = getattr(args, "norm_momentum", 0.1)
+    args.norm_diagnostics = getattr(args, "norm_diagnostics", False)
+    args.norm_diagnostics_interval = getattr(args, "norm_diagnostics_interval", 1)
 
 
 @register_model_architecture("powernorm_transformer", "powernorm_transformer")

@@ -1,0 +1,501 @@
+"""The PowerNorm paper's analysis figures from training runs: ``powernorm-analyze``.
+
+Each input gives one analysis, a CSV and PNG plots in ``--out``:
+
+* ``--logs``: fairseq logs of runs trained with ``--norm-diagnostics
+  --log-format json`` (``--log-file``, or the console saved to a file), or
+  directories holding them (``*.log``). -> ``statistics.csv``,
+  ``statistics.png`` (batch vs running statistics distance, Figures 2 and 4),
+  ``gradients.png`` (gradient terms of the statistics, Figures 3 and 4).
+* ``--checkpoints``: -> ``spectrum.csv``, ``spectrum.png``: singular values of
+  the embedding matrix divided by the largest, one curve per checkpoint
+  (Figure 6).
+* ``--ablation``: the ``figure5.csv`` of ``scripts/batch-ablation.sh`` ->
+  ``batch_size.csv``, ``batch_size.png``: BLEU against the statistics batch
+  size (Figure 5).
+* ``--landscape`` with ``--checkpoints`` and ``--data``: -> ``landscape.csv``,
+  ``landscape_summary.csv``, ``landscape.png``. On a few batches, with W the
+  checkpoint's weights, g the gradient of the per-token training loss L there
+  and a over step sizes in (0, lr): the local Lipschitz constant max_a
+  |L(W) - L(W - a g)|, the smoothness max_a ||grad L(W) - grad L(W - a g)||,
+  ||g||, and ||g|| of the same model freshly initialised (step 0). The loss is
+  the training criterion of the checkpoint in training mode (batch statistics,
+  as the optimizer sees them) without dropout, back-propagated summed over
+  tokens and divided after, as fairseq's trainer does (PN's nu holds gradients
+  in the units of the summed loss); the model's buffers are restored after
+  every evaluation. Averages over the batches go to the summary.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from .checkpoints import allow_fairseq_checkpoints
+
+# a training-interval record: "... | train_inner | {json}" on the console, the
+# bare JSON in a --log-file (where epoch and valid records prefix their keys)
+RECORD = re.compile(r"(?:\| (\w+) \| )?(\{.*\})\s*$")
+STATISTICS_COLUMNS = ["run", "norm_type", "layer", "metric", "update", "value"]
+SPECTRUM_COLUMNS = ["checkpoint", "norm_type", "update", "index", "singular_value", "normalized"]
+BATCH_SIZE_COLUMNS = ["source", "norm_type", "stat_batch_tokens", "bleu", "sacrebleu"]
+LANDSCAPE_COLUMNS = ["checkpoint", "norm_type", "update", "batch", "step_size", "loss", "loss_change",
+                     "grad_change"]
+SUMMARY_COLUMNS = ["checkpoint", "norm_type", "update", "lr", "batches", "lipschitz", "smoothness",
+                   "grad_norm", "initial_grad_norm"]
+LABELS = {
+    "mu": r"$\|\mu_B - \mu\|_2$", "var": r"$\|\sigma_B^2 - \sigma^2\|_2$", "psi2": r"$\|\psi_B^2 - \psi^2\|_2$",
+    "grad_mu": r"$\|\partial L/\partial\mu_B\|_2$", "grad_var": r"$\|\partial L/\partial\sigma_B^2\|_2$",
+    "grad_psi2": r"$\|\partial L/\partial\psi^2\|_2$",
+}
+
+
+class AnalyzeError(ValueError):
+    """An input this command cannot read."""
+
+
+# ---------------------------------------------------------------- logs
+
+
+def find_logs(paths):
+    logs = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(path.rglob("*.log"))
+            if not found:
+                raise AnalyzeError(f"no fairseq log (*.log) under {path}")
+            logs += found
+        elif path.is_file():
+            logs.append(path)
+        else:
+            raise AnalyzeError(f"no such log file or directory: {path}")
+    return logs
+
+
+def run_labels(paths):
+    """Each run is named by the directory of its log, or directory/file when two share one."""
+    parents = [p.resolve().parent.name for p in paths]
+    return [f"{parent}/{p.stem}" if parents.count(parent) > 1 else parent
+            for parent, p in zip(parents, paths)]
+
+
+def read_diagnostics(path):
+    """Rows (norm_type, layer, metric, update, value) of the ``diag/`` metrics in a fairseq log."""
+    rows = {}  # a --log-file can hold each record more than once
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            match = RECORD.search(line)
+            if not match or match.group(1) not in (None, "train_inner"):
+                continue
+            try:
+                record = json.loads(match.group(2))
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(record, dict) or "num_updates" not in record:
+                continue
+            update = int(float(record["num_updates"]))
+            for key, value in record.items():
+                if key.startswith("diag/") and key.count("/") == 3:
+                    _, kind, layer, metric = key.split("/")
+                    rows[(kind, layer, metric, update)] = float(value)
+    return [(*key, value) for key, value in rows.items()]
+
+
+def statistics(logs):
+    rows = []
+    for label, path in zip(run_labels(logs), logs):
+        found = read_diagnostics(path)
+        if not found:
+            print(f"powernorm-analyze: {path}: no diag/ metrics (a run without --norm-diagnostics, "
+                  "--log-format json, or batch-statistic norms); skipped", file=sys.stderr)
+        rows += [(label, *row) for row in found]
+    if not rows:
+        raise AnalyzeError("no log has diag/ metrics: train with --norm-diagnostics --log-format json "
+                           "--log-file FILE and a bn, pn-v or pn norm")
+    return rows
+
+
+def plot_statistics(rows, prefix, out, title, plt):
+    """One panel per metric; per run the mean over its layers, shaded from min to max layer."""
+    metrics = sorted({r[3] for r in rows if r[3].startswith(prefix)}, key=["dist_mu", "dist_var", "dist_psi2",
+                                                                       "grad_mu", "grad_var", "grad_psi2"].index)
+    if not metrics:
+        return None
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        curves = defaultdict(lambda: defaultdict(list))
+        for run, kind, layer, m, update, value in rows:
+            if m == metric:
+                curves[(run, kind)][update].append(value)
+        for (run, kind), points in sorted(curves.items()):
+            updates = sorted(points)
+            mean = [sum(points[u]) / len(points[u]) for u in updates]
+            line, = ax.plot(updates, mean, label=f"{kind} ({run})", lw=1.8)
+            ax.fill_between(updates, [min(points[u]) for u in updates], [max(points[u]) for u in updates],
+                            color=line.get_color(), alpha=0.15, lw=0)
+        ax.set_yscale("log")
+        ax.set_xlabel("update (optimizer steps)")
+        ax.set_ylabel(LABELS[metric.replace("dist_", "")] + (" (activation units)" if prefix == "dist" else
+                                                              " (loss units)"))
+        ax.set_title(metric)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, title="norm (run)", title_fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def load_checkpoint(path):
+    allow_fairseq_checkpoints()
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise AnalyzeError(f"no such checkpoint: {path}") from None
+    except Exception as err:
+        raise AnalyzeError(f"{path} is not a readable fairseq checkpoint ({type(err).__name__})") from None
+
+
+def checkpoint_info(state):
+    """(encoder norm type, number of updates) of a checkpoint's state."""
+    cfg = (state.get("cfg") or {}).get("model") or state.get("args")
+    kind = getattr(cfg, "norm_type", None) or (cfg.get("norm_type") if isinstance(cfg, dict) else None)
+    if kind is None:
+        kind = "ln (fairseq)"
+    history = state.get("optimizer_history") or [{}]
+    return kind, int(history[-1].get("num_updates", 0))
+
+
+def normalized_singular_values(matrix):
+    """Singular values of ``matrix``, largest first, and the same divided by the largest."""
+    s = torch.linalg.svdvals(matrix.double())
+    return s, s / s[0]
+
+
+def spectrum(paths, key):
+    rows = []
+    for path in paths:
+        state = load_checkpoint(path)
+        if key not in state.get("model", {}):
+            raise AnalyzeError(f"{path} has no '{key}' (choose the matrix with --embedding KEY)")
+        kind, update = checkpoint_info(state)
+        s, normalized = normalized_singular_values(state["model"][key])
+        rows += [(checkpoint_label(path), kind, update, i + 1, v.item(), r.item())
+                 for i, (v, r) in enumerate(zip(s, normalized))]
+    return rows
+
+
+def checkpoint_label(path):
+    path = Path(path)
+    return f"{path.resolve().parent.name}/{path.name}"
+
+
+def plot_spectrum(rows, key, plt):
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    curves = defaultdict(list)
+    for ckpt, kind, update, index, _, normalized in rows:
+        curves[(kind, ckpt, update)].append((index, normalized))
+    for (kind, ckpt, update), points in curves.items():
+        ax.plot(*zip(*points), label=f"{kind}: {ckpt} (update {update})", lw=1.6)
+    ax.set_xlabel("singular value index i (largest first)")
+    ax.set_ylabel(r"$\sigma_i / \sigma_1$ (dimensionless)")
+    ax.set_title(f"Normalized singular values of {key}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title="encoder norm: checkpoint", title_fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- Figure 5
+
+
+def batch_size(paths):
+    rows = []
+    for path in paths:
+        try:
+            with open(path, newline="") as f:
+                records = list(csv.DictReader(f))
+        except FileNotFoundError:
+            raise AnalyzeError(f"no such ablation table: {path}") from None
+        wanted = {"norm", "stat_batch_tokens", "bleu", "sacrebleu"}
+        if not records or not wanted <= set(records[0]):
+            raise AnalyzeError(f"{path} is not a figure5.csv of scripts/batch-ablation.sh "
+                               f"(needs columns {', '.join(sorted(wanted))})")
+        rows += [(str(path), r["norm"], int(r["stat_batch_tokens"]), float(r["bleu"]), float(r["sacrebleu"]))
+                 for r in records]
+    return rows
+
+
+def plot_batch_size(rows, plt):
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    curves = defaultdict(list)
+    for _, kind, tokens, bleu, _ in rows:
+        curves[kind].append((tokens, bleu))
+    for kind, points in sorted(curves.items()):
+        ax.plot(*zip(*sorted(points)), marker="o", label=kind)
+    sizes = sorted({r[2] for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set_xlabel("statistics batch size (tokens per forward)")
+    ax.set_ylabel("test BLEU (%)")
+    ax.set_title("BLEU against the batch size the norm statistics see")
+    ax.grid(alpha=0.3)
+    ax.legend(title="encoder norm")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- landscape
+
+
+def training_batches(task, model, subset, count, max_tokens, seed):
+    from fairseq import utils
+
+    task.load_dataset(subset)
+    itr = task.get_batch_iterator(
+        dataset=task.dataset(subset), max_tokens=max_tokens,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
+        ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=seed,
+    ).next_epoch_itr(shuffle=False)
+    batches = [b for _, b in zip(range(count), itr)]
+    if not batches:
+        raise AnalyzeError(f"the {subset} subset has no batches")
+    return batches
+
+
+class Probe:
+    """Per-token training loss and its gradient at chosen weights, restoring every buffer after."""
+
+    def __init__(self, model, criterion):
+        self.model, self.criterion = model, criterion
+        model.train()
+        for m in model.modules():  # dropout off, norms keep their batch statistics
+            if "Dropout" in type(m).__name__:
+                m.eval()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.state = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def __call__(self, sample, direction=None, step=0.0):
+        """L(W - step * direction) and its gradient (flat)."""
+        with torch.no_grad():
+            for k, v in self.model.state_dict().items():
+                v.copy_(self.state[k])
+            if direction is not None:
+                offset = 0
+                for p in self.params:
+                    p.sub_(step * direction[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+        self.model.zero_grad(set_to_none=True)
+        loss, sample_size, _ = self.criterion(self.model, sample)
+        # back-propagate the summed loss and divide after, as fairseq's trainer
+        # does: PN's nu is kept in the units of the back-propagated gradient
+        loss.backward()
+        grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double()
+                          for p in self.params]) / sample_size
+        loss = loss / sample_size
+        with torch.no_grad():
+            for k, v in self.model.state_dict().items():
+                v.copy_(self.state[k])
+        return loss.item(), grad
+
+
+def landscape(paths, data, subset, batches, max_tokens, steps, lr, seed):
+    from fairseq import checkpoint_utils
+
+    rows, summary = [], []
+    for path in paths:
+        state = load_checkpoint(path)
+        kind, update = checkpoint_info(state)
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+            [str(path)], arg_overrides={"data": str(data), "norm_diagnostics": False})
+        model = models[0].float()
+        criterion = task.build_criterion(cfg.criterion)
+        rate = lr if lr is not None else float(cfg.optimization.lr[0])
+        samples = training_batches(task, model, subset, batches, max_tokens, seed)
+        torch.manual_seed(seed)
+        fresh = Probe(task.build_model(cfg.model).float(), criterion)
+        probe = Probe(model, criterion)
+        maxima = []
+        for b, sample in enumerate(samples):
+            loss0, grad0 = probe(sample)
+            changes = []
+            for k in range(1, steps + 1):
+                a = rate * k / (steps + 1)  # step sizes inside (0, lr)
+                loss, grad = probe(sample, grad0, a)
+                changes.append((abs(loss0 - loss), (grad0 - grad).norm().item()))
+                rows.append((checkpoint_label(path), kind, update, b, a, loss, *changes[-1]))
+            maxima.append((max(c[0] for c in changes), max(c[1] for c in changes), grad0.norm().item(),
+                           fresh(sample)[1].norm().item()))
+        means = [sum(col) / len(col) for col in zip(*maxima)]
+        summary.append((checkpoint_label(path), kind, update, rate, len(samples), *means))
+    return rows, summary
+
+
+def plot_landscape(rows, summary, plt):
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    curves = defaultdict(lambda: defaultdict(list))
+    for ckpt, kind, update, _, a, _, loss_change, grad_change in rows:
+        curves[(kind, ckpt, update)][a].append((loss_change, grad_change))
+    for (kind, ckpt, update), points in curves.items():
+        steps = sorted(points)
+        for ax, i in ((axes[0], 0), (axes[1], 1)):
+            ax.plot(steps, [sum(p[i] for p in points[a]) / len(points[a]) for a in steps], marker="o",
+                    label=f"{kind}: {ckpt} (update {update})")
+    axes[0].set_ylabel(r"$|L(W) - L(W - a\,g)|$ (nats per token)")
+    axes[0].set_title("Loss change along the gradient (max = Lipschitz)")
+    axes[1].set_ylabel(r"$\|\nabla L(W) - \nabla L(W - a\,g)\|_2$ (nats per token per weight unit)")
+    axes[1].set_title("Gradient change along the gradient (max = smoothness)")
+    for ax in axes[:2]:
+        ax.set_xlabel("step size a (weight units per gradient unit)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, title="encoder norm: checkpoint", title_fontsize=7)
+    names = [f"{kind}\n{ckpt}" for ckpt, kind, *_ in summary]
+    x = range(len(summary))
+    axes[2].bar([i - 0.2 for i in x], [s[-1] for s in summary], width=0.4, label="step 0 (fresh init)")
+    axes[2].bar([i + 0.2 for i in x], [s[-2] for s in summary], width=0.4, label="checkpoint")
+    axes[2].set_xticks(list(x), names, fontsize=7)
+    axes[2].set_ylabel(r"$\|\nabla L\|_2$ (nats per token per weight unit)")
+    axes[2].set_title("Gradient norm at initialization and at the checkpoint")
+    axes[2].legend(fontsize=8)
+    axes[2].grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------- output
+
+
+def write_csv(path, columns, rows):
+    """Write to a temporary file and rename, so no half-written table is left."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(columns)
+            writer.writerows(rows)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def save_figure(fig, path, plt):
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    finally:
+        plt.close(fig)
+    return path
+
+
+def pyplot():
+    import logging
+
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
+def _positive_float(text):
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="powernorm-analyze",
+        description="Plots and CSVs of the PowerNorm paper's analyses from training logs and checkpoints.")
+    parser.add_argument("--out", required=True, help="directory for the CSV and PNG files")
+    parser.add_argument("--logs", nargs="+", metavar="PATH",
+                        help="fairseq logs of --norm-diagnostics runs (--log-format json), or directories of *.log")
+    parser.add_argument("--checkpoints", nargs="+", metavar="CKPT",
+                        help="checkpoints for the embedding spectrum (and --landscape)")
+    parser.add_argument("--embedding", default="encoder.embed_tokens.weight", metavar="KEY",
+                        help="state-dict entry of the matrix (default: encoder.embed_tokens.weight)")
+    parser.add_argument("--ablation", nargs="+", metavar="CSV",
+                        help="figure5.csv tables of scripts/batch-ablation.sh")
+    landscape_group = parser.add_argument_group("loss landscape (--landscape)")
+    landscape_group.add_argument("--landscape", action="store_true",
+                                 help="probe the loss landscape of every --checkpoints entry")
+    landscape_group.add_argument("--data", help="binarized data of the checkpoints (fairseq-preprocess output)")
+    landscape_group.add_argument("--subset", default="valid", help="batches from this subset (default: valid)")
+    landscape_group.add_argument("--batches", type=_positive_int, default=4, help="batches (default: 4)")
+    landscape_group.add_argument("--max-tokens", type=_positive_int, default=4096,
+                                 help="tokens per batch (default: 4096)")
+    landscape_group.add_argument("--steps", type=_positive_int, default=8,
+                                 help="step sizes lr*k/(steps+1), k=1..steps (default: 8)")
+    landscape_group.add_argument("--lr", type=_positive_float,
+                                 help="upper end of the step sizes (default: the checkpoint's --lr)")
+    landscape_group.add_argument("--seed", type=int, default=1, help="batch order and fresh init (default: 1)")
+    args = parser.parse_args(argv)
+    if not (args.logs or args.checkpoints or args.ablation):
+        parser.error("nothing to analyze: give --logs, --checkpoints or --ablation")
+    if args.landscape and not (args.checkpoints and args.data):
+        parser.error("--landscape needs --checkpoints and --data")
+    if args.data and not Path(args.data, "dict.txt").exists() and not list(Path(args.data).glob("dict.*.txt")):
+        parser.error(f"--data {args.data} has no fairseq dictionary (dict.*.txt)")
+
+    out = Path(args.out)
+    try:
+        plt = pyplot()
+        results = []  # (analysis, rows, figures) computed before anything is written
+        if args.logs:
+            rows = statistics(find_logs(args.logs))
+            results.append(("statistics", [("statistics.csv", STATISTICS_COLUMNS, rows)], [
+                ("statistics.png", plot_statistics(rows, "dist", out, "Batch vs running statistics", plt)),
+                ("gradients.png", plot_statistics(rows, "grad", out, "Gradient terms of the batch statistics",
+                                                  plt))]))
+        if args.checkpoints:
+            rows = spectrum(args.checkpoints, args.embedding)
+            results.append(("spectrum", [("spectrum.csv", SPECTRUM_COLUMNS, rows)],
+                            [("spectrum.png", plot_spectrum(rows, args.embedding, plt))]))
+        if args.ablation:
+            rows = batch_size(args.ablation)
+            results.append(("batch size", [("batch_size.csv", BATCH_SIZE_COLUMNS, rows)],
+                            [("batch_size.png", plot_batch_size(rows, plt))]))
+        if args.landscape:
+            rows, summary = landscape(args.checkpoints, args.data, args.subset, args.batches, args.max_tokens,
+                                      args.steps, args.lr, args.seed)
+            results.append(("landscape", [("landscape.csv", LANDSCAPE_COLUMNS, rows),
+                                          ("landscape_summary.csv", SUMMARY_COLUMNS, summary)],
+                            [("landscape.png", plot_landscape(rows, summary, plt))]))
+    except AnalyzeError as err:
+        parser.error(str(err))
+    out.mkdir(parents=True, exist_ok=True)
+    for name, tables, figures in results:
+        written = [write_csv(out / f, columns, rows) for f, columns, rows in tables]
+        written += [save_figure(fig, out / f, plt) for f, fig in figures if fig is not None]
+        print(f"powernorm-analyze: {name}: {', '.join(str(p) for p in written)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
