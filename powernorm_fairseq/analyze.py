@@ -2,9 +2,10 @@
 
 Each input gives one analysis, a CSV and PNG plots in ``--out``:
 
-* ``--logs``: fairseq logs of runs trained with ``--norm-diagnostics
-  --log-format json`` (``--log-file``, or the console saved to a file), or
-  directories holding them (``*.log``). -> ``statistics.csv``,
+* ``--logs``: fairseq logs of runs trained with ``--norm-diagnostics``
+  (``--log-format json`` or ``simple``; ``--log-file``, or the console saved
+  to a file such as the ``train.log`` of ``scripts/train.sh``), or directories
+  holding them (``*.log``). -> ``statistics.csv``,
   ``statistics.png`` (batch vs running statistics distance, Figures 2 and 4),
   ``gradients.png`` (gradient terms of the statistics, Figures 3 and 4).
 * ``--checkpoints``: -> ``spectrum.csv``, ``spectrum.png``: singular values of
@@ -29,11 +30,13 @@ Each input gives one analysis, a CSV and PNG plots in ``--out``:
 import argparse
 import csv
 import json
+import logging
 import math
 import os
 import re
 import sys
 import tempfile
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
@@ -44,6 +47,9 @@ from .checkpoints import allow_fairseq_checkpoints
 # a training-interval record: "... | train_inner | {json}" on the console, the
 # bare JSON in a --log-file (where epoch and valid records prefix their keys)
 RECORD = re.compile(r"(?:\| (\w+) \| )?(\{.*\})\s*$")
+# the same in --log-format simple: "epoch 001:  10 / 90 loss=3.1, ..., num_updates=10, diag/...=0.5"
+# (only interval records use key=value; epoch and valid summaries use "key value |")
+SIMPLE_FIELD = re.compile(r"([\w./-]+)=([^,\s]+)")
 STATISTICS_COLUMNS = ["run", "norm_type", "layer", "metric", "update", "value"]
 SPECTRUM_COLUMNS = ["checkpoint", "norm_type", "update", "index", "singular_value", "normalized"]
 BATCH_SIZE_COLUMNS = ["source", "norm_type", "stat_batch_tokens", "bleu", "sacrebleu"]
@@ -92,13 +98,15 @@ def read_diagnostics(path):
     rows = {}  # a --log-file can hold each record more than once
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
+            record = None
             match = RECORD.search(line)
-            if not match or match.group(1) not in (None, "train_inner"):
-                continue
-            try:
-                record = json.loads(match.group(2))
-            except json.JSONDecodeError:
-                continue
+            if match and match.group(1) in (None, "train_inner"):
+                try:
+                    record = json.loads(match.group(2))
+                except json.JSONDecodeError:
+                    pass
+            elif "num_updates=" in line:
+                record = dict(SIMPLE_FIELD.findall(line))
             if not isinstance(record, dict) or "num_updates" not in record:
                 continue
             update = int(float(record["num_updates"]))
@@ -114,12 +122,12 @@ def statistics(logs):
     for label, path in zip(run_labels(logs), logs):
         found = read_diagnostics(path)
         if not found:
-            print(f"powernorm-analyze: {path}: no diag/ metrics (a run without --norm-diagnostics, "
-                  "--log-format json, or batch-statistic norms); skipped", file=sys.stderr)
+            print(f"powernorm-analyze: {path}: no diag/ metrics (no --norm-diagnostics, no batch-statistic "
+                  "norm, or a tqdm/none --log-format); skipped", file=sys.stderr)
         rows += [(label, *row) for row in found]
     if not rows:
-        raise AnalyzeError("no log has diag/ metrics: train with --norm-diagnostics --log-format json "
-                           "--log-file FILE and a bn, pn-v or pn norm")
+        raise AnalyzeError("no log has diag/ metrics: train a bn, pn-v or pn norm with --norm-diagnostics "
+                           "and --log-format json or simple")
     return rows
 
 
@@ -144,11 +152,11 @@ def plot_statistics(rows, prefix, out, title, plt):
         ax.set_yscale("log")
         ax.set_xlabel("update (optimizer steps)")
         ax.set_ylabel(LABELS[metric.replace("dist_", "")] + (" (activation units)" if prefix == "dist" else
-                                                              " (loss units)"))
+                                                              " (summed loss / statistic)"))
         ax.set_title(metric)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, title="norm (run)", title_fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(f"{title} (line: mean over layers; band: min to max layer)")
     fig.tight_layout()
     return fig
 
@@ -405,8 +413,6 @@ def save_figure(fig, path, plt):
 
 
 def pyplot():
-    import logging
-
     import matplotlib
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
@@ -436,7 +442,8 @@ def main(argv=None):
         description="Plots and CSVs of the PowerNorm paper's analyses from training logs and checkpoints.")
     parser.add_argument("--out", required=True, help="directory for the CSV and PNG files")
     parser.add_argument("--logs", nargs="+", metavar="PATH",
-                        help="fairseq logs of --norm-diagnostics runs (--log-format json), or directories of *.log")
+                        help="fairseq logs of --norm-diagnostics runs (--log-format json or simple), "
+                             "or directories searched for *.log")
     parser.add_argument("--checkpoints", nargs="+", metavar="CKPT",
                         help="checkpoints for the embedding spectrum (and --landscape)")
     parser.add_argument("--embedding", default="encoder.embed_tokens.weight", metavar="KEY",
@@ -465,6 +472,8 @@ def main(argv=None):
         parser.error(f"--data {args.data} has no fairseq dictionary (dict.*.txt)")
 
     out = Path(args.out)
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's INFO lines while loading
+    warnings.filterwarnings("ignore", category=UserWarning, module="torch")
     try:
         plt = pyplot()
         results = []  # (analysis, rows, figures) computed before anything is written

@@ -81,6 +81,8 @@ def test_interactive_translates(toy_data, tmp_path):
     (["--norm-type", "layer"], "argument --norm-type: invalid choice: 'layer'"),
     (["--norm-placement", "middle"], "argument --norm-placement: invalid choice: 'middle'"),
     (["--pn-backward", "approx"], "argument --pn-backward: invalid choice: 'approx'"),
+    (["--norm-diagnostics-interval", "0"],
+     "argument --norm-diagnostics-interval: --norm-diagnostics-interval must be >= 1, got 0"),
     (["--no-share-all-embeddings-please"], "unrecognized arguments"),
 ])
 def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
