@@ -35,6 +35,7 @@ from ..modules import (
     encoder_norm,
 )
 from ..norms import NORM_TYPES, Norm, build_norm, norm_type_of, padding_mask
+from ..norms.sync import MODES as SYNC_MODES
 
 BATCH_NORMS = ("bn", "pn", "pn-v")  # norms with running statistics
 
@@ -104,6 +105,11 @@ class PowerNormTransformerModel(TransformerModel):
                                  "released code (default: paper)")
         parser.add_argument("--norm-momentum", type=_fraction("--norm-momentum"),
                             help="running-statistics momentum of bn and pn-v (default: 0.1)")
+        parser.add_argument("--norm-sync", choices=SYNC_MODES,
+                            help="statistics of bn, pn-v and pn across data-parallel workers: batch = "
+                                 "normalise with the global batch (exact gradient through the all-reduce), "
+                                 "running = per-worker batch, identical running statistics, none = per "
+                                 "worker (default: batch; none with --pn-backward reference)")
         parser.add_argument("--norm-diagnostics", action="store_true",
                             help="log batch vs running statistics distances and the gradient terms "
                                  "of the statistics for every bn, pn-v and pn layer (diag/... metrics)")
@@ -220,6 +226,11 @@ def check_args(args):
             "--checkpoint-activations recomputes forwards, which would update running "
             f"statistics twice; use --norm-type/--decoder-norm-type in {{ln,scalenorm}} or drop it"
         )
+    if args.pn_backward == "reference" and args.norm_sync not in (None, "none") and "pn" in kinds:
+        raise PowerNormConfigError(
+            "--pn-backward reference reproduces the released code, which never synchronised "
+            f"statistics across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
+        )
     if args.fixnorm and not (args.share_all_embeddings or args.share_decoder_input_output_embed):
         raise PowerNormConfigError(
             "--fixnorm needs tied embeddings: add --share-all-embeddings "
@@ -293,6 +304,7 @@ def _powernorm_defaults(args):
     args.pn_group_scaling = getattr(args, "pn_group_scaling", True)
     args.pn_backward = getattr(args, "pn_backward", "paper")
     args.norm_momentum = getattr(args, "norm_momentum", 0.1)
+    args.norm_sync = getattr(args, "norm_sync", None)
     args.norm_diagnostics = getattr(args, "norm_diagnostics", False)
     args.norm_diagnostics_interval = getattr(args, "norm_diagnostics_interval", 1)
 

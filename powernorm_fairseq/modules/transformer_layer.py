@@ -25,11 +25,13 @@ def norm_options(cfg, kind: str, heads: int) -> dict:
             group_scaling=cfg.pn_group_scaling,
             groups=heads,
             backward=cfg.pn_backward,
+            sync=cfg.norm_sync,
         )
+    sync = cfg.norm_sync or "batch"
     if kind == "pn-v":
-        return dict(momentum=cfg.norm_momentum, eps=cfg.pn_eps)
+        return dict(momentum=cfg.norm_momentum, eps=cfg.pn_eps, sync=sync)
     if kind == "bn":
-        return dict(momentum=cfg.norm_momentum)
+        return dict(momentum=cfg.norm_momentum, sync=sync)
     return {}
 
 

@@ -32,6 +32,21 @@ class Norm(nn.Module):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         raise NotImplementedError
 
+    def _apply(self, fn, recurse=True):
+        # Running statistics stay float32 when the model is cast to float16
+        # or bfloat16 (fairseq's --fp16 / --bf16 call .half() / .to(bfloat16)):
+        # half precision would round away the small updates of a running
+        # average and overflow psi^2. Casts to float64 and moves between
+        # devices apply as usual.
+        kept = {name: buf.dtype for name, buf in self._buffers.items()
+                if buf is not None and buf.dtype == torch.float32}
+        super()._apply(fn, recurse)
+        for name, dtype in kept.items():
+            buf = self._buffers[name]
+            if buf.dtype in (torch.float16, torch.bfloat16):
+                self._buffers[name] = buf.to(dtype)
+        return self
+
 
 @contextmanager
 def padding_mask(module: nn.Module, pad_mask: Optional[Tensor]):

@@ -14,7 +14,12 @@ import torch
 from torch import Tensor, nn
 
 from . import fused
+from . import sync as sync_mod
 from .base import Norm, real_tokens, token_mean, upcast
+
+
+def finite(*stats) -> bool:
+    return all(t is None or bool(torch.isfinite(t).all()) for t in stats)
 
 
 class BatchStatNorm(Norm):
@@ -24,17 +29,22 @@ class BatchStatNorm(Norm):
 
     center = True
 
-    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5):
+    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch"):
         super().__init__()
         if not 0.0 < momentum < 1.0:
             raise ValueError(f"momentum must be in (0, 1), got {momentum}")
-        self.dim, self.momentum, self.eps = dim, momentum, eps
+        sync_mod.active(sync)  # validates
+        self.dim, self.momentum, self.eps, self.sync = dim, momentum, eps, sync
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
         weight, bias = self.weight.to(xf), self.bias.to(xf)
+        if self.training and sync_mod.active(self.sync):
+            mean, second = self.synced_stats(xf, pad_mask)
+            y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
+            return (y * weight + bias).to(x.dtype)
         if self.training and fused.usable(xf):
             x2, keep, n = fused.rows(xf, pad_mask)
             if n > 0:
@@ -54,6 +64,36 @@ class BatchStatNorm(Norm):
         y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
         return (y * weight + bias).to(x.dtype)
 
+    def synced_stats(self, xf: Tensor, pad_mask: Optional[Tensor]):
+        """(mean or None, variance or psi^2) to normalise with under ``--norm-sync``."""
+        keep, n = real_tokens(xf, pad_mask)
+        if self.sync == "running":  # global statistics for the buffers only
+            N, g_mean, g_second = sync_mod.moments(xf, keep, self.center)
+            if N > 0:
+                self.update_running(g_mean, g_second, N)
+            if n == 0:
+                return self.running(xf)
+            mean = token_mean(xf, keep, n) if self.center else None
+            centred = xf - mean if self.center else xf
+            return mean, token_mean(centred * centred, keep, n)
+        # batch: the statistics of the union of the workers' batches, with
+        # autograd through the all-reduce (the exact gradient, Eq. 3 / Eq. 6)
+        C = xf.size(-1)
+        masked = (lambda v: v) if keep is None else (lambda v: v * keep)
+        first = masked(xf).sum(dim=(0, 1)) if self.center else masked(xf * xf).sum(dim=(0, 1))
+        packed = sync_mod.all_sum(torch.cat([first, first.new_tensor([float(n)])]), differentiable=True)
+        N = int(packed[-1].item())
+        if N == 0:  # every worker's batch is padding
+            return self.running(xf)
+        if self.center:
+            mean = packed[:C] / N
+            centred = xf - mean
+            second = sync_mod.all_sum(masked(centred * centred).sum(dim=(0, 1)), differentiable=True) / N
+        else:
+            mean, second = None, packed[:C] / N
+        self.update_running(mean, second, N)
+        return mean, second
+
     def running(self, like: Tensor) -> Tuple[Optional[Tensor], Tensor]:
         raise NotImplementedError
 
@@ -61,14 +101,14 @@ class BatchStatNorm(Norm):
         raise NotImplementedError
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, momentum={self.momentum}, eps={self.eps}"
+        return f"{self.dim}, momentum={self.momentum}, eps={self.eps}, sync={self.sync!r}"
 
 
 class MaskedBatchNorm(BatchStatNorm):
     """BatchNorm whose batch is the set of real tokens of a (T, B, C) input."""
 
-    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5):
-        super().__init__(dim, momentum, eps)
+    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch"):
+        super().__init__(dim, momentum, eps, sync)
         self.register_buffer("running_mean", torch.zeros(dim))
         self.register_buffer("running_var", torch.ones(dim))
 
@@ -77,6 +117,8 @@ class MaskedBatchNorm(BatchStatNorm):
 
     @torch.no_grad()
     def update_running(self, mean, var, n):
+        if not finite(mean, var):
+            return  # overflowed half-precision activations: keep the running statistics
         unbiased = var * n / max(n - 1, 1)  # like torch's BatchNorm
         self.running_mean.lerp_(mean.to(self.running_mean), self.momentum)
         self.running_var.lerp_(unbiased.to(self.running_var), self.momentum)

@@ -91,8 +91,9 @@ class FusedChannelNorm(torch.autograd.Function):
                     n_all = x.size(0)
                     nu.add_(((weight.double() * sums[0] - B.double() * sums[4]) / n_all).to(nu))
                 else:  # Algorithm 2: nu_t = nu_{t-1} (1 - (1 - a) Lambda_t) + (1 - a) Gamma_t
-                    gamma_t, lambda_t = sums[2] / p.n, sums[3] / p.n
-                    nu.mul_((1.0 - p.rate * lambda_t).to(nu)).add_((p.rate * gamma_t).to(nu))
+                    from .powernorm import update_nu
+
+                    update_nu(nu, p.rate, sums[2] / p.n, sums[3] / p.n)
         grad_weight, grad_bias = sums[0].to(weight.dtype), sums[1].to(weight.dtype)
         return grad_x, None, grad_weight, grad_bias, None
 

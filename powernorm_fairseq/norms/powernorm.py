@@ -21,8 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from . import fused
+from . import sync as sync_mod
 from .base import Norm, real_tokens, token_mean, upcast
-from .batchnorm import BatchStatNorm
+from .batchnorm import BatchStatNorm, finite
 
 
 def group_scale(x: Tensor, groups: int, eps: float = 1e-5) -> Tensor:
@@ -43,8 +44,8 @@ class PowerNormV(BatchStatNorm):
 
     center = False
 
-    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5):
-        super().__init__(dim, momentum, eps)
+    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch"):
+        super().__init__(dim, momentum, eps, sync)
         self.register_buffer("running_psi2", torch.ones(dim))
 
     def running(self, like):
@@ -52,7 +53,19 @@ class PowerNormV(BatchStatNorm):
 
     @torch.no_grad()
     def update_running(self, mean, psi2, n):
+        if not finite(psi2):
+            return  # overflowed half-precision activations: keep the running psi^2
         self.running_psi2.lerp_(psi2.to(self.running_psi2), self.momentum)
+
+
+def update_nu(nu: Tensor, rate: float, gamma_t: Tensor, lambda_t: Tensor):
+    """Algorithm 2: nu_t = nu_{t-1} (1 - (1 - alpha_bwd) Lambda_t) + (1 - alpha_bwd) Gamma_t.
+
+    Skipped when the gradient is not finite: a float16 loss-scale overflow,
+    whose step the optimizer skips too, must not leave inf/NaN in nu.
+    """
+    if bool(torch.isfinite(gamma_t).all()) and bool(torch.isfinite(lambda_t).all()):
+        nu.mul_((1.0 - rate * lambda_t).to(nu)).add_((rate * gamma_t).to(nu))
 
 
 class PowerNormFunction(torch.autograd.Function):
@@ -60,12 +73,14 @@ class PowerNormFunction(torch.autograd.Function):
     by the running nu (Algorithm 2), or computes it exactly during warmup."""
 
     @staticmethod
-    def forward(ctx, x, keep, n, inv, weight, bias, nu, mode, alpha_bwd, inv_batch):
+    def forward(ctx, x, keep, n, inv, weight, bias, nu, mode, alpha_bwd, inv_batch, sync="none", n_global=None):
         # x: (T, B, C) float32; keep: (T, B, 1) real-token weights or None;
-        # inv: (C,) 1/sqrt(psi^2 + eps) used by the forward pass.
+        # inv: (C,) 1/sqrt(psi^2 + eps) used by the forward pass; n real
+        # tokens here, n_global in the union of the workers' batches.
         xh = x * inv
         ctx.save_for_backward(xh, keep, inv, weight, inv_batch)
         ctx.n, ctx.nu, ctx.mode, ctx.alpha_bwd = n, nu, mode, alpha_bwd
+        ctx.sync, ctx.n_global = sync, n_global
         return xh * weight + bias
 
     @staticmethod
@@ -82,6 +97,17 @@ class PowerNormFunction(torch.autograd.Function):
             g = g - rate * nu * xh
             nu.add_((g * xh).mean(dim=(0, 1)))
             grad_x = g * inv_batch
+        elif ctx.sync != "none":
+            g_xh = g * xh
+            masked = (lambda v: v) if keep is None else (lambda v: v * keep)
+            local = torch.stack([g_xh.sum(dim=(0, 1)), masked(g_xh).sum(dim=(0, 1)), masked(xh * xh).sum(dim=(0, 1))])
+            total = sync_mod.all_sum(local)
+            N = ctx.n_global
+            gamma_t, lambda_t = total[1] / N, total[2] / N  # Algorithm 2 over the global batch
+            if ctx.mode == "exact":  # Eq. 6 over the global batch, or this worker's (running)
+                correction = total[0] / N if ctx.sync == "batch" else local[0] / max(n, 1)
+            else:
+                correction = nu.clone()
         else:
             g_xh = g * xh
             gamma_t = token_mean(g_xh, keep, n)  # Algorithm 2: Gamma_t
@@ -90,13 +116,14 @@ class PowerNormFunction(torch.autograd.Function):
                 correction = g_xh.sum(dim=(0, 1)) / n
             else:  # Algorithm 2: dL/dxh' = dL/dxh - nu_{t-1} * xh
                 correction = nu.clone()
+        if ctx.mode != "reference":
             # the correction belongs to the real tokens, which alone make psi
             shift = correction * xh if keep is None else correction * xh * keep
             grad_x = (g - shift) * inv
-            nu.mul_(1.0 - rate * lambda_t).add_(rate * gamma_t)  # nu_t
+            update_nu(nu, rate, gamma_t, lambda_t)
         grad_weight = (grad_y * xh).sum(dim=(0, 1))
         grad_bias = grad_y.sum(dim=(0, 1))
-        return grad_x, None, None, None, grad_weight, grad_bias, None, None, None, None
+        return grad_x, None, None, None, grad_weight, grad_bias, None, None, None, None, None, None
 
 
 class PowerNorm(Norm):
@@ -118,8 +145,15 @@ class PowerNorm(Norm):
         group_scaling: bool = False,
         groups: int = 1,
         backward: str = "paper",
+        sync: Optional[str] = None,
     ):
         super().__init__()
+        if sync is None:  # the released code never synchronised
+            sync = "none" if backward == "reference" else "batch"
+        sync_mod.active(sync)  # validates
+        if backward == "reference" and sync != "none":
+            raise ValueError("backward='reference' reproduces the released code, which never "
+                             f"synchronised its statistics: use sync='none', got {sync!r}")
         for name, alpha in (("alpha_fwd", alpha_fwd), ("alpha_bwd", alpha_bwd)):
             if not 0.0 < alpha < 1.0:
                 raise ValueError(f"{name} must be in (0, 1), got {alpha}")
@@ -132,7 +166,7 @@ class PowerNorm(Norm):
         self.dim, self.eps = dim, eps
         self.alpha_fwd, self.alpha_bwd = alpha_fwd, alpha_bwd
         self.warmup_updates, self.backward = warmup_updates, backward
-        self.group_scaling, self.groups = group_scaling, groups
+        self.group_scaling, self.groups, self.sync = group_scaling, groups, sync
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
         self.register_buffer("running_psi2", torch.ones(dim))
@@ -141,6 +175,9 @@ class PowerNorm(Norm):
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
+        syncing = self.training and sync_mod.active(self.sync)
+        if syncing:
+            return self._synced(xf, pad_mask).to(x.dtype)
         if not self.training or (pad_mask is not None and bool(pad_mask.all())):
             # eval, or a training batch that is all padding: running psi^2, no update
             xs = group_scale(xf, self.groups) if self.group_scaling else xf
@@ -155,9 +192,14 @@ class PowerNorm(Norm):
             mode, batch_scale = ("exact" if warm else "paper"), warm
         run = self._fused if fused.usable(xf) else self._plain
         y, psi2_batch = run(xf, pad_mask, mode, batch_scale)
+        self._update_psi2(psi2_batch, k, warm)
+        return y.to(x.dtype)
 
+    def _update_psi2(self, psi2_batch, k, warm):
         with torch.no_grad():  # psi^2_t, after the forward used psi^2_{t-1}
             psi2, psi2_batch = self.running_psi2, psi2_batch.to(self.running_psi2)
+            if not bool(torch.isfinite(psi2_batch).all()):
+                return  # overflowed half-precision activations: keep the running psi^2
             if self.backward == "reference":
                 # REFERENCE: the cumulative mean stops one step before the
                 # warmup does, and the exponential average is applied on top
@@ -169,7 +211,30 @@ class PowerNorm(Norm):
                 psi2.mul_((k - 1) / k).add_(psi2_batch / k)  # cumulative mean
             else:
                 psi2.lerp_(psi2_batch, 1.0 - self.alpha_fwd)  # Algorithm 2: psi_t^2
-        return y.to(x.dtype)
+
+    def _synced(self, xf, pad_mask):
+        """Training under ``--norm-sync batch|running`` (plain PyTorch operations)."""
+        xs = group_scale(xf, self.groups) if self.group_scaling else xf
+        keep, n = real_tokens(xs, pad_mask)
+        N, _, psi2_global = sync_mod.moments(xs, keep, center=False)
+        if N == 0:  # every worker's batch is padding: as in eval, no update
+            return _affine(xs * torch.rsqrt(self.running_psi2.to(xs) + self.eps), self.weight, self.bias)
+        self.num_steps += 1
+        k = int(self.num_steps)
+        warm = k <= self.warmup_updates
+        psi2_global = psi2_global.to(xs)
+        if self.sync == "batch" or n == 0:
+            psi2_batch = psi2_global
+        else:
+            psi2_batch = token_mean(xs * xs, keep, n).detach()
+        inv_batch = torch.rsqrt(psi2_batch + self.eps)
+        inv = inv_batch if warm else torch.rsqrt(self.running_psi2.to(xs) + self.eps)
+        y = PowerNormFunction.apply(
+            xs, keep, n, inv, self.weight.to(xs), self.bias.to(xs), self.running_nu,
+            "exact" if warm else "paper", self.alpha_bwd, inv_batch, self.sync, N,
+        )
+        self._update_psi2(psi2_global, k, warm)
+        return y
 
     def _fused(self, xf, pad_mask, mode, batch_scale):
         """One pass each way (two for the exact gradient), group scaling included."""
@@ -208,5 +273,5 @@ class PowerNorm(Norm):
             f"{self.dim}, alpha_fwd={self.alpha_fwd}, alpha_bwd={self.alpha_bwd}, "
             f"warmup_updates={self.warmup_updates}, eps={self.eps}, "
             f"group_scaling={self.group_scaling}, groups={self.groups}, "
-            f"backward={self.backward!r}"
+            f"backward={self.backward!r}, sync={self.sync!r}"
         )

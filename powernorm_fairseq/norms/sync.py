@@ -1,0 +1,85 @@
+"""Statistics shared across data-parallel workers (``--norm-sync``).
+
+* ``batch``: the batch is the union of every worker's batch. The sufficient
+  statistics (real-token count, sums of x, of squared deviations, of x^2, and
+  PN's backward sums Gamma and Lambda) are all-reduced, so each worker
+  normalises with the global statistics, and the all-reduce is differentiable
+  (its backward all-reduces the gradient), which gives every worker its part
+  of the exact gradient of the global computation (BN Eq. 3, PN-V Eq. 6).
+* ``running``: each worker normalises with its own batch (and back-propagates
+  through it alone); the running statistics (and PN's nu) are updated with the
+  global statistics, so they stay identical on every worker.
+* ``none``: everything per worker, as the authors' released code did.
+
+Collectives run only in training mode, on every worker in the same order
+(workers without real tokens join with zero sums), and only when
+torch.distributed is initialised with more than one process.
+"""
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+MODES = ("none", "batch", "running")
+
+
+def active(mode: str) -> bool:
+    """Whether ``mode`` needs collectives in this process."""
+    if mode not in MODES:
+        raise ValueError(f"sync must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode != "none" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class _AllReduceSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        out = t.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        # the global loss is the sum of the workers' losses: each worker's
+        # share of dL/dS is the sum of every worker's dL_w/dS
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+def all_sum(t: Tensor, differentiable: bool = False) -> Tensor:
+    """The sum of ``t`` over the workers (a new tensor)."""
+    if differentiable and t.requires_grad:
+        return _AllReduceSum.apply(t)
+    out = t.detach().clone()
+    dist.all_reduce(out)
+    return out
+
+
+def global_count(n: int, like: Tensor) -> int:
+    """Real tokens in the global batch."""
+    return int(all_sum(torch.tensor([float(n)], dtype=torch.float64, device=like.device)).item())
+
+
+def moments(x: Tensor, keep: Optional[Tensor], center: bool):
+    """Global (count, mean or None, second moment) of the real rows of ``x`` (T, B, C), float64, no grad.
+
+    The second moment is the variance when ``center``, else mean(x^2).
+    """
+    with torch.no_grad():
+        xd = x.double()
+        if keep is not None:
+            xd = xd * keep.double()
+        C = x.size(-1)
+        n = float(keep.sum()) if keep is not None else float(x.size(0) * x.size(1))
+        packed = torch.cat([xd.sum(dim=(0, 1)), (xd * xd).sum(dim=(0, 1)),
+                            torch.tensor([n], dtype=torch.float64, device=x.device)])
+        packed = all_sum(packed)
+        N = int(packed[-1].item())
+        if N == 0:
+            return 0, None, None
+        s1, s2 = packed[:C] / N, packed[C:2 * C] / N
+        if center:
+            return N, s1, (s2 - s1 * s1).clamp(min=0)
+        return N, None, s2

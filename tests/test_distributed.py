@@ -1,0 +1,149 @@
+"""--norm-sync: two gloo workers on halves of a batch against one process on the whole of it."""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import cli
+from powernorm_fairseq.norms import build_norm
+from test_cli import train_args
+
+T, C = 6, 8
+# three steps; per step the sentences each worker gets (worker 1 has no real
+# tokens in step 1: its sentences are all padding), and the sentence lengths
+SPLITS = [([0, 1], [2, 3, 4]), ([0, 1, 2], [3, 4]), ([0], [1, 2, 3, 4])]
+LENGTHS = [[6, 2, 5, 1, 3], [4, 6, 3, 0, 0], [1, 6, 6, 2, 4]]
+OPTIONS = {"bn": {}, "pn-v": {}, "pn": dict(warmup_updates=1, group_scaling=True, groups=2)}
+
+
+def steps():
+    g = torch.Generator().manual_seed(0)
+    for lengths in LENGTHS:
+        x = torch.randn(T, len(lengths), C, generator=g, dtype=torch.float64) * 2 + 0.7
+        pad = torch.arange(T)[None, :] >= torch.tensor(lengths)[:, None]
+        grad_y = torch.randn(T, len(lengths), C, generator=g, dtype=torch.float64)
+        grad_y[pad.t()] = 0
+        yield x, pad, grad_y
+
+
+def make(kind, sync):
+    torch.manual_seed(0)
+    norm = build_norm(kind, C, sync=sync, **OPTIONS[kind]).double()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.2, 0.2)
+    return norm.train()
+
+
+def run(norm, rows=None):
+    """Per step: output, input gradient and buffers, on ``rows`` (a worker's sentences) or all."""
+    out = []
+    for t, (x, pad, grad_y) in enumerate(steps()):
+        if rows is not None:
+            idx = rows[t]
+            x, pad, grad_y = x[:, idx], pad[idx], grad_y[:, idx]
+        x = x.clone().requires_grad_(True)
+        y = norm(x, pad)
+        y.backward(grad_y)
+        out.append((y.detach(), x.grad, {k: v.clone() for k, v in norm.named_buffers()}))
+    return out
+
+
+def worker(rank, port, kind, sync, path):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        torch.save(run(make(kind, sync), [split[rank] for split in SPLITS]), f"{path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_workers(kind, sync, tmp_path):
+    path = str(tmp_path / "result")
+    mp.spawn(worker, args=(free_port(), kind, sync, path), nprocs=2, join=True)
+    return [torch.load(f"{path}.{r}", weights_only=True) for r in (0, 1)]
+
+
+def close(a, b):
+    return torch.allclose(a, b, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn"])
+def test_batch_sync_equals_one_process_on_the_whole_batch(kind, tmp_path):
+    whole = run(make(kind, "batch"))  # one process: no collectives
+    halves = two_workers(kind, "batch", tmp_path)
+    for t, (y, grad, buffers) in enumerate(whole):
+        (y0, g0, b0), (y1, g1, b1) = halves[0][t], halves[1][t]
+        i0, i1 = SPLITS[t]
+        assert close(y[:, i0], y0) and close(y[:, i1], y1), f"step {t}: outputs"
+        assert close(grad[:, i0], g0) and close(grad[:, i1], g1), f"step {t}: input gradients"
+        for name, value in buffers.items():
+            assert torch.equal(b0[name], b1[name]), f"step {t}: {name} differs between workers"
+            assert close(value.double(), b0[name].double()), f"step {t}: {name}"
+
+
+@pytest.mark.parametrize("kind", ["bn", "pn-v"])
+def test_running_sync_keeps_buffers_global_and_batches_local(kind, tmp_path):
+    whole = run(make(kind, "batch"))
+    halves = two_workers(kind, "running", tmp_path)
+    for rank in (0, 1):
+        local = run(make(kind, "none"), [split[rank] for split in SPLITS])
+        for t in (0, 2):  # step 1: worker 1 has no real tokens and normalises with running statistics
+            assert close(local[t][0], halves[rank][t][0]) and close(local[t][1], halves[rank][t][1])
+    for t, (_, _, buffers) in enumerate(whole):
+        for name, value in buffers.items():
+            assert torch.equal(halves[0][t][2][name], halves[1][t][2][name])
+            assert close(value, halves[0][t][2][name]), f"step {t}: {name}"
+
+
+def test_pn_running_sync_keeps_identical_buffers(tmp_path):
+    halves = two_workers("pn", "running", tmp_path)
+    for t in range(len(SPLITS)):
+        for name, value in halves[0][t][2].items():
+            assert torch.equal(value, halves[1][t][2][name]), f"step {t}: {name}"
+
+
+def test_unsynchronised_workers_drift_apart(tmp_path):
+    """The control: without sync the buffers differ, so the tests above can fail."""
+    halves = two_workers("bn", "none", tmp_path)
+    assert not torch.allclose(halves[0][0][2]["running_mean"], halves[1][0][2]["running_mean"])
+
+
+def test_reference_backward_refuses_sync():
+    with pytest.raises(ValueError, match="use sync='none'"):
+        build_norm("pn", C, backward="reference", sync="batch")
+    assert build_norm("pn", C, backward="reference").sync == "none"
+    with pytest.raises(ValueError, match="sync must be one of none, batch, running"):
+        build_norm("bn", C, sync="all")
+
+
+@pytest.mark.parametrize("norm", ["bn", "pn"])
+def test_two_worker_fairseq_train(toy_data, tmp_path, norm):
+    """fairseq-train on two CPU processes: gloo, a TCP rendezvous, one process per rank.
+
+    (fairseq's own launchers need CUDA: torchrun's path divides by the GPU
+    count and spawning starts one process per GPU.)"""
+    port = free_port()
+    args = [*train_args(toy_data, tmp_path, "--norm-type", norm, max_update=6), "--cpu",
+            "--distributed-world-size", "2", "--distributed-no-spawn", "--distributed-backend", "gloo",
+            "--ddp-backend", "legacy_ddp", "--distributed-init-method", f"tcp://127.0.0.1:{port}"]
+    import subprocess
+
+    from conftest import BIN, ROOT
+
+    procs = [subprocess.Popen([str(BIN / "fairseq-train"), *map(str, args), "--distributed-rank", str(r)],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert "distributed init (rank 1)" in logs[1] and "num_updates\": \"6\"" in logs[0]
+    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
+    assert state["cfg"]["model"].norm_sync is None  # the default: batch for bn, pn-v and pn
