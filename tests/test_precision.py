@@ -1,0 +1,130 @@
+"""Half precision: float32 statistics and buffers, no overflow, fairseq's fp16 loss-scaler path."""
+
+import math
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import cli
+from powernorm_fairseq.norms import build_norm
+from test_cli import train_args
+
+T, B, C = 7, 3, 16
+
+
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "ln", "scalenorm"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_activations_near_the_float16_maximum(kind, dtype):
+    g = torch.Generator().manual_seed(0)
+    x32 = (torch.rand(T, B, C, generator=g) * 2 - 1) * 60000  # x^2 ~ 3.6e9 overflows float16
+    pad = torch.arange(T)[None, :] >= torch.tensor([T, 5, 2])[:, None]
+    half, full = build_norm(kind, C).to(dtype), build_norm(kind, C)
+    for name, buf in half.named_buffers():
+        if buf.is_floating_point():
+            assert buf.dtype == torch.float32, name  # buffers survive the cast
+    xh = x32.to(dtype).requires_grad_(True)
+    xf = xh.detach().float().requires_grad_(True)
+    yh, yf = half(xh, pad), full(xf, pad)
+    yh.float().sum().backward()
+    yf.sum().backward()
+    assert yh.dtype == dtype and torch.isfinite(yh).all() and torch.isfinite(xh.grad).all()
+    assert torch.allclose(yh.float(), yf, rtol=2e-2, atol=2e-2)
+    for (name, a), (_, b) in zip(half.named_buffers(), full.named_buffers()):
+        assert a.dtype == b.dtype and torch.isfinite(a.float()).all()
+        assert torch.allclose(a.float(), b.float(), rtol=1e-3), name
+
+
+def test_non_finite_batches_leave_running_statistics_and_nu_alone():
+    for kind in ("bn", "pn-v", "pn"):
+        norm = build_norm(kind, C)
+        x = torch.randn(T, B, C, requires_grad=True)
+        norm(x).sum().backward()  # one good step
+        before = {k: v.clone() for k, v in norm.named_buffers() if v.is_floating_point()}
+        bad = torch.randn(T, B, C)
+        bad[0, 0, 0] = float("inf")  # an overflowed activation
+        with torch.no_grad():
+            norm(bad)
+        for name, value in before.items():
+            assert torch.equal(value, getattr(norm, name)), f"{kind}: {name} took a non-finite batch"
+    pn = build_norm("pn", C)
+    x = torch.randn(T, B, C, requires_grad=True)
+    pn(x).sum().backward()
+    nu = pn.running_nu.clone()
+    x = torch.randn(T, B, C, requires_grad=True)
+    pn(x).backward(torch.full((T, B, C), float("inf")))  # an overflowed loss-scaled gradient
+    assert torch.equal(pn.running_nu, nu)
+
+
+def test_fp16_training_through_the_cli(toy_data, tmp_path):
+    """fairseq's --fp16 on the CPU (fp16 matmuls exist there; flattened fp32
+    master weights need CUDA, hence --fp16-no-flatten-grads)."""
+    proc = cli("fairseq-train", *train_args(
+        toy_data, tmp_path, "--norm-type", "pn", "--cpu", "--fp16", "--fp16-no-flatten-grads",
+        "--pn-warmup-updates", "2", max_update=12))
+    losses = [float(v) for v in re.findall(r'"loss": "([0-9.]+)"', proc.stdout + proc.stderr)]
+    assert len(losses) >= 12 and all(math.isfinite(v) for v in losses)
+    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["model"]
+    for key, value in state.items():
+        if key.endswith(("running_psi2", "running_nu")):
+            assert value.dtype == torch.float32 and torch.isfinite(value).all(), key
+
+
+def test_loss_scale_overflow_leaves_nu_alone_and_psi2_finite(toy_data, tmp_path):
+    """fairseq's overflow handler calls .cuda() (trainer.py), so its path is
+    replayed here: a float16 model, a loss scaled by 2^40 whose gradients
+    overflow, the step skipped. nu keeps its value; psi^2 takes the batch's
+    finite forward statistic (documented: the weights that produced it are
+    still the current ones)."""
+    from fairseq import checkpoint_utils
+
+    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", "--pn-warmup-updates", "2",
+                                     max_update=4))
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(tmp_path / "checkpoint_last.pt")], arg_overrides={"data": str(toy_data)})
+    model = models[0].half().train()
+    criterion = task.build_criterion(cfg.criterion)
+    task.load_dataset("valid")
+    sample = next(iter(task.get_batch_iterator(dataset=task.dataset("valid"), max_tokens=600,
+                                               seed=1).next_epoch_itr(shuffle=False)))
+    nus = {n: b.clone() for n, b in model.named_buffers() if n.endswith("running_nu")}
+    psi2 = {n: b.clone() for n, b in model.named_buffers() if n.endswith("running_psi2")}
+    loss, _, _ = criterion(model, sample)
+    (loss.float() * 2 ** 40).half().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert not all(torch.isfinite(g).all() for g in grads), "the scaled gradient did not overflow"
+    for name, buf in model.named_buffers():
+        if name in nus:
+            assert torch.equal(buf, nus[name]), name
+        if name in psi2:
+            assert torch.isfinite(buf).all() and not torch.equal(buf, psi2[name]), name
+
+
+def test_bf16_model_trains_with_float32_buffers(toy_data, tmp_path):
+    """fairseq 0.12 ties --bf16 to TPUs (options.py sets --tpu), so bfloat16
+    training runs here through fairseq's task, model and criterion directly."""
+    from fairseq import checkpoint_utils
+
+    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", "--pn-warmup-updates", "2",
+                                     max_update=1))
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(tmp_path / "checkpoint_last.pt")], arg_overrides={"data": str(toy_data)})
+    model = models[0].to(torch.bfloat16).train()
+    norm_buffers = {n: b for n, b in model.named_buffers() if ".running_" in n or n.endswith("layer_norm.running_psi2")}
+    assert norm_buffers and all(b.dtype == torch.float32 for b in norm_buffers.values())
+    criterion = task.build_criterion(cfg.criterion)
+    task.load_dataset("train")
+    itr = task.get_batch_iterator(dataset=task.dataset("train"), max_tokens=600, seed=1).next_epoch_itr(shuffle=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses = []
+    for _, sample in zip(range(12), itr):
+        optimizer.zero_grad()
+        loss, sample_size, _ = criterion(model, sample)
+        (loss / sample_size).backward()
+        optimizer.step()
+        losses.append(loss.item() / sample_size)
+    assert all(math.isfinite(v) for v in losses) and sum(losses[-3:]) < sum(losses[:3]), losses
+    for name, buf in model.named_buffers():
+        if ".running_" in name:
+            assert buf.dtype == torch.float32 and torch.isfinite(buf).all(), name
