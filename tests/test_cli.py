@@ -57,6 +57,22 @@ def test_resume_continues_from_the_last_checkpoint(toy_data, tmp_path):
     assert int(state["model"]["encoder.layer_norm.num_steps"]) == 20  # one PN step per update
 
 
+def test_resume_restores_every_norm_buffer(toy_data, tmp_path):
+    """What the plugin owns in a resume: running statistics, nu and the warmup
+    counter come back exactly as saved."""
+    from fairseq import checkpoint_utils
+
+    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", "--decoder-norm-type", "bn",
+                                     max_update=7))
+    saved = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["model"]
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task(
+        [str(tmp_path / "checkpoint_last.pt")], arg_overrides={"data": str(toy_data)})
+    loaded = dict(models[0].named_buffers())
+    keys = [k for k in saved if ".running_" in k or k.endswith("num_steps")]
+    assert len(keys) > 20 and all(torch.equal(loaded[k], saved[k]) for k in keys)
+    assert int(saved["encoder.layer_norm.num_steps"]) == 7 and saved["encoder.layer_norm.running_nu"].abs().sum() > 0
+
+
 def test_resuming_with_other_norms_fails_in_one_line(toy_data, tmp_path):
     cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=2))
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "ln", max_update=4), check=False)
@@ -121,3 +137,22 @@ def test_fixnorm_scalenorm_post_norm_row_trains(toy_data, tmp_path):
         "--fixnorm", "--small-init", "--norm-placement", "post"))
     curve = losses(proc.stdout + proc.stderr)
     assert mean(curve[-5:]) < mean(curve[:5]) - 1.0, curve
+
+
+@pytest.mark.xfail(strict=True, reason="fairseq 0.12's own resume is not bit-identical: stock LN "
+                   "losses differ from the first resumed update on (straight runs are deterministic)")
+@pytest.mark.parametrize("norm", ["ln", "pn"])
+def test_resume_is_bit_identical_to_an_uninterrupted_run(toy_data, tmp_path, norm):
+    """Stopped at update 13 (mid-epoch) and resumed: the same losses, running
+    statistics, nu, warmup counter and weights as one run to update 26."""
+    flags = ["--norm-type", norm, "--pn-warmup-updates", "6", "--dropout", "0.1"]
+    straight = cli("fairseq-train", *train_args(toy_data, tmp_path / "a", *flags, max_update=26))
+    cli("fairseq-train", *train_args(toy_data, tmp_path / "b", *flags, max_update=13))
+    resumed = cli("fairseq-train", *train_args(toy_data, tmp_path / "b", *flags, max_update=26))
+    a, b = losses(straight.stdout + straight.stderr), losses(resumed.stdout + resumed.stderr)
+    assert len(a) == 26 and len(b) == 13 and a[13:] == b
+    sa = torch.load(tmp_path / "a" / "checkpoint_last.pt", weights_only=True)["model"]
+    sb = torch.load(tmp_path / "b" / "checkpoint_last.pt", weights_only=True)["model"]
+    assert sa.keys() == sb.keys()
+    different = [k for k in sa if not torch.equal(sa[k], sb[k])]
+    assert not different, different
