@@ -79,12 +79,18 @@ def bench_layers(shapes, reps, dtypes):
                 seconds = ratio * t_ln
                 rows.append(dict(
                     dtype=str(dtype).replace("torch.", ""), shape=f"{T}x{B}x{C}", norm=k,
-                    ratio_to_ln=round(ratio, 3), ms=round(seconds * 1e3, 3), ln_ms=round(t_ln * 1e3, 3),
-                    gb_per_s=round(bytes_moved / seconds / 1e9, 2),
-                    fraction_of_bandwidth=round(bytes_moved / seconds / bandwidth, 3),
+                    ratio_to_ln=sig(ratio), ms=sig(seconds * 1e3), ln_ms=sig(t_ln * 1e3),
+                    gb_per_s=sig(bytes_moved / seconds / 1e9),
+                    fraction_of_bandwidth=sig(bytes_moved / seconds / bandwidth),
                     target=TARGETS["layers"].get(k) if dtype == torch.float32 else None,
                 ))
     return rows, bandwidth
+
+
+def sig(x, digits=4):
+    """``x`` to ``digits`` significant digits: tiny sizes on a loaded machine
+    give small numbers that a fixed number of decimals would round to 0."""
+    return float(f"{x:.{digits}g}")
 
 
 def timed(f):
