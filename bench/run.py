@@ -138,6 +138,9 @@ def run_training(cmd):
     """Run fairseq-train in a child process; return its log and its peak resident memory (MiB)."""
     code = ("import resource, sys\n"
             "from fairseq_cli.train import cli_main\n"
+            # the plugin's clean exit also for stock runs (see powernorm_fairseq/shutdown.py)
+            "from powernorm_fairseq.shutdown import install\n"
+            "install()\n"
             f"sys.argv = {cmd!r}\n"
             "try:\n    cli_main()\n"
             "finally:\n    print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)\n")

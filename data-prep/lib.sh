@@ -16,16 +16,40 @@ run_step() {
   mv "$out.tmp" "$out"
 }
 
+# utf8_clean IN OUT: IN with every invalid UTF-8 byte replaced by U+FFFD, and a
+# warning with the number of such lines (raw corpora carry a few; one bad byte
+# should neither stop a preparation nor silently change a line unreported)
+utf8_clean() {
+  python - "$1" "$2" <<'PY' || die "reading $1 failed"
+import os, sys
+src, dst = sys.argv[1:]
+bad = 0
+with open(src, "rb") as f, open(dst + ".tmp", "w", encoding="utf-8") as out:
+    for line in f:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            text, bad = line.decode("utf-8", errors="replace"), bad + 1
+        out.write(text)
+os.replace(dst + ".tmp", dst)
+if bad:
+    print(f"warning: {src}: {bad} line(s) with invalid UTF-8, bytes replaced by U+FFFD", file=sys.stderr)
+PY
+}
+
 # tokenize LANG IN OUT [lowercase]: Moses tokenization (sacremoses, XML escaping
 # as Moses' tokenizer.perl does by default), optionally lowercased
 tokenize() {
   local lang=$1 in=$2 out=$3 lower=${4:-}
+  [[ -s "$out" ]] && return 0
+  utf8_clean "$in" "$out.utf8"
   if [[ -n "$lower" ]]; then
     run_step "$out" bash -c 'sacremoses -q -l "$0" -j "$1" tokenize -x < "$2" | python -c "import sys
-for line in sys.stdin: sys.stdout.write(line.lower())"' "$lang" "$WORKERS" "$in"
+for line in sys.stdin: sys.stdout.write(line.lower())"' "$lang" "$WORKERS" "$out.utf8"
   else
-    run_step "$out" bash -c 'sacremoses -q -l "$0" -j "$1" tokenize -x < "$2"' "$lang" "$WORKERS" "$in"
+    run_step "$out" bash -c 'sacremoses -q -l "$0" -j "$1" tokenize -x < "$2"' "$lang" "$WORKERS" "$out.utf8"
   fi
+  rm -f "$out.utf8"
 }
 
 # learn_bpe MERGES CODES TRAIN_SRC TRAIN_TGT: joint BPE (subword-nmt)

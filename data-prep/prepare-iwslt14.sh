@@ -72,7 +72,7 @@ orig="$OUT/orig/$LANG_PAIR" tmp="$OUT/tmp"
 log "training data: strip the TED markup, tokenize"
 for l in $SRC $TGT; do
   run_step "$tmp/train.tags.raw.$l" bash -c \
-    'grep -v -e "<url>" -e "<talkid>" -e "<keywords>" "$0" | sed -e "s/<title>//g; s/<\/title>//g; s/<description>//g; s/<\/description>//g"' \
+    'grep -a -v -e "<url>" -e "<talkid>" -e "<keywords>" "$0" | sed -e "s/<title>//g; s/<\/title>//g; s/<description>//g; s/<\/description>//g"' \
     "$orig/train.tags.$LANG_PAIR.$l"
   tokenize "$l" "$tmp/train.tags.raw.$l" "$tmp/train.tags.tok.$l"
 done
@@ -84,7 +84,7 @@ log "valid/test data: extract the <seg> lines, tokenize, lowercase"
 for l in $SRC $TGT; do
   for t in $TEST_SETS; do
     run_step "$tmp/$t.raw.$l" bash -c \
-      'grep "<seg id" "$0" | sed -e "s/<seg id=\"[0-9]*\">\s*//g; s/\s*<\/seg>\s*//g" | sed -e "s/’/'"'"'/g"' \
+      'grep -a "<seg id" "$0" | sed -e "s/<seg id=\"[0-9]*\">\s*//g; s/\s*<\/seg>\s*//g" | sed -e "s/’/'"'"'/g"' \
       "$orig/$t.$LANG_PAIR.$l.xml"
     tokenize "$l" "$tmp/$t.raw.$l" "$tmp/$t.$l" lowercase
   done

@@ -4,12 +4,15 @@ Pass ``--user-dir`` pointing at this package to any fairseq command; importing
 it registers the ``powernorm_transformer`` model and its architectures.
 """
 
-from .checkpoints import allow_fairseq_checkpoints
+from .checkpoints import allow_fairseq_checkpoints, atomic_checkpoint_copies
 from .errors import install_excepthook
+from .shutdown import install as install_clean_exit
 
 __version__ = "0.1.0"
 
 allow_fairseq_checkpoints()
+atomic_checkpoint_copies()
 install_excepthook()
+install_clean_exit()
 
 from . import models  # noqa: E402,F401 (registers the model with fairseq)

@@ -1,4 +1,4 @@
-"""Bad flags end a command with one line naming the flag, not a traceback."""
+"""Bad input ends a command with one line naming the flag or file, not a traceback."""
 
 import os
 import sys
@@ -18,10 +18,40 @@ def _config_error(exc):
     return None
 
 
-def _excepthook(kind, value, traceback, _previous=sys.excepthook):
-    error = _config_error(value)
+def _input_error(exc):
+    """A message for mistakes in what a user gave a command, or None.
+
+    Besides this plugin's own errors: a missing file (a data directory
+    without its dictionary, a wrong --path), and fairseq's refusal of a
+    sentence longer than --max-source/target-positions, which already names
+    the flag that skips such sentences.
+    """
+    error = _config_error(exc)
     if error is not None:
-        print(f"{os.path.basename(sys.argv[0])}: error: {error}", file=sys.stderr)
+        return str(error)
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"no such file: {exc.filename}"
+    if any(fragment in str(exc) for fragment in FAIRSEQ_INPUT_ERRORS):
+        return " ".join(str(exc).split())
+    return None
+
+
+#: fairseq's own messages about its input, printed as one line
+FAIRSEQ_INPUT_ERRORS = (
+    "skip this example with --skip-invalid-size-inputs-valid-test",  # a sentence over --max-*-positions
+    "Could not infer language pair",  # a data directory without dict.*.txt
+)
+
+
+def _excepthook(kind, value, traceback, _previous=sys.excepthook):
+    prog = os.path.basename(sys.argv[0])
+    if issubclass(kind, KeyboardInterrupt):
+        print(f"{prog}: interrupted; checkpoints saved before the interrupt are complete "
+              "(written to a temporary file and renamed)", file=sys.stderr)
+        return
+    message = _input_error(value)
+    if message is not None:
+        print(f"{prog}: error: {message}", file=sys.stderr)
     else:
         _previous(kind, value, traceback)
 

@@ -97,6 +97,10 @@ def test_interactive_translates(toy_data, tmp_path):
     (["--norm-type", "layer"], "argument --norm-type: invalid choice: 'layer'"),
     (["--norm-placement", "middle"], "argument --norm-placement: invalid choice: 'middle'"),
     (["--pn-backward", "approx"], "argument --pn-backward: invalid choice: 'approx'"),
+    (["--norm-sync", "all"], "argument --norm-sync: invalid choice: 'all' (choose from 'none', 'batch', 'running')"),
+    (["--norm-momentum", "0"], "argument --norm-momentum: --norm-momentum must be in (0, 1), got 0"),
+    (["--pn-warmup-updates", "-1"], "argument --pn-warmup-updates: must be >= 0, got -1"),
+    (["--pn-eps", "0"], "argument --pn-eps: must be > 0, got 0"),
     (["--norm-diagnostics-interval", "0"],
      "argument --norm-diagnostics-interval: --norm-diagnostics-interval must be >= 1, got 0"),
     (["--no-share-all-embeddings-please"], "unrecognized arguments"),
@@ -113,6 +117,8 @@ def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
     (["--norm-placement", "post", "--decoder-normalize-before"],
      "--decoder-normalize-before contradicts --norm-placement post"),
     (["--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm"),
+    (["--norm-type", "bn", "--checkpoint-activations"], "--checkpoint-activations recomputes forwards"),
+    (["--pn-backward", "reference", "--norm-sync", "batch"], "use --norm-sync none (got --norm-sync batch)"),
 ])
 def test_bad_flag_combinations_fail_in_one_line(toy_data, tmp_path, flags, message):
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)
@@ -156,3 +162,56 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(toy_data, tmp_path, nor
     assert sa.keys() == sb.keys()
     different = [k for k in sa if not torch.equal(sa[k], sb[k])]
     assert not different, different
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--source-lang", "de", "--target-lang", "en"], "fairseq-train: error: no such file: {empty}/dict.de.txt"),
+    ([], "fairseq-train: error: Could not infer language pair, please provide it explicitly"),
+])
+def test_data_directory_without_dictionary(tmp_path, flags, message):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    args = train_args(empty, tmp_path / "ckpt", *flags)
+    proc = cli("fairseq-train", *args, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == message.format(empty=empty)
+    assert not list(tmp_path.glob("ckpt/*"))  # fairseq may create the empty --save-dir, nothing in it
+
+
+def test_sentences_longer_than_max_positions(toy_data, tmp_path):
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path / "ckpt", "--max-source-positions", "8"),
+               check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fairseq-train: error: Size of sample") and "since max_positions=(8, " in last
+    assert last.endswith("skip this example with --skip-invalid-size-inputs-valid-test")
+    ok = cli("fairseq-train", *train_args(toy_data, tmp_path / "ok", "--max-source-positions", "8",
+                                          "--skip-invalid-size-inputs-valid-test", max_update=3))
+    assert "num_updates\": \"3\"" in ok.stdout + ok.stderr
+
+
+def test_ctrl_c_leaves_a_resumable_checkpoint(toy_data, tmp_path):
+    import signal
+
+    from conftest import BIN
+
+    args = train_args(toy_data, tmp_path, "--norm-type", "pn", "--save-interval-updates", "3", max_update=100000)
+    proc = subprocess.Popen([str(BIN / "fairseq-train"), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:  # interrupt right after the second checkpoint save starts
+        seen.append(line)
+        if sum("Saving checkpoint to" in l for l in seen) >= 2:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest, _ = proc.communicate(timeout=120)
+    output = "".join(seen) + rest
+    assert proc.returncode != 0 and "Traceback" not in output
+    assert output.strip().splitlines()[-1].startswith("fairseq-train: interrupted;")
+    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)  # intact
+    done = state["optimizer_history"][-1]["num_updates"]
+    assert done >= 3
+    resumed = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", "--save-interval-updates",
+                                               "3", max_update=done + 2))
+    assert f"@ {done} updates" in resumed.stdout + resumed.stderr
+    assert f'"num_updates": "{done + 2}"' in resumed.stdout + resumed.stderr

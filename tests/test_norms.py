@@ -259,3 +259,25 @@ def test_half_precision_input_keeps_float32_statistics(kind):
         if buf.is_floating_point():
             assert buf.dtype == torch.float32, name
 
+
+
+@pytest.mark.parametrize("kind", BATCH_NORMS)
+def test_batch_of_one_token(kind):
+    """One real token: finite output and gradient; BN's output is its bias (the
+    token is its own mean) and its running variance keeps its value (one token
+    has no variance estimate), while the mean and psi^2 statistics update."""
+    norm = affine(build_norm(kind, C).double().train())
+    before = {k: v.clone() for k, v in norm.state_dict().items()}
+    x = (torch.randn(T, B, C, dtype=torch.float64) * 3).requires_grad_(True)
+    pad = torch.ones(B, T, dtype=torch.bool)
+    pad[1, 4] = False
+    y = norm(x, pad)
+    y.sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+    token = x[4, 1].detach()
+    if kind == "bn":
+        torch.testing.assert_close(y[4, 1], norm.bias.detach())
+        assert torch.equal(norm.running_var, before["running_var"])
+        torch.testing.assert_close(norm.running_mean, 0.9 * before["running_mean"] + 0.1 * token)
+    else:
+        torch.testing.assert_close(norm.running_psi2, 0.9 * before["running_psi2"] + 0.1 * token ** 2)

@@ -29,8 +29,9 @@ def sentence(rng, n):
     return " ".join(WORDS_DE[i] for i in idx) + " .", " ".join(WORDS_EN[i] for i in idx) + " ."
 
 
-def make_archive(path, n_train=300):
-    """A de-en.tgz with IWSLT14's member names and TED markup."""
+def make_archive(path, n_train=300, dirty=False):
+    """A de-en.tgz with IWSLT14's member names and TED markup; ``dirty`` adds
+    empty lines and bytes that are not UTF-8, as raw corpora can have."""
     rng = random.Random(0)
     root = path.parent / "de-en"
     root.mkdir()
@@ -47,8 +48,12 @@ def make_archive(path, n_train=300):
             de.append(s), en.append(t)
     de.append("kurz"), en.append(" ".join(["far", "too", "long", "for", "ratio"] * 3))  # ratio > 1.5
     de.append(" ".join(["Haus"] * 180)), en.append(" ".join(["house"] * 180))  # longer than 175
-    (root / "train.tags.de-en.de").write_text("\n".join(de) + "\n")
-    (root / "train.tags.de-en.en").write_text("\n".join(en) + "\n")
+    if dirty:
+        de += ["", "", "Das Haus \udcff ist gro\udce9"]  # an empty side, an empty pair, latin-1 bytes
+        en += ["the house .", "", "the house is big"]
+    for lang, text in (("de", de), ("en", en)):
+        (root / f"train.tags.de-en.{lang}").write_bytes(
+            ("\n".join(text) + "\n").encode("utf-8", errors="surrogateescape"))
     for name in TEST_SETS + ["IWSLT14.TED.tst2013"]:  # the last one must not be used
         for lang, words in (("de", 0), ("en", 1)):
             segs = [f'<seg id="{i + 1}"> {sentence(rng, 6)[words]} {name[-4:]}’s </seg>' for i in range(4)]
@@ -100,6 +105,34 @@ def test_iwslt14_preparation_outputs(iwslt):
     assert len(lines(tmp / "bpe" / "test.de")) == 20
     assert (out / "bin" / ".done").exists() and (out / "bin" / "dict.en.txt").exists()
     assert (out / "bin" / "dict.en.txt").read_text() == (out / "bin" / "dict.de.txt").read_text()
+
+
+def test_iwslt14_empty_lines_and_invalid_utf8(tmp_path):
+    archive = make_archive(tmp_path / "de-en.tgz", dirty=True)
+    out = tmp_path / "prepared"
+    proc = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out)
+    assert "train.tags.raw.de: 1 line(s) with invalid UTF-8, bytes replaced by U+FFFD" in proc.stderr
+    cleaned = lines(out / "tmp" / "train.tags.de")
+    assert len(cleaned) == 300 + 3 + 3 + 1  # the empty side and the empty pair are dropped by cleaning
+    assert "das haus \ufffd ist gro \ufffd" in cleaned  # the replacement is kept, tokenized
+    assert (out / "bin" / ".done").exists()
+
+
+def test_iwslt14_disk_full_leaves_nothing_that_passes_for_done(tmp_path):
+    """A file-size limit makes writes fail mid-way as a full disk does; a rerun
+    with room finishes, and only then is the data-bin marked done."""
+    archive = make_archive(tmp_path / "de-en.tgz")
+    out = tmp_path / "prepared"
+    full = subprocess.run(["bash", "-c", f"ulimit -f 20; bash data-prep/prepare-iwslt14.sh --archive {archive} "
+                           f"--out {out}"], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"})
+    assert full.returncode != 0
+    assert not (out / "bin" / ".done").exists()
+    assert not [p for p in out.rglob("*") if p.is_file() and p.stat().st_size >= 20 * 1024
+                and not p.name.endswith(".tmp")], "a file at the size limit was kept as complete"
+    sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out)
+    assert (out / "bin" / ".done").exists()
+    assert len(lines(out / "tmp" / "test.en")) == 20
 
 
 def test_iwslt14_rerun_skips_and_force_redoes(iwslt):

@@ -96,3 +96,43 @@ def test_score_cli(tmp_path):
     assert "vs raw references" in proc.stdout and "sacreBLEU signature: nrefs:1" in proc.stdout
     bad = cli("powernorm-score", raw, "--bleu", "iwslt14", check=False)
     assert bad.returncode == 2 and "no complete H-/T- pairs" in bad.stderr
+
+
+def test_checkpoint_copies_are_atomic(tmp_path):
+    from fairseq.file_io import PathManager
+
+    import powernorm_fairseq  # noqa: F401 (installs the atomic copy)
+
+    src, dst = tmp_path / "checkpoint_best.pt", tmp_path / "checkpoint_last.pt"
+    src.write_bytes(b"new" * 1000)
+    dst.write_bytes(b"old")
+    assert PathManager.copy(str(src), str(dst), overwrite=True)
+    assert dst.read_bytes() == src.read_bytes()
+    with pytest.raises(IsADirectoryError):  # a copy that fails half-way
+        PathManager.copy(str(tmp_path), str(dst), overwrite=True)
+    assert dst.read_bytes() == src.read_bytes()  # the previous checkpoint_last.pt is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_best.pt", "checkpoint_last.pt"]
+
+
+def test_background_batch_loaders_stop_before_exit():
+    import itertools
+    import threading
+
+    import torch
+    from fairseq.data.iterators import BackgroundConsumer, BufferedIterator
+
+    from powernorm_fairseq.shutdown import stop_background_loaders
+
+    class Endless:
+        def __len__(self):
+            return 10 ** 9
+
+        def __iter__(self):
+            return (torch.tensor([i]) for i in itertools.count())
+
+    itr = BufferedIterator(2, Endless())
+    assert int(next(itr)) == 0
+    threads = [t for t in threading.enumerate() if isinstance(t, BackgroundConsumer)]
+    assert threads and all(t.is_alive() for t in threads)
+    stop_background_loaders(timeout=5)
+    assert not any(t.is_alive() for t in threads)

@@ -119,6 +119,7 @@ class MaskedBatchNorm(BatchStatNorm):
     def update_running(self, mean, var, n):
         if not finite(mean, var):
             return  # overflowed half-precision activations: keep the running statistics
-        unbiased = var * n / max(n - 1, 1)  # like torch's BatchNorm
         self.running_mean.lerp_(mean.to(self.running_mean), self.momentum)
-        self.running_var.lerp_(unbiased.to(self.running_var), self.momentum)
+        if n > 1:  # one token has no variance estimate (torch's BatchNorm refuses such a batch)
+            unbiased = var * n / (n - 1)  # like torch's BatchNorm
+            self.running_var.lerp_(unbiased.to(self.running_var), self.momentum)
