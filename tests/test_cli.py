@@ -215,3 +215,16 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(toy_data, tmp_path):
                                                "3", max_update=done + 2))
     assert f"@ {done} updates" in resumed.stdout + resumed.stderr
     assert f'"num_updates": "{done + 2}"' in resumed.stdout + resumed.stderr
+
+
+def test_checkpoint_without_user_dir(toy_data, tmp_path):
+    """Stock fairseq cannot load a checkpoint of this model: torch's weights-only
+    unpickler stops at the Namespace of every fairseq checkpoint, before any
+    model code; documented in the README's bad-input table."""
+    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=1))
+    proc = cli("fairseq-generate", toy_data, "--path", tmp_path / "checkpoint_last.pt", "--batch-size", "8",
+               check=False, cwd=tmp_path)
+    assert proc.returncode != 0 and "argparse.Namespace" in proc.stderr
+    ok = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
+             "--batch-size", "8", "--required-batch-size-multiple", "1")
+    assert "BLEU4" in ok.stdout

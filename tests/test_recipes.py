@@ -240,6 +240,9 @@ def test_train_script_options(tmp_path):
     assert "--norm-type bn" in dry.stdout and "--seed 3" in dry.stdout and dry.stdout.rstrip().endswith("10")
     bad = sh("scripts/train.sh", "--norm", "layer", "--dry-run", check=False)
     assert bad.returncode == 2 and "--norm must be one of {ln,bn,pn,pn-v,scalenorm}, got 'layer'" in bad.stderr
+    nodict = sh("scripts/train.sh", "--data", tmp_path, "--gpus", "0", "--save-dir", tmp_path / "run", check=False)
+    assert nodict.returncode != 0 and f"no binarized data in '{tmp_path}'" in nodict.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_every_config_is_a_valid_row():
