@@ -4,7 +4,7 @@ Pass ``--user-dir`` pointing at this package to any fairseq command; importing
 it registers the ``powernorm_transformer`` model and its architectures.
 """
 
-from .checkpoints import allow_fairseq_checkpoints, atomic_checkpoint_copies
+from .checkpoints import allow_fairseq_checkpoints, atomic_checkpoint_copies, resume_with_the_same_batches
 from .errors import install_excepthook
 from .shutdown import install as install_clean_exit
 
@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 allow_fairseq_checkpoints()
 atomic_checkpoint_copies()
+resume_with_the_same_batches()
 install_excepthook()
 install_clean_exit()
 
