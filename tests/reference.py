@@ -18,6 +18,35 @@ def layer_norm(x, w, b, eps=1e-5):
     return (x - mu) / torch.sqrt(var + eps) * w + b
 
 
+def rms_norm(x, g, eps=1e-5):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * g
+
+
+def layer_norm_simple(x, eps=1e-5, detach=None):
+    """LN without gain and bias; ``detach`` in (None, "both", "mean", "var")."""
+    mu = x.sum(-1, keepdim=True) / x.shape[-1]
+    sigma = torch.sqrt(((x - mu) ** 2).sum(-1, keepdim=True) / x.shape[-1] + eps)
+    if detach in ("both", "mean"):
+        mu = mu.detach()
+    if detach in ("both", "var"):
+        sigma = sigma.detach()
+    return (x - mu) / sigma
+
+
+def ada_norm(x, C=1.0, k=0.1, eps=1e-5):
+    """Xu et al.'s code: unbiased std, eps on the std, the (1 - k y) factor detached."""
+    n = x.shape[-1]
+    mu = x.sum(-1, keepdim=True) / n
+    std = torch.sqrt(((x - mu) ** 2).sum(-1, keepdim=True) / (n - 1))
+    y = (x - mu) / (std + eps)
+    return C * (1 - k * y).detach() * y
+
+
+def group_norm(x, groups, w, b, eps=1e-5):
+    out = [layer_norm_simple(chunk, eps) for chunk in x.chunk(groups, dim=-1)]
+    return torch.cat(out, dim=-1) * w + b
+
+
 def scale_norm(x, g, eps=1e-5):
     length = torch.sqrt((x * x).sum(-1, keepdim=True))
     return g * x / torch.maximum(length, torch.full_like(length, eps))

@@ -1,6 +1,7 @@
 """End to end through the real fairseq commands with --user-dir powernorm_fairseq."""
 
 import json
+import math
 import re
 import subprocess
 from statistics import mean
@@ -228,3 +229,27 @@ def test_checkpoint_without_user_dir(toy_data, tmp_path):
     ok = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
              "--batch-size", "8", "--required-batch-size-multiple", "1")
     assert "BLEU4" in ok.stdout
+
+
+@pytest.mark.parametrize("norm, flags", [
+    ("rmsnorm", []), ("layernorm-simple", []), ("detachnorm", ["--detachnorm-detach", "mean"]),
+    ("adanorm", ["--adanorm-scale", "2"]), ("groupnorm", ["--norm-groups", "2"]), ("none", []),
+])
+def test_more_norm_kinds_train_and_generate(toy_data, tmp_path, norm, flags):
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", norm, "--decoder-norm-type", norm,
+                                            *flags, max_update=12))
+    curve = losses(proc.stdout + proc.stderr)
+    assert len(curve) == 12 and all(math.isfinite(v) for v in curve) and curve[-1] < curve[0]
+    gen = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
+              "--beam", "2", "--batch-size", "8", "--required-batch-size-multiple", "1")
+    assert len([l for l in gen.stdout.splitlines() if l.startswith("H-")]) == 27
+    model = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]
+    assert model.norm_type == norm
+
+
+def test_norm_groups_must_divide_the_width(toy_data, tmp_path):
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "groupnorm", "--norm-groups", "5"),
+               check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == \
+        "fairseq-train: error: --norm-groups 5 does not divide --encoder-embed-dim 32"

@@ -35,13 +35,13 @@ def batch(seed, dtype=torch.float64, T=T, B=B):
 def affine(norm, seed=0):
     """Random gamma/beta so that their gradients matter in the checks."""
     g = torch.Generator().manual_seed(seed)
-    if not hasattr(norm, "weight"):  # ScaleNorm: one scalar
-        with torch.no_grad():
-            norm.scale.mul_(1.3)
-        return norm
     with torch.no_grad():
-        norm.weight.copy_(1 + 0.3 * torch.randn(C, generator=g, dtype=norm.weight.dtype))
-        norm.bias.copy_(0.1 * torch.randn(C, generator=g, dtype=norm.bias.dtype))
+        if isinstance(getattr(norm, "scale", None), torch.nn.Parameter):  # ScaleNorm: one scalar
+            norm.scale.mul_(1.3)
+        if hasattr(norm, "weight"):
+            norm.weight.copy_(1 + 0.3 * torch.randn(C, generator=g, dtype=norm.weight.dtype))
+        if hasattr(norm, "bias"):
+            norm.bias.copy_(0.1 * torch.randn(C, generator=g, dtype=norm.bias.dtype))
     return norm
 
 
@@ -53,8 +53,9 @@ def run(norm, x, pad, grad_y):
 
 
 def test_registry_and_unknown_kind():
-    assert set(NORM_TYPES) == {"ln", "bn", "pn", "pn-v", "scalenorm"}
-    with pytest.raises(ValueError, match="unknown norm type 'rms'.*ln, bn, pn, pn-v, scalenorm"):
+    assert set(NORM_TYPES) == {"ln", "bn", "pn", "pn-v", "scalenorm", "rmsnorm", "layernorm-simple",
+                               "detachnorm", "adanorm", "groupnorm", "none"}
+    with pytest.raises(ValueError, match="unknown norm type 'rms'.*ln, bn, pn, pn-v, scalenorm, rmsnorm"):
         build_norm("rms", C)
 
 
@@ -185,7 +186,8 @@ def _exact(kind):
     return build_norm(kind, C, **({"momentum": 0.1} if kind in ("bn", "pn-v") else {})).double()
 
 
-@pytest.mark.parametrize("kind", ["ln", "scalenorm", "bn", "pn-v", "pn"])
+@pytest.mark.parametrize("kind", ["ln", "scalenorm", "bn", "pn-v", "pn", "rmsnorm", "layernorm-simple",
+                                  "groupnorm", "none"])
 def test_gradcheck_exact_gradients(kind):
     norm = affine(_exact(kind)).train()
     x, pad, _ = batch(70, T=5, B=3)
@@ -281,3 +283,45 @@ def test_batch_of_one_token(kind):
         torch.testing.assert_close(norm.running_mean, 0.9 * before["running_mean"] + 0.1 * token)
     else:
         torch.testing.assert_close(norm.running_psi2, 0.9 * before["running_psi2"] + 0.1 * token ** 2)
+
+
+@pytest.mark.parametrize("kind, reference", [
+    ("rmsnorm", lambda n, x: ref.rms_norm(x, n.weight)),
+    ("layernorm-simple", lambda n, x: ref.layer_norm_simple(x)),
+    ("detachnorm", lambda n, x: ref.layer_norm_simple(x, detach="both")),
+    ("adanorm", lambda n, x: ref.ada_norm(x)),
+    ("groupnorm", lambda n, x: ref.group_norm(x, 4, n.weight, n.bias)),
+    ("none", lambda n, x: x * 1),
+])
+def test_per_token_norms_match_references(kind, reference):
+    """Outputs and input gradients, the detached factors included."""
+    norm = affine(build_norm(kind, C).double()).train()
+    x, pad, grad_y = batch(120)
+    y, gx = run(norm, x, pad, grad_y)
+    xr = x.clone().requires_grad_(True)
+    y_ref = reference(norm, xr)
+    (gx_ref,) = torch.autograd.grad(y_ref, xr, grad_y)
+    torch.testing.assert_close(y, y_ref.detach())
+    torch.testing.assert_close(gx, gx_ref)
+
+
+@pytest.mark.parametrize("detach", ["mean", "var"])
+def test_detachnorm_options(detach):
+    norm = build_norm("detachnorm", C, detach=detach).double()
+    x, pad, grad_y = batch(121)
+    _, gx = run(norm, x, pad, grad_y)
+    xr = x.clone().requires_grad_(True)
+    (gx_ref,) = torch.autograd.grad(ref.layer_norm_simple(xr, detach=detach), xr, grad_y)
+    torch.testing.assert_close(gx, gx_ref)
+    (gx_both,) = torch.autograd.grad(ref.layer_norm_simple(xr, detach="both"), xr, grad_y)
+    assert not torch.allclose(gx, gx_both)  # each option is its own gradient
+    with pytest.raises(ValueError, match="detach must be one of both, mean, var"):
+        build_norm("detachnorm", C, detach="std")
+
+
+def test_adanorm_scale_and_rms_init():
+    x, pad, _ = batch(122)
+    torch.testing.assert_close(build_norm("adanorm", C, scale=2.5).double()(x, pad), 2.5 * ref.ada_norm(x))
+    assert torch.equal(build_norm("rmsnorm", C).weight, torch.ones(C))
+    with pytest.raises(ValueError, match="groups must divide"):
+        build_norm("groupnorm", C, groups=3)

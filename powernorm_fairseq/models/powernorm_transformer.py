@@ -64,6 +64,16 @@ def _count(text):
     return value
 
 
+def _interval_of(flag):
+    def parse(text):
+        value = int(text)
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {text}")
+        return value
+
+    return parse
+
+
 def _interval(text):
     value = int(text)
     if value < 1:
@@ -105,6 +115,12 @@ class PowerNormTransformerModel(TransformerModel):
                                  "released code (default: paper)")
         parser.add_argument("--norm-momentum", type=_fraction("--norm-momentum"),
                             help="running-statistics momentum of bn and pn-v (default: 0.1)")
+        parser.add_argument("--adanorm-scale", type=_positive, metavar="C",
+                            help="AdaNorm's C in z = C (1 - y/10) y (default: 1)")
+        parser.add_argument("--detachnorm-detach", choices=("both", "mean", "var"),
+                            help="what DetachNorm treats as constant in the backward pass (default: both)")
+        parser.add_argument("--norm-groups", type=_interval_of("--norm-groups"), metavar="G",
+                            help="channel groups of groupnorm (default: the attention heads)")
         parser.add_argument("--norm-sync", choices=SYNC_MODES,
                             help="statistics of bn, pn-v and pn across data-parallel workers: batch = "
                                  "normalise with the global batch (exact gradient through the all-reduce), "
@@ -231,6 +247,11 @@ def check_args(args):
             "--pn-backward reference reproduces the released code, which never synchronised "
             f"statistics across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
         )
+    for side, kind in (("encoder", args.norm_type), ("decoder", args.decoder_norm_type)):
+        dim = getattr(args, f"{side}_embed_dim")
+        if kind == "groupnorm" and args.norm_groups and dim % args.norm_groups:
+            raise PowerNormConfigError(
+                f"--norm-groups {args.norm_groups} does not divide --{side}-embed-dim {dim}")
     if args.fixnorm and not (args.share_all_embeddings or args.share_decoder_input_output_embed):
         raise PowerNormConfigError(
             "--fixnorm needs tied embeddings: add --share-all-embeddings "
@@ -253,26 +274,33 @@ def small_init_(model):
                 nn.init.normal_(fc.weight, mean=0.0, std=std)
 
 
-_STATE_KEYS = {frozenset(build_norm(kind, 4).state_dict()): kind for kind in NORM_TYPES}
+_STATE_KEYS = {}  # the state-dict entries of a norm -> the kinds that have exactly them
+for _kind in NORM_TYPES:
+    _STATE_KEYS.setdefault(frozenset(build_norm(_kind, 4).state_dict()), set()).add(_kind)
 
 
 def check_norm_state(model, state_dict):
-    """Fail in one line when a checkpoint's norms are not the model's."""
+    """Fail in one line when a checkpoint's norms are not the model's.
+
+    Kinds with the same entries (ln and groupnorm; the parameter-free ones)
+    cannot be told apart by a checkpoint and are accepted for one another.
+    """
     found, wanted = {}, {}
     for name, module in model.named_modules():
         if not isinstance(module, Norm):
             continue
         keys = frozenset(k[len(name) + 1:] for k in state_dict if k.startswith(name + "."))
-        part = name.split(".")[0]
-        found.setdefault(part, set()).add(_STATE_KEYS.get(keys, "unknown"))
-        wanted.setdefault(part, set()).add(norm_type_of(module))
+        part, kind = name.split(".")[0], norm_type_of(module)
+        kinds = _STATE_KEYS.get(keys, {"unknown"})
+        found.setdefault(part, set()).add(kind if kind in kinds else "|".join(sorted(kinds)))
+        wanted.setdefault(part, set()).add(kind)
     if found != wanted:
         flags = {"encoder": "--norm-type", "decoder": "--decoder-norm-type"}
         have = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(found.items()))
         need = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(wanted.items()))
         fix = " ".join(
             f"{flags.get(p, p)} {sorted(k)[0]}" for p, k in sorted(found.items())
-            if k != wanted.get(p) and len(k) == 1 and "unknown" not in k
+            if k != wanted.get(p) and len(k) == 1 and "unknown" not in k and "|" not in sorted(k)[0]
         )
         raise PowerNormConfigError(
             f"checkpoint norms ({have}) do not match the model ({need})"
@@ -304,6 +332,9 @@ def _powernorm_defaults(args):
     args.pn_group_scaling = getattr(args, "pn_group_scaling", True)
     args.pn_backward = getattr(args, "pn_backward", "paper")
     args.norm_momentum = getattr(args, "norm_momentum", 0.1)
+    args.adanorm_scale = getattr(args, "adanorm_scale", 1.0)
+    args.detachnorm_detach = getattr(args, "detachnorm_detach", "both")
+    args.norm_groups = getattr(args, "norm_groups", None)
     args.norm_sync = getattr(args, "norm_sync", None)
     args.norm_diagnostics = getattr(args, "norm_diagnostics", False)
     args.norm_diagnostics_interval = getattr(args, "norm_diagnostics_interval", 1)

@@ -28,6 +28,12 @@ def norm_options(cfg, kind: str, heads: int) -> dict:
             sync=cfg.norm_sync,
         )
     sync = cfg.norm_sync or "batch"
+    if kind == "adanorm":
+        return dict(scale=cfg.adanorm_scale)
+    if kind == "detachnorm":
+        return dict(detach=cfg.detachnorm_detach)
+    if kind == "groupnorm":
+        return dict(groups=cfg.norm_groups or heads)
     if kind == "pn-v":
         return dict(momentum=cfg.norm_momentum, eps=cfg.pn_eps, sync=sync)
     if kind == "bn":

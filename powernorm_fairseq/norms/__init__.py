@@ -6,10 +6,11 @@ registry ``NORMS`` also gives the command-line choices (``NORM_TYPES``).
 
 from torch import nn
 
-from .base import Norm, padding_mask
+from .base import NoNorm, Norm, padding_mask
 from .batchnorm import MaskedBatchNorm
-from .layernorm import LayerNorm
+from .layernorm import AdaNorm, DetachNorm, GroupNorm, LayerNorm, LayerNormSimple
 from .powernorm import PowerNorm, PowerNormV
+from .rmsnorm import RMSNorm
 from .scalenorm import ScaleNorm
 
 NORMS = {
@@ -18,6 +19,12 @@ NORMS = {
     "pn": PowerNorm,
     "pn-v": PowerNormV,
     "scalenorm": ScaleNorm,
+    "rmsnorm": RMSNorm,
+    "layernorm-simple": LayerNormSimple,
+    "detachnorm": DetachNorm,
+    "adanorm": AdaNorm,
+    "groupnorm": GroupNorm,
+    "none": NoNorm,
 }
 NORM_TYPES = tuple(NORMS)
 

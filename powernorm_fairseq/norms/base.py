@@ -48,6 +48,20 @@ class Norm(nn.Module):
         return self
 
 
+class NoNorm(Norm):
+    """``none``: the identity, for "w/o Norm" ablations."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        return x
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}"
+
+
 @contextmanager
 def padding_mask(module: nn.Module, pad_mask: Optional[Tensor]):
     """Give every :class:`Norm` inside ``module`` the padding mask (B, T)."""

@@ -1,7 +1,12 @@
-"""LayerNorm (Ba et al., 2016, https://arxiv.org/abs/1607.06450), as fairseq uses it.
+"""LayerNorm (Ba et al., 2016, https://arxiv.org/abs/1607.06450) and its
+variants from Xu et al. (2019), "Understanding and Improving Layer
+Normalization" (https://arxiv.org/abs/1911.07013), plus GroupNorm over the
+channels of each token (Wu & He, 2018, https://arxiv.org/abs/1803.08494).
 
-The parameter names match ``fairseq.modules.LayerNorm`` so an LN model of this
-plugin has the state dict of a stock fairseq transformer.
+All are per token: padding is irrelevant. ``LayerNorm``'s parameter names
+match ``fairseq.modules.LayerNorm`` so an LN model of this plugin has the state
+dict of a stock fairseq transformer. The variants of Xu et al. have no gain and
+bias, as in that paper.
 """
 
 from typing import Optional
@@ -10,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Norm
+from .base import Norm, upcast
 
 
 class LayerNorm(Norm):
-    """Per-token mean and variance over channels; padding is irrelevant."""
+    """Per-token mean and variance over channels."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -27,3 +32,94 @@ class LayerNorm(Norm):
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"
+
+
+def _moments(xf: Tensor, eps: float):
+    mean = xf.mean(dim=-1, keepdim=True)
+    var = (xf - mean).pow(2).mean(dim=-1, keepdim=True)
+    return mean, torch.sqrt(var + eps)
+
+
+class LayerNormSimple(Norm):
+    """LayerNorm-simple (Xu et al., 2019, Section 3): LN without gain and bias."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        return F.layer_norm(upcast(x), (self.dim,), None, None, self.eps).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
+
+
+class DetachNorm(Norm):
+    """DetachNorm (Xu et al., 2019, Section 3): LayerNorm-simple whose mean and
+    standard deviation are constants in the backward pass; ``detach`` picks
+    both (the paper's), only the mean, or only the variance."""
+
+    DETACH = ("both", "mean", "var")
+
+    def __init__(self, dim: int, eps: float = 1e-5, detach: str = "both"):
+        super().__init__()
+        if detach not in self.DETACH:
+            raise ValueError(f"detach must be one of {', '.join(self.DETACH)}, got {detach!r}")
+        self.dim, self.eps, self.detach = dim, eps, detach
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        xf = upcast(x)
+        mean, std = _moments(xf, self.eps)
+        if self.detach in ("both", "mean"):
+            mean = mean.detach()
+        if self.detach in ("both", "var"):
+            std = std.detach()
+        return ((xf - mean) / std).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}, detach={self.detach!r}"
+
+
+class AdaNorm(Norm):
+    """AdaNorm (Xu et al., 2019, Eq. 8-9): z = C (1 - k y) y with y = (x - mu) / (sigma + eps),
+    k = 1/10, the factor (1 - k y) a constant in the backward pass, and sigma the
+    unbiased standard deviation, as in the authors' code."""
+
+    K = 0.1
+
+    def __init__(self, dim: int, eps: float = 1e-5, scale: float = 1.0):
+        super().__init__()
+        if not scale > 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        self.dim, self.eps, self.scale = dim, eps, scale
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        xf = upcast(x)
+        centred = xf - xf.mean(dim=-1, keepdim=True)
+        y = centred / (xf.std(dim=-1, keepdim=True) + self.eps)
+        return (self.scale * (1 - self.K * y).detach() * y).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}, scale={self.scale}"
+
+
+class GroupNorm(Norm):
+    """Per token, LayerNorm over each of ``groups`` channel groups, then a gain
+    and bias per channel (GroupNorm with one token as the spatial extent)."""
+
+    def __init__(self, dim: int, groups: int = 4, eps: float = 1e-5):
+        super().__init__()
+        if groups < 1 or dim % groups:
+            raise ValueError(f"groups must divide dim={dim}, got {groups}")
+        self.dim, self.groups, self.eps = dim, groups, eps
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        xf = upcast(x)
+        xg = xf.reshape(*x.shape[:-1], self.groups, self.dim // self.groups)
+        y = F.layer_norm(xg, (self.dim // self.groups,), None, None, self.eps).reshape_as(xf)
+        return (y * self.weight.to(xf) + self.bias.to(xf)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, groups={self.groups}, eps={self.eps}"

@@ -1,0 +1,26 @@
+"""RMSNorm (Zhang & Sennrich, 2019, "Root Mean Square Layer Normalization",
+https://arxiv.org/abs/1910.07467, Eq. 4): x / sqrt(mean(x^2) + eps) * g per
+token, g one gain per channel initialised to 1. The per-token cousin of PN-V,
+which takes the same quadratic mean over the batch instead of the channels."""
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .base import Norm, upcast
+
+
+class RMSNorm(Norm):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        xf = upcast(x)
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (y * self.weight.to(xf)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}"
