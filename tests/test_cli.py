@@ -253,3 +253,18 @@ def test_norm_groups_must_divide_the_width(toy_data, tmp_path):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == \
         "fairseq-train: error: --norm-groups 5 does not divide --encoder-embed-dim 32"
+
+
+def test_original_code_spellings_run_unchanged(toy_data, tmp_path):
+    """A command of the authors' repository: per-sublayer norms as layer/batch/power."""
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--encoder-norm-self", "power",
+                                            "--encoder-norm-ff", "power", "--decoder-norm-self", "layer",
+                                            "--decoder-norm-ff", "layer", max_update=8))
+    assert len(losses(proc.stdout + proc.stderr)) == 8
+    model = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]
+    assert (model.encoder_norm_self, model.decoder_norm_ff) == ("pn", "ln")
+    bad = cli("fairseq-train", *train_args(toy_data, tmp_path / "bad", "--encoder-norm-ff", "layernorm"),
+              check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert ("argument --encoder-norm-ff: invalid choice: 'layernorm' (choose from ln, bn"
+            in bad.stderr.strip().splitlines()[-1])

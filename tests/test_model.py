@@ -166,3 +166,24 @@ def test_registry_feeds_the_flag_choices(toy_data):
     args = options.parse_args_and_arch(parser, [str(toy_data), "--arch", "powernorm_transformer_iwslt_de_en"])
     assert args.norm_type == "pn" and args.decoder_norm_type == "ln" and args.norm_placement == "pre"
     assert set(NORMS) == set(NORM_TYPES)
+
+
+def test_per_sublayer_norms_override_the_side_types(toy_data):
+    model, _ = build(toy_data, "--norm-type", "pn", "--decoder-norm-type", "ln",
+                     "--encoder-norm-self", "batch", "--encoder-norm-ff", "rmsnorm",
+                     "--decoder-norm-self", "power", "--decoder-norm-cross", "layer", "--decoder-norm-ff", "pn-v")
+    for layer in model.encoder.layers:
+        assert norm_type_of(layer.self_attn_layer_norm) == "bn"
+        assert norm_type_of(layer.final_layer_norm) == "rmsnorm"
+    for layer in model.decoder.layers:
+        assert [norm_type_of(n) for n in (layer.self_attn_layer_norm, layer.encoder_attn_layer_norm,
+                                          layer.final_layer_norm)] == ["pn", "ln", "pn-v"]
+    assert norm_type_of(model.encoder.layer_norm) == "pn"  # the final norms follow the side's type
+    assert norm_type_of(model.decoder.layer_norm) == "ln"
+    plain, _ = build(toy_data, "--norm-type", "pn", "--decoder-norm-type", "ln")
+    assert {norm_type_of(n) for n in norms_of(plain.encoder)} == {"pn"}
+
+
+def test_sublayer_flag_rejects_unknown_spellings(toy_data):
+    with pytest.raises(SystemExit):
+        build(toy_data, "--encoder-norm-self", "layernorm")

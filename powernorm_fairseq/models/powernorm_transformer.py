@@ -40,6 +40,34 @@ from ..norms.sync import MODES as SYNC_MODES
 BATCH_NORMS = ("bn", "pn", "pn-v")  # norms with running statistics
 
 
+SUBLAYER_FLAGS = {
+    "--encoder-norm-self": "every encoder self-attention sublayer",
+    "--encoder-norm-ff": "every encoder feed-forward sublayer",
+    "--decoder-norm-self": "every decoder self-attention sublayer",
+    "--decoder-norm-cross": "every decoder encoder-attention sublayer",
+    "--decoder-norm-ff": "every decoder feed-forward sublayer",
+}
+#: the spellings of the authors' released code (its --encoder-norm-self etc.)
+ORIGINAL_SPELLINGS = {"layer": "ln", "batch": "bn", "power": "pn"}
+
+
+def _sublayer_kind(flag):
+    def parse(text):
+        kind = ORIGINAL_SPELLINGS.get(text, text)
+        if kind not in NORM_TYPES:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {text!r} (choose from {', '.join(NORM_TYPES)}, or layer, batch, power)")
+        return kind
+
+    return parse
+
+
+def all_kinds(args):
+    """Every norm type the flags put in the model."""
+    subs = [getattr(args, f[2:].replace("-", "_"), None) for f in SUBLAYER_FLAGS]
+    return {args.norm_type, args.decoder_norm_type, *(k for k in subs if k)}
+
+
 def _fraction(flag):
     def parse(text):
         value = float(text)
@@ -94,6 +122,10 @@ class PowerNormTransformerModel(TransformerModel):
         parser.add_argument("--decoder-norm-type", choices=NORM_TYPES,
                             metavar="{" + ",".join(NORM_TYPES) + "}",
                             help="every decoder norm (default: ln, as in the paper)")
+        for flag, what in SUBLAYER_FLAGS.items():
+            parser.add_argument(flag, type=_sublayer_kind(flag), metavar="{" + ",".join(NORM_TYPES) + "}",
+                                help=f"the norm of {what}, overriding the type of its side; also takes the "
+                                     "original code's layer, batch, power")
         parser.add_argument("--norm-placement", choices=("pre", "post"),
                             help="norm before each sublayer (pre) or after the residual sum (post); default: pre")
         parser.add_argument("--fixnorm", action="store_true",
@@ -226,7 +258,7 @@ class PowerNormTransformerDecoder(TransformerDecoderBase):
 
 def check_args(args):
     """Reject flag combinations that would leave a norm the flags did not ask for."""
-    kinds = (args.norm_type, args.decoder_norm_type)
+    kinds = all_kinds(args)
     if getattr(args, "layernorm_embedding", False):
         raise PowerNormConfigError(
             "--layernorm-embedding adds a LayerNorm that --norm-type does not control; "
@@ -247,9 +279,9 @@ def check_args(args):
             "--pn-backward reference reproduces the released code, which never synchronised "
             f"statistics across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
         )
-    for side, kind in (("encoder", args.norm_type), ("decoder", args.decoder_norm_type)):
+    for side in ("encoder", "decoder"):
         dim = getattr(args, f"{side}_embed_dim")
-        if kind == "groupnorm" and args.norm_groups and dim % args.norm_groups:
+        if "groupnorm" in kinds and args.norm_groups and dim % args.norm_groups:
             raise PowerNormConfigError(
                 f"--norm-groups {args.norm_groups} does not divide --{side}-embed-dim {dim}")
     if args.fixnorm and not (args.share_all_embeddings or args.share_decoder_input_output_embed):
@@ -332,6 +364,10 @@ def _powernorm_defaults(args):
     args.pn_group_scaling = getattr(args, "pn_group_scaling", True)
     args.pn_backward = getattr(args, "pn_backward", "paper")
     args.norm_momentum = getattr(args, "norm_momentum", 0.1)
+    for flag in SUBLAYER_FLAGS:
+        name = flag[2:].replace("-", "_")
+        value = getattr(args, name, None)
+        setattr(args, name, ORIGINAL_SPELLINGS.get(value, value))
     args.adanorm_scale = getattr(args, "adanorm_scale", 1.0)
     args.detachnorm_detach = getattr(args, "detachnorm_detach", "both")
     args.norm_groups = getattr(args, "norm_groups", None)

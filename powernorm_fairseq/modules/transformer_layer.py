@@ -41,31 +41,35 @@ def norm_options(cfg, kind: str, heads: int) -> dict:
     return {}
 
 
-def encoder_norm(cfg):
-    kind, heads = cfg.norm_type, cfg.encoder.attention_heads
+def encoder_norm(cfg, kind=None):
+    """A norm of the encoder: ``kind``, or ``--norm-type`` when None."""
+    kind, heads = kind or cfg.norm_type, cfg.encoder.attention_heads
     return build_norm(kind, cfg.encoder.embed_dim, **norm_options(cfg, kind, heads))
 
 
-def decoder_norm(cfg):
-    kind, heads = cfg.decoder_norm_type, cfg.decoder.attention_heads
+def decoder_norm(cfg, kind=None):
+    """A norm of the decoder: ``kind``, or ``--decoder-norm-type`` when None."""
+    kind, heads = kind or cfg.decoder_norm_type, cfg.decoder.attention_heads
     return build_norm(kind, cfg.decoder.embed_dim, **norm_options(cfg, kind, heads))
 
 
 class PowerNormEncoderLayer(TransformerEncoderLayerBase):
-    """Encoder layer whose attention and FFN norms follow ``--norm-type``."""
+    """Encoder layer: attention norm ``--encoder-norm-self``, FFN norm
+    ``--encoder-norm-ff``, each ``--norm-type`` unless given."""
 
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
-        self.self_attn_layer_norm = encoder_norm(cfg)
-        self.final_layer_norm = encoder_norm(cfg)
+        self.self_attn_layer_norm = encoder_norm(cfg, getattr(cfg, "encoder_norm_self", None))
+        self.final_layer_norm = encoder_norm(cfg, getattr(cfg, "encoder_norm_ff", None))
 
 
 class PowerNormDecoderLayer(TransformerDecoderLayerBase):
-    """Decoder layer whose three norms follow ``--decoder-norm-type``."""
+    """Decoder layer: ``--decoder-norm-self``, ``--decoder-norm-cross`` and
+    ``--decoder-norm-ff``, each ``--decoder-norm-type`` unless given."""
 
     def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
         super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
-        self.self_attn_layer_norm = decoder_norm(cfg)
+        self.self_attn_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_self", None))
         if self.encoder_attn_layer_norm is not None:
-            self.encoder_attn_layer_norm = decoder_norm(cfg)
-        self.final_layer_norm = decoder_norm(cfg)
+            self.encoder_attn_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_cross", None))
+        self.final_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_ff", None))
