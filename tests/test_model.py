@@ -187,3 +187,27 @@ def test_per_sublayer_norms_override_the_side_types(toy_data):
 def test_sublayer_flag_rejects_unknown_spellings(toy_data):
     with pytest.raises(SystemExit):
         build(toy_data, "--encoder-norm-self", "layernorm")
+
+
+@pytest.mark.parametrize("kind", ["bn", "pn", "pn-v"])
+def test_incremental_decoding_equals_full_scoring_with_batch_norms_in_the_decoder(toy_data, kind):
+    """Beam search feeds the decoder one position at a time; in eval mode the
+    batch-statistic norms use running statistics, so each step's output equals
+    the same position of a full-sequence forward."""
+    model, task = build(toy_data, "--norm-type", kind, "--decoder-norm-type", kind)
+    s = sample(task)
+    model.train()
+    for _ in range(3):  # move the running statistics away from their initial values
+        forward(model, s).sum().backward()
+    model.eval()
+    net = s["net_input"]
+    with torch.no_grad():
+        full = forward(model, s)
+        encoder_out = model.encoder(net["src_tokens"], src_lengths=net["src_lengths"])
+        state = {}
+        prev = net["prev_output_tokens"]
+        steps = [model.decoder(prev[:, :t + 1], encoder_out=encoder_out, incremental_state=state)[0][:, -1]
+                 for t in range(prev.size(1))]
+    real = prev.ne(task.target_dictionary.pad())  # padded positions are not decoded step by step
+    assert (~real).any()
+    torch.testing.assert_close(torch.stack(steps, dim=1)[real], full[real], rtol=1e-4, atol=1e-4)
