@@ -32,10 +32,8 @@ import csv
 import json
 import logging
 import math
-import os
 import re
 import sys
-import tempfile
 import warnings
 from collections import defaultdict
 from pathlib import Path
@@ -43,6 +41,8 @@ from pathlib import Path
 import torch
 
 from .checkpoints import allow_fairseq_checkpoints
+from .files import atomic_path
+from .flags import at_least
 
 # a training-interval record: "... | train_inner | {json}" on the console, the
 # bare JSON in a --log-file (where epoch and valid records prefix their keys)
@@ -385,28 +385,17 @@ def plot_landscape(rows, summary, plt):
 
 def write_csv(path, columns, rows):
     """Write to a temporary file and rename, so no half-written table is left."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(columns)
-            writer.writerows(rows)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows(rows)
     return path
 
 
 def save_figure(fig, path, plt):
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=120)
     finally:
         plt.close(fig)
     return path
@@ -420,13 +409,6 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
 
 
 def _positive_float(text):
@@ -455,10 +437,10 @@ def main(argv=None):
                                  help="probe the loss landscape of every --checkpoints entry")
     landscape_group.add_argument("--data", help="binarized data of the checkpoints (fairseq-preprocess output)")
     landscape_group.add_argument("--subset", default="valid", help="batches from this subset (default: valid)")
-    landscape_group.add_argument("--batches", type=_positive_int, default=4, help="batches (default: 4)")
-    landscape_group.add_argument("--max-tokens", type=_positive_int, default=4096,
+    landscape_group.add_argument("--batches", type=at_least(1), default=4, help="batches (default: 4)")
+    landscape_group.add_argument("--max-tokens", type=at_least(1), default=4096,
                                  help="tokens per batch (default: 4096)")
-    landscape_group.add_argument("--steps", type=_positive_int, default=8,
+    landscape_group.add_argument("--steps", type=at_least(1), default=8,
                                  help="step sizes lr*k/(steps+1), k=1..steps (default: 8)")
     landscape_group.add_argument("--lr", type=_positive_float,
                                  help="upper end of the step sizes (default: the checkpoint's --lr)")

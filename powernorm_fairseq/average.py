@@ -13,12 +13,12 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 from .checkpoints import allow_fairseq_checkpoints
+from .files import atomic_path
 
 PATTERNS = {"epoch": re.compile(r"checkpoint(\d+)\.pt"), "update": re.compile(r"checkpoint_\d+_(\d+)\.pt")}
 
@@ -58,14 +58,8 @@ def average_checkpoints(paths):
 def save_atomically(state, output):
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.")
-    os.close(fd)
-    try:
+    with atomic_path(output) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, output)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def main(argv=None):

@@ -10,9 +10,10 @@ writes keeps the safe loader on while ``fairseq-generate``,
 import argparse
 import os
 import shutil
-import tempfile
 
 import torch
+
+from .files import atomic_path
 
 SAFE_GLOBALS = [argparse.Namespace]
 
@@ -42,15 +43,8 @@ def atomic_checkpoint_copies():
             return original(src_path, dst_path, overwrite)
         if os.path.exists(dst_path) and not overwrite:
             return False
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(dst_path)),
-                                   prefix=f".{os.path.basename(dst_path)}.")
-        os.close(fd)
-        try:
+        with atomic_path(dst_path) as tmp:
             shutil.copyfile(src_path, tmp)
-            os.replace(tmp, dst_path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
         return True
 
     copy.atomic = True

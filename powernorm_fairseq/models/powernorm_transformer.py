@@ -27,6 +27,7 @@ from torch import nn
 
 from ..diagnostics import NormDiagnostics
 from ..errors import PowerNormConfigError
+from ..flags import at_least
 from ..modules import (
     FixNormEmbedding,
     PowerNormDecoderLayer,
@@ -85,28 +86,6 @@ def _positive(text):
     return value
 
 
-def _count(text):
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _interval_of(flag):
-    def parse(text):
-        value = int(text)
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {text}")
-        return value
-
-    return parse
-
-
-def _interval(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--norm-diagnostics-interval must be >= 1, got {text}")
-    return value
 
 
 @register_model("powernorm_transformer")
@@ -136,7 +115,7 @@ class PowerNormTransformerModel(TransformerModel):
                             help="PN running psi^2 decay, in (0, 1) (default: 0.9)")
         parser.add_argument("--pn-alpha-bwd", type=_fraction("--pn-alpha-bwd"),
                             help="PN running nu decay, in (0, 1) (default: 0.9)")
-        parser.add_argument("--pn-warmup-updates", type=_count,
+        parser.add_argument("--pn-warmup-updates", type=at_least(0),
                             help="PN forwards that use batch statistics (default: --warmup-updates)")
         parser.add_argument("--pn-eps", type=_positive, help="PN and PN-V epsilon (default: 1e-5)")
         parser.add_argument("--pn-group-scaling", action=argparse.BooleanOptionalAction,
@@ -151,7 +130,7 @@ class PowerNormTransformerModel(TransformerModel):
                             help="AdaNorm's C in z = C (1 - y/10) y (default: 1)")
         parser.add_argument("--detachnorm-detach", choices=("both", "mean", "var"),
                             help="what DetachNorm treats as constant in the backward pass (default: both)")
-        parser.add_argument("--norm-groups", type=_interval_of("--norm-groups"), metavar="G",
+        parser.add_argument("--norm-groups", type=at_least(1, "--norm-groups"), metavar="G",
                             help="channel groups of groupnorm (default: the attention heads)")
         parser.add_argument("--norm-sync", choices=SYNC_MODES,
                             help="statistics of bn, pn-v and pn across data-parallel workers: batch = "
@@ -161,7 +140,7 @@ class PowerNormTransformerModel(TransformerModel):
         parser.add_argument("--norm-diagnostics", action="store_true",
                             help="log batch vs running statistics distances and the gradient terms "
                                  "of the statistics for every bn, pn-v and pn layer (diag/... metrics)")
-        parser.add_argument("--norm-diagnostics-interval", type=_interval, metavar="N",
+        parser.add_argument("--norm-diagnostics-interval", type=at_least(1, "--norm-diagnostics-interval"), metavar="N",
                             help="measure every N updates (default: 1)")
         # fmt: on
 

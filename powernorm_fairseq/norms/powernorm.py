@@ -181,7 +181,7 @@ class PowerNorm(Norm):
         if not self.training or (pad_mask is not None and bool(pad_mask.all())):
             # eval, or a training batch that is all padding: running psi^2, no update
             xs = group_scale(xf, self.groups) if self.group_scaling else xf
-            return _affine(xs * torch.rsqrt(self.running_psi2.to(xf) + self.eps), self.weight, self.bias).to(x.dtype)
+            return self._with_running_psi2(xs).to(x.dtype)
 
         self.num_steps += 1
         k = int(self.num_steps)
@@ -194,6 +194,10 @@ class PowerNorm(Norm):
         y, psi2_batch = run(xf, pad_mask, mode, batch_scale)
         self._update_psi2(psi2_batch, k, warm)
         return y.to(x.dtype)
+
+    def _with_running_psi2(self, xs):
+        """Eval, or a training batch without real tokens: the running psi^2, no update."""
+        return _affine(xs * torch.rsqrt(self.running_psi2.to(xs) + self.eps), self.weight, self.bias)
 
     def _update_psi2(self, psi2_batch, k, warm):
         with torch.no_grad():  # psi^2_t, after the forward used psi^2_{t-1}
@@ -218,7 +222,7 @@ class PowerNorm(Norm):
         keep, n = real_tokens(xs, pad_mask)
         N, _, psi2_global = sync_mod.moments(xs, keep, center=False)
         if N == 0:  # every worker's batch is padding: as in eval, no update
-            return _affine(xs * torch.rsqrt(self.running_psi2.to(xs) + self.eps), self.weight, self.bias)
+            return self._with_running_psi2(xs)
         self.num_steps += 1
         k = int(self.num_steps)
         warm = k <= self.warmup_updates

@@ -1,0 +1,22 @@
+"""Writing a file so that it is either complete or absent."""
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_path(path, suffix: str = ""):
+    """A temporary path beside ``path``: renamed onto ``path`` when the block
+    succeeds, removed when it fails (an interrupt included). ``suffix`` keeps
+    an extension that a writer reads the format from."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
