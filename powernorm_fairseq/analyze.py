@@ -126,8 +126,8 @@ def statistics(logs):
                   "norm, or a tqdm/none --log-format); skipped", file=sys.stderr)
         rows += [(label, *row) for row in found]
     if not rows:
-        raise AnalyzeError("no log has diag/ metrics: train a bn, pn-v or pn norm with --norm-diagnostics "
-                           "and --log-format json or simple")
+        raise AnalyzeError("no log has diag/ metrics: train a bn, bn-original, pn-v or pn norm with "
+                           "--norm-diagnostics and --log-format json or simple")
     return rows
 
 

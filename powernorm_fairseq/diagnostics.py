@@ -2,13 +2,15 @@
 Figures 2-4, logged through fairseq's metrics during training.
 
 Every ``interval`` updates, for every batch-statistic norm of a training model
-(``bn``, ``pn-v``, ``pn``), with s_B a statistic of the batch's real tokens
-and s the running statistic as it stood before this batch updated it:
+(``bn``, ``bn-original``, ``pn-v``, ``pn``), with s_B a statistic of the
+batch's real tokens and s the running statistic as it stood before this batch
+updated it:
 
-* ``dist_mu``, ``dist_var`` (bn), ``dist_psi2`` (pn-v, pn): ||s_B - s||_2, the
+* ``dist_mu``, ``dist_var`` (bn, bn-original), ``dist_psi2`` (pn-v, pn): ||s_B - s||_2, the
   Euclidean distance over the channels (Figures 2 and 4). For pn the
-  statistics are those of the group-scaled input that PN normalises.
-* ``grad_mu``, ``grad_var`` (bn), ``grad_psi2`` (pn-v, pn): ||dL/ds||_2, the
+  statistics are those of the group-scaled input that PN normalises; for
+  bn-original those of its layer-scaled, pad-filled T x B positions.
+* ``grad_mu``, ``grad_var`` (bn, bn-original), ``grad_psi2`` (pn-v, pn): ||dL/ds||_2, the
   gradient of the back-propagated loss with respect to the statistic the
   forward pass divided by: the g_mu and g_sigma^2 of Eq. 3, the g_psi^2 of
   Eq. 6 (Figures 3 and 4). For pn outside warmup that statistic is the running
@@ -27,9 +29,8 @@ from functools import partial
 import torch
 from fairseq.logging import metrics
 
-from .norms import MaskedBatchNorm, PowerNorm, PowerNormV, norm_type_of
-from .norms.base import real_tokens, token_mean, upcast
-from .norms.powernorm import group_scale
+from .norms import MaskedBatchNorm, OriginalBatchNorm, PowerNorm, PowerNormV, norm_type_of
+from .norms.base import group_scale, real_tokens, token_mean, upcast
 
 PRIORITY = 100  # after fairseq's own metrics in every log line
 SUBLAYERS = {"self_attn_layer_norm": "attn", "encoder_attn_layer_norm": "cross", "final_layer_norm": "ffn"}
@@ -56,6 +57,9 @@ def batch_view(norm, x, pad_mask):
     """
     xf = upcast(x)
     keep, n = real_tokens(xf, pad_mask)
+    if isinstance(norm, OriginalBatchNorm):  # its batch: every position, padding filled
+        xf, _ = norm.fill(xf, pad_mask)
+        keep, n = None, xf.size(0) * xf.size(1)
     if isinstance(norm, MaskedBatchNorm):
         mean = token_mean(xf, keep, n)
         var = token_mean((xf - mean) ** 2, keep, n)
@@ -96,7 +100,7 @@ class NormDiagnostics:
     """Hooks that log statistics distances and gradient terms of a model's
     batch-statistic norms every ``interval`` updates (see the module doc)."""
 
-    PROBED = (MaskedBatchNorm, PowerNormV, PowerNorm)
+    PROBED = (MaskedBatchNorm, OriginalBatchNorm, PowerNormV, PowerNorm)
 
     def __init__(self, model, interval: int = 1):
         if interval < 1:

@@ -59,6 +59,21 @@ def batch_norm(x, pad, w, b, eps=1e-5):
     return (x - mu) / torch.sqrt(var + eps) * w + b, mu, var * X.shape[0] / (X.shape[0] - 1)
 
 
+def original_batch_norm(x, pad, w, b, running_mean, running_var, training=True, momentum=0.05, eps=1e-5):
+    """The authors' "batch" norm (MaskSyncBatchNorm), transcribed: divide each
+    token by its RMS over channels, put the mean of the real tokens into every
+    padded position, then torch's BatchNorm over all T*B positions, which also
+    updates running_mean and running_var in place."""
+    T, B, C = x.shape
+    x = x / torch.sqrt((x ** 2).mean(dim=2, keepdim=True) + 1e-5)
+    keep = ~pad.t()
+    filled = x.clone()
+    filled[~keep, :] = x[keep, :].mean(dim=0).unsqueeze(0).repeat(int((~keep).sum()), 1)
+    rows = filled.contiguous().view(T * B, C)
+    z = torch.nn.functional.batch_norm(rows, running_mean, running_var, w, b, training, momentum, eps)
+    return z.view(T, B, C)
+
+
 def pn_v(x, pad, w, b, eps=1e-5):
     psi2 = (real(x, pad) ** 2).mean(0)
     return x / torch.sqrt(psi2 + eps) * w + b, psi2

@@ -120,6 +120,9 @@ def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
     (["--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm"),
     (["--norm-type", "bn", "--checkpoint-activations"], "--checkpoint-activations recomputes forwards"),
     (["--pn-backward", "reference", "--norm-sync", "batch"], "use --norm-sync none (got --norm-sync batch)"),
+    (["--encoder-norm-ff", "bn-original", "--norm-sync", "running"],
+     "bn-original reproduces the released code, which never synchronised statistics across workers: "
+     "use --norm-sync none (got --norm-sync running)"),
 ])
 def test_bad_flag_combinations_fail_in_one_line(toy_data, tmp_path, flags, message):
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)
@@ -234,6 +237,7 @@ def test_checkpoint_without_user_dir(toy_data, tmp_path):
 @pytest.mark.parametrize("norm, flags", [
     ("rmsnorm", []), ("layernorm-simple", []), ("detachnorm", ["--detachnorm-detach", "mean"]),
     ("adanorm", ["--adanorm-scale", "2"]), ("groupnorm", ["--norm-groups", "2"]), ("none", []),
+    ("bn-original", []),
 ])
 def test_more_norm_kinds_train_and_generate(toy_data, tmp_path, norm, flags):
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", norm, "--decoder-norm-type", norm,

@@ -74,6 +74,30 @@ def test_batchnorm_distances_and_gradient_terms():
     assert got["diag/bn/enc.final/grad_var"] == pytest.approx(g_var, rel=1e-9)
 
 
+def test_original_batchnorm_measures_its_filled_batch():
+    """bn-original's statistics are those of every position of its layer-scaled,
+    pad-filled input, the batch it normalises."""
+    model, norm, diag = probed("bn-original")
+    x, pad, grad_y = batch(7)
+    running = norm.running_mean.clone(), norm.running_var.clone()
+    got = logged(norm, x, pad, grad_y, diag)
+
+    xr = x.clone().requires_grad_(True)
+    xs = xr / torch.sqrt((xr ** 2).mean(-1, keepdim=True) + 1e-5)
+    keep = ~pad.t()
+    rows = torch.where(keep.unsqueeze(-1), xs, xs[keep].mean(0)).reshape(T * B, C)
+    mu = rows.mean(0)
+    var = ((rows - mu) ** 2).mean(0)
+    g_mu, g_var = stat_grads(lambda: (rows - mu) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias,
+                             [mu, var], grad_y.reshape(T * B, C))
+    prefix = "diag/bn-original/enc.final"
+    assert set(got) == {f"{prefix}/{m}" for m in ("dist_mu", "dist_var", "grad_mu", "grad_var")}
+    assert got[f"{prefix}/dist_mu"] == pytest.approx((mu - running[0]).norm().item(), rel=1e-9)
+    assert got[f"{prefix}/dist_var"] == pytest.approx((var - running[1]).norm().item(), rel=1e-9)
+    assert got[f"{prefix}/grad_mu"] == pytest.approx(g_mu, rel=1e-9)
+    assert got[f"{prefix}/grad_var"] == pytest.approx(g_var, rel=1e-9)
+
+
 def test_pn_v_distance_and_gradient_term():
     model, norm, diag = probed("pn-v")
     x, pad, grad_y = batch(2)

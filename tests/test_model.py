@@ -189,7 +189,7 @@ def test_sublayer_flag_rejects_unknown_spellings(toy_data):
         build(toy_data, "--encoder-norm-self", "layernorm")
 
 
-@pytest.mark.parametrize("kind", ["bn", "pn", "pn-v"])
+@pytest.mark.parametrize("kind", ["bn", "pn", "pn-v", "bn-original"])
 def test_incremental_decoding_equals_full_scoring_with_batch_norms_in_the_decoder(toy_data, kind):
     """Beam search feeds the decoder one position at a time; in eval mode the
     batch-statistic norms use running statistics, so each step's output equals
@@ -211,3 +211,17 @@ def test_incremental_decoding_equals_full_scoring_with_batch_norms_in_the_decode
     real = prev.ne(task.target_dictionary.pad())  # padded positions are not decoded step by step
     assert (~real).any()
     torch.testing.assert_close(torch.stack(steps, dim=1)[real], full[real], rtol=1e-4, atol=1e-4)
+
+
+def test_bn_original_momentum_and_checkpoint_identity(toy_data):
+    """bn-original keeps the released code's momentum 0.05 unless --norm-momentum
+    says otherwise, and its checkpoints are told apart from plain bn's."""
+    model, _ = build(toy_data, "--norm-type", "bn-original", "--decoder-norm-self", "bn")
+    assert {n.momentum for n in norms_of(model.encoder)} == {0.05}
+    assert model.decoder.layers[0].self_attn_layer_norm.momentum == 0.1
+    model, _ = build(toy_data, "--norm-type", "bn-original", "--norm-momentum", "0.2")
+    assert {n.momentum for n in norms_of(model.encoder)} == {0.2}
+    bn_model, _ = build(toy_data, "--norm-type", "bn")
+    with pytest.raises(PowerNormConfigError, match=r"checkpoint norms \(decoder ln, encoder bn-original\).*"
+                                                   r"pass --norm-type bn-original"):
+        bn_model.load_state_dict(model.state_dict())

@@ -7,7 +7,7 @@ import reference as ref
 from powernorm_fairseq.norms import NORM_TYPES, build_norm, fused, kernels
 
 T, B, C = 9, 4, 8
-BATCH_NORMS = ("bn", "pn", "pn-v")
+BATCH_NORMS = ("bn", "pn", "pn-v", "bn-original")
 
 
 @pytest.fixture(autouse=True, params=["fused", "plain"])
@@ -53,9 +53,9 @@ def run(norm, x, pad, grad_y):
 
 
 def test_registry_and_unknown_kind():
-    assert set(NORM_TYPES) == {"ln", "bn", "pn", "pn-v", "scalenorm", "rmsnorm", "layernorm-simple",
+    assert set(NORM_TYPES) == {"ln", "bn", "pn", "pn-v", "bn-original", "scalenorm", "rmsnorm", "layernorm-simple",
                                "detachnorm", "adanorm", "groupnorm", "none"}
-    with pytest.raises(ValueError, match="unknown norm type 'rms'.*ln, bn, pn, pn-v, scalenorm, rmsnorm"):
+    with pytest.raises(ValueError, match="unknown norm type 'rms'.*ln, bn, pn, pn-v, bn-original, scalenorm, rmsnorm"):
         build_norm("rms", C)
 
 
@@ -186,8 +186,8 @@ def _exact(kind):
     return build_norm(kind, C, **({"momentum": 0.1} if kind in ("bn", "pn-v") else {})).double()
 
 
-@pytest.mark.parametrize("kind", ["ln", "scalenorm", "bn", "pn-v", "pn", "rmsnorm", "layernorm-simple",
-                                  "groupnorm", "none"])
+@pytest.mark.parametrize("kind", ["ln", "scalenorm", "bn", "pn-v", "pn", "bn-original", "rmsnorm",
+                                  "layernorm-simple", "groupnorm", "none"])
 def test_gradcheck_exact_gradients(kind):
     norm = affine(_exact(kind)).train()
     x, pad, _ = batch(70, T=5, B=3)
@@ -195,7 +195,7 @@ def test_gradcheck_exact_gradients(kind):
     assert torch.autograd.gradcheck(lambda inp: norm(inp, pad), (x,))
 
 
-@pytest.mark.parametrize("kind", NORM_TYPES)
+@pytest.mark.parametrize("kind", [k for k in NORM_TYPES if k != "bn-original"])
 def test_padding_changes_nothing_for_real_tokens(kind):
     """Longer padding, filled with junk, gives the same real outputs and gradients."""
     x, pad, grad_y = batch(80)
@@ -277,12 +277,58 @@ def test_batch_of_one_token(kind):
     y.sum().backward()
     assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
     token = x[4, 1].detach()
-    if kind == "bn":
+    if kind == "bn-original":  # every position holds the token: zero variance over T*B rows
+        torch.testing.assert_close(y, norm.bias.detach().expand_as(y))
+        torch.testing.assert_close(norm.running_var, 0.95 * before["running_var"])
+    elif kind == "bn":
         torch.testing.assert_close(y[4, 1], norm.bias.detach())
         assert torch.equal(norm.running_var, before["running_var"])
         torch.testing.assert_close(norm.running_mean, 0.9 * before["running_mean"] + 0.1 * token)
     else:
         torch.testing.assert_close(norm.running_psi2, 0.9 * before["running_psi2"] + 0.1 * token ** 2)
+
+
+def test_original_batch_norm_matches_the_released_code_over_steps():
+    """bn-original against a transcription of the authors' MaskSyncBatchNorm:
+    outputs, input and affine gradients and running buffers over training
+    steps with different padding, then eval."""
+    norm = affine(build_norm("bn-original", C).double()).train()
+    w = norm.weight.detach().clone().requires_grad_(True)
+    b = norm.bias.detach().clone().requires_grad_(True)
+    mean, var = torch.zeros(C, dtype=torch.float64), torch.ones(C, dtype=torch.float64)
+    for step in range(4):
+        x, pad, grad_y = batch(130 + step)
+        norm.zero_grad()
+        y, gx = run(norm, x, pad, grad_y)
+        xr = x.clone().requires_grad_(True)
+        y_ref = ref.original_batch_norm(xr, pad, w, b, mean, var)
+        gx_ref, gw_ref, gb_ref = torch.autograd.grad(y_ref, (xr, w, b), grad_y)
+        torch.testing.assert_close(y, y_ref.detach())
+        torch.testing.assert_close(gx, gx_ref)
+        torch.testing.assert_close(norm.weight.grad, gw_ref)
+        torch.testing.assert_close(norm.bias.grad, gb_ref)
+        torch.testing.assert_close(norm.running_mean, mean)
+        torch.testing.assert_close(norm.running_var, var)
+    assert norm.num_batches_tracked.item() == 4
+    norm.eval()
+    x, pad, _ = batch(139)
+    torch.testing.assert_close(norm(x, pad), ref.original_batch_norm(x, pad, w, b, mean, var, training=False))
+    torch.testing.assert_close(norm.running_var, var)
+
+
+def test_original_batch_norm_depends_on_padding_where_bn_does_not():
+    """The pad filling shrinks the batch variance: more padding, other outputs for
+    the same real tokens (test_padding_changes_nothing_for_real_tokens shows bn does not)."""
+    x, pad, _ = batch(140)
+    x_long = torch.cat([x, torch.randn(3, B, C, dtype=x.dtype)])
+    pad_long = torch.cat([pad, torch.ones(B, 3, dtype=torch.bool)], dim=1)
+    keep = ~pad.t()
+    y = build_norm("bn-original", C).double().train()(x, pad)[keep]
+    y_long = build_norm("bn-original", C).double().train()(x_long, pad_long)[:T][keep]
+    ratio = (y_long.std(0) / y.std(0)).mean().item()
+    assert ratio > 1.05  # a smaller variance to divide by: larger outputs
+    with pytest.raises(ValueError, match="never synchronised.*sync='none'"):
+        build_norm("bn-original", C, sync="batch")
 
 
 @pytest.mark.parametrize("kind, reference", [

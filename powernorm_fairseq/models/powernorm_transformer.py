@@ -38,7 +38,7 @@ from ..modules import (
 from ..norms import NORM_TYPES, Norm, build_norm, norm_type_of, padding_mask
 from ..norms.sync import MODES as SYNC_MODES
 
-BATCH_NORMS = ("bn", "pn", "pn-v")  # norms with running statistics
+BATCH_NORMS = ("bn", "pn", "pn-v", "bn-original")  # norms with running statistics
 
 
 SUBLAYER_FLAGS = {
@@ -125,7 +125,8 @@ class PowerNormTransformerModel(TransformerModel):
                             help="PN backward: Algorithm 2 of the paper, or the authors' "
                                  "released code (default: paper)")
         parser.add_argument("--norm-momentum", type=_fraction("--norm-momentum"),
-                            help="running-statistics momentum of bn and pn-v (default: 0.1)")
+                            help="running-statistics momentum of bn, pn-v and bn-original "
+                                 "(default: 0.1; 0.05 for bn-original, as in the authors' code)")
         parser.add_argument("--adanorm-scale", type=_positive, metavar="C",
                             help="AdaNorm's C in z = C (1 - y/10) y (default: 1)")
         parser.add_argument("--detachnorm-detach", choices=("both", "mean", "var"),
@@ -136,7 +137,8 @@ class PowerNormTransformerModel(TransformerModel):
                             help="statistics of bn, pn-v and pn across data-parallel workers: batch = "
                                  "normalise with the global batch (exact gradient through the all-reduce), "
                                  "running = per-worker batch, identical running statistics, none = per "
-                                 "worker (default: batch; none with --pn-backward reference)")
+                                 "worker (default: batch; none with --pn-backward reference; "
+                                 "bn-original is always none)")
         parser.add_argument("--norm-diagnostics", action="store_true",
                             help="log batch vs running statistics distances and the gradient terms "
                                  "of the statistics for every bn, pn-v and pn layer (diag/... metrics)")
@@ -258,6 +260,11 @@ def check_args(args):
             "--pn-backward reference reproduces the released code, which never synchronised "
             f"statistics across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
         )
+    if "bn-original" in kinds and args.norm_sync not in (None, "none"):
+        raise PowerNormConfigError(
+            "bn-original reproduces the released code, which never synchronised statistics "
+            f"across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
+        )
     for side in ("encoder", "decoder"):
         dim = getattr(args, f"{side}_embed_dim")
         if "groupnorm" in kinds and args.norm_groups and dim % args.norm_groups:
@@ -342,7 +349,7 @@ def _powernorm_defaults(args):
     args.pn_eps = getattr(args, "pn_eps", 1e-5)
     args.pn_group_scaling = getattr(args, "pn_group_scaling", True)
     args.pn_backward = getattr(args, "pn_backward", "paper")
-    args.norm_momentum = getattr(args, "norm_momentum", 0.1)
+    args.norm_momentum = getattr(args, "norm_momentum", None)  # per kind, see norm_options
     for flag in SUBLAYER_FLAGS:
         name = flag[2:].replace("-", "_")
         value = getattr(args, name, None)

@@ -35,9 +35,11 @@ def norm_options(cfg, kind: str, heads: int) -> dict:
     if kind == "groupnorm":
         return dict(groups=cfg.norm_groups or heads)
     if kind == "pn-v":
-        return dict(momentum=cfg.norm_momentum, eps=cfg.pn_eps, sync=sync)
+        return dict(momentum=cfg.norm_momentum or 0.1, eps=cfg.pn_eps, sync=sync)
     if kind == "bn":
-        return dict(momentum=cfg.norm_momentum, sync=sync)
+        return dict(momentum=cfg.norm_momentum or 0.1, sync=sync)
+    if kind == "bn-original":  # the released code's momentum; it never synchronised
+        return dict(momentum=cfg.norm_momentum or 0.05)
     return {}
 
 

@@ -7,7 +7,7 @@ registry ``NORMS`` also gives the command-line choices (``NORM_TYPES``).
 from torch import nn
 
 from .base import NoNorm, Norm, padding_mask
-from .batchnorm import MaskedBatchNorm
+from .batchnorm import MaskedBatchNorm, OriginalBatchNorm
 from .layernorm import AdaNorm, DetachNorm, GroupNorm, LayerNorm, LayerNormSimple
 from .powernorm import PowerNorm, PowerNormV
 from .rmsnorm import RMSNorm
@@ -18,6 +18,7 @@ NORMS = {
     "bn": MaskedBatchNorm,
     "pn": PowerNorm,
     "pn-v": PowerNormV,
+    "bn-original": OriginalBatchNorm,
     "scalenorm": ScaleNorm,
     "rmsnorm": RMSNorm,
     "layernorm-simple": LayerNormSimple,

@@ -96,3 +96,13 @@ def token_mean(v: Tensor, keep: Optional[Tensor], n: int) -> Tensor:
     if keep is not None:
         v = v * keep
     return v.sum(dim=(0, 1)) / n
+
+
+def group_scale(x: Tensor, groups: int, eps: float = 1e-5) -> Tensor:
+    """The original code's "layer scaling": per token, divide each of ``groups``
+    channel groups by its root mean square (one group in its BN, one per
+    attention head in its PN). ``x``: (T, B, C)."""
+    T, B, C = x.shape
+    xg = x.reshape(T, B, groups, C // groups)
+    xg = xg * torch.rsqrt(xg.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return xg.reshape(T, B, C)

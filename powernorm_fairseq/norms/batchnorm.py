@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from . import fused
 from . import sync as sync_mod
-from .base import Norm, real_tokens, token_mean, upcast
+from .base import Norm, group_scale, real_tokens, token_mean, upcast
 
 
 def finite(*stats) -> bool:
@@ -123,3 +123,47 @@ class MaskedBatchNorm(BatchStatNorm):
         if n > 1:  # one token has no variance estimate (torch's BatchNorm refuses such a batch)
             unbiased = var * n / (n - 1)  # like torch's BatchNorm
             self.running_var.lerp_(unbiased.to(self.running_var), self.momentum)
+
+
+class OriginalBatchNorm(MaskedBatchNorm):
+    """``bn-original``: the "batch" norm of the authors' code
+    (``MaskSyncBatchNorm`` in sIncerass/powernorm), which produced the paper's
+    BN rows. It is not plain BN, in two ways:
+
+    * layer scaling: each token is first divided by its root mean square over
+      the channels, x / sqrt(mean_c(x^2) + eps);
+    * pad filling: every padded position is filled with the mean of the
+      batch's real tokens (gradient included), and BatchNorm then runs over all
+      T x B positions. The mean is unchanged, but the variance shrinks by the
+      fraction of real tokens, so a token's output depends on how much the
+      batch is padded; the running variance is the unbiased one over T x B.
+
+    Momentum 0.05 by default, and never synchronised across workers, as there.
+    """
+
+    def __init__(self, dim: int, momentum: float = 0.05, eps: float = 1e-5, sync: str = "none"):
+        if sync != "none":
+            raise ValueError(f"bn-original reproduces code that never synchronised its statistics: "
+                             f"use sync='none', got {sync!r}")
+        super().__init__(dim, momentum, eps, sync)
+        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+
+    def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        xs, n = self.fill(upcast(x), pad_mask)
+        if self.training and n > 0:
+            self.num_batches_tracked += 1
+            mean = xs.mean(dim=(0, 1))
+            var = (xs - mean).pow(2).mean(dim=(0, 1))
+            self.update_running(mean, var, xs.size(0) * xs.size(1))
+        else:  # eval, or a training batch that is all padding
+            mean, var = self.running(xs)
+        y = (xs - mean) * torch.rsqrt(var + self.eps)
+        return (y * self.weight.to(xs) + self.bias.to(xs)).to(x.dtype)
+
+    def fill(self, xf: Tensor, pad_mask: Optional[Tensor]):
+        """The layer-scaled input with its padding filled, and the real-token count."""
+        xs = group_scale(xf, 1)
+        keep, n = real_tokens(xs, pad_mask)
+        if keep is not None and n > 0:
+            xs = torch.where(keep.bool(), xs, token_mean(xs, keep, n))
+        return xs, n

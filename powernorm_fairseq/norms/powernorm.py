@@ -22,17 +22,8 @@ from torch import Tensor, nn
 
 from . import fused
 from . import sync as sync_mod
-from .base import Norm, real_tokens, token_mean, upcast
+from .base import Norm, group_scale, real_tokens, token_mean, upcast
 from .batchnorm import BatchStatNorm, finite
-
-
-def group_scale(x: Tensor, groups: int, eps: float = 1e-5) -> Tensor:
-    """The original code's "layer scale": per token, divide each of ``groups``
-    channel groups by its root mean square. ``x``: (T, B, C)."""
-    T, B, C = x.shape
-    xg = x.reshape(T, B, groups, C // groups)
-    xg = xg * torch.rsqrt(xg.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return xg.reshape(T, B, C)
 
 
 def _affine(xh: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
