@@ -1,10 +1,12 @@
 """powernorm-fairseq: Power Normalization and its neighbours as a fairseq plugin.
 
 Pass ``--user-dir`` pointing at this package to any fairseq command; importing
-it registers the ``powernorm_transformer`` model and its architectures.
+it registers the ``powernorm_transformer`` and ``powernorm_transformer_lm``
+models and their architectures.
 """
 
 from .checkpoints import allow_fairseq_checkpoints, atomic_checkpoint_copies, resume_with_the_same_batches
+from .compat import numpy_compat_long
 from .errors import install_excepthook
 from .shutdown import install as install_clean_exit
 
@@ -15,5 +17,6 @@ atomic_checkpoint_copies()
 resume_with_the_same_batches()
 install_excepthook()
 install_clean_exit()
+numpy_compat_long()
 
 from . import models  # noqa: E402,F401 (registers the model with fairseq)

@@ -55,3 +55,26 @@ def toy_data(tmp_path_factory):
         "--trainpref", root / "train", "--validpref", root / "valid", "--testpref", root / "test",
         "--destdir", root / "bin", "--joined-dictionary", "--workers", "1")
     return root / "bin"
+
+
+def lm_corpus(n, seed):
+    """Sentences that walk a fixed cycle of words from a random start: after the
+    first word each next word is determined, so a model can learn them."""
+    rng = random.Random(seed)
+    words = "house tree cat dog car book table chair window door garden flower apple bread milk water".split()
+    lines = []
+    for _ in range(n):
+        start = rng.randrange(len(words))
+        lines.append(" ".join(words[(start + i) % len(words)] for i in range(rng.randint(3, 12))))
+    return lines
+
+
+@pytest.fixture(scope="session")
+def lm_data(tmp_path_factory):
+    """A binarized toy language-modeling corpus (fairseq-preprocess --only-source)."""
+    root = tmp_path_factory.mktemp("lm")
+    for split, n, seed in (("train", 800, 4), ("valid", 40, 5), ("test", 40, 6)):
+        (root / f"{split}.txt").write_text("\n".join(lm_corpus(n, seed)) + "\n")
+    cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref",
+        root / "valid.txt", "--testpref", root / "test.txt", "--destdir", root / "bin", "--workers", "1")
+    return root / "bin"

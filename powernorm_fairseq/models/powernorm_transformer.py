@@ -48,6 +48,7 @@ SUBLAYER_FLAGS = {
     "--decoder-norm-cross": "every decoder encoder-attention sublayer",
     "--decoder-norm-ff": "every decoder feed-forward sublayer",
 }
+LM_SUBLAYER_FLAGS = ("--decoder-norm-self", "--decoder-norm-ff")
 #: the spellings of the authors' released code (its --encoder-norm-self etc.)
 ORIGINAL_SPELLINGS = {"layer": "ln", "batch": "bn", "power": "pn"}
 
@@ -88,63 +89,74 @@ def _positive(text):
 
 
 
-@register_model("powernorm_transformer")
-class PowerNormTransformerModel(TransformerModel):
-    """fairseq's ``TransformerModel`` with the norms of the PowerNorm paper."""
-
-    @staticmethod
-    def add_args(parser):
-        TransformerModel.add_args(parser)
-        # fmt: off
+def add_norm_args(parser, lm=False):
+    """The norm flags of powernorm_transformer, or of the decoder-only
+    powernorm_transformer_lm (``lm``: one side, so no decoder/encoder split)."""
+    # fmt: off
+    if lm:
+        parser.add_argument("--norm-type", choices=NORM_TYPES, metavar="{" + ",".join(NORM_TYPES) + "}",
+                            help="every norm of the language model (default: pn)")
+    else:
         parser.add_argument("--norm-type", choices=NORM_TYPES, metavar="{" + ",".join(NORM_TYPES) + "}",
                             help="every encoder norm: attention, FFN and the final norm (default: pn)")
         parser.add_argument("--decoder-norm-type", choices=NORM_TYPES,
                             metavar="{" + ",".join(NORM_TYPES) + "}",
                             help="every decoder norm (default: ln, as in the paper)")
-        for flag, what in SUBLAYER_FLAGS.items():
-            parser.add_argument(flag, type=_sublayer_kind(flag), metavar="{" + ",".join(NORM_TYPES) + "}",
-                                help=f"the norm of {what}, overriding the type of its side; also takes the "
-                                     "original code's layer, batch, power")
-        parser.add_argument("--norm-placement", choices=("pre", "post"),
-                            help="norm before each sublayer (pre) or after the residual sum (post); default: pre")
-        parser.add_argument("--fixnorm", action="store_true",
-                            help="unit-length word embeddings times a learned scale (needs tied embeddings)")
-        parser.add_argument("--small-init", action="store_true",
-                            help="attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))")
-        parser.add_argument("--pn-alpha-fwd", type=_fraction("--pn-alpha-fwd"),
-                            help="PN running psi^2 decay, in (0, 1) (default: 0.9)")
-        parser.add_argument("--pn-alpha-bwd", type=_fraction("--pn-alpha-bwd"),
-                            help="PN running nu decay, in (0, 1) (default: 0.9)")
-        parser.add_argument("--pn-warmup-updates", type=at_least(0),
-                            help="PN forwards that use batch statistics (default: --warmup-updates)")
-        parser.add_argument("--pn-eps", type=_positive, help="PN and PN-V epsilon (default: 1e-5)")
-        parser.add_argument("--pn-group-scaling", action=argparse.BooleanOptionalAction,
-                            help="per-token RMS scaling over groups = heads before PN, "
-                                 "as in the authors' code (default: on)")
-        parser.add_argument("--pn-backward", choices=("paper", "reference"),
-                            help="PN backward: Algorithm 2 of the paper, or the authors' "
-                                 "released code (default: paper)")
-        parser.add_argument("--norm-momentum", type=_fraction("--norm-momentum"),
-                            help="running-statistics momentum of bn, pn-v and bn-original "
-                                 "(default: 0.1; 0.05 for bn-original, as in the authors' code)")
-        parser.add_argument("--adanorm-scale", type=_positive, metavar="C",
-                            help="AdaNorm's C in z = C (1 - y/10) y (default: 1)")
-        parser.add_argument("--detachnorm-detach", choices=("both", "mean", "var"),
-                            help="what DetachNorm treats as constant in the backward pass (default: both)")
-        parser.add_argument("--norm-groups", type=at_least(1, "--norm-groups"), metavar="G",
-                            help="channel groups of groupnorm (default: the attention heads)")
-        parser.add_argument("--norm-sync", choices=SYNC_MODES,
-                            help="statistics of bn, pn-v and pn across data-parallel workers: batch = "
-                                 "normalise with the global batch (exact gradient through the all-reduce), "
-                                 "running = per-worker batch, identical running statistics, none = per "
-                                 "worker (default: batch; none with --pn-backward reference; "
-                                 "bn-original is always none)")
-        parser.add_argument("--norm-diagnostics", action="store_true",
-                            help="log batch vs running statistics distances and the gradient terms "
-                                 "of the statistics for every bn, pn-v and pn layer (diag/... metrics)")
-        parser.add_argument("--norm-diagnostics-interval", type=at_least(1, "--norm-diagnostics-interval"), metavar="N",
-                            help="measure every N updates (default: 1)")
-        # fmt: on
+    for flag, what in SUBLAYER_FLAGS.items():
+        if lm and flag not in LM_SUBLAYER_FLAGS:
+            continue
+        parser.add_argument(flag, type=_sublayer_kind(flag), metavar="{" + ",".join(NORM_TYPES) + "}",
+                            help=f"the norm of {what}, overriding the type of its side; also takes the "
+                                 "original code's layer, batch, power")
+    parser.add_argument("--norm-placement", choices=("pre", "post"),
+                        help="norm before each sublayer (pre) or after the residual sum (post); default: pre")
+    parser.add_argument("--fixnorm", action="store_true",
+                        help="unit-length word embeddings times a learned scale (needs tied embeddings)")
+    parser.add_argument("--small-init", action="store_true",
+                        help="attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))")
+    parser.add_argument("--pn-alpha-fwd", type=_fraction("--pn-alpha-fwd"),
+                        help="PN running psi^2 decay, in (0, 1) (default: 0.9)")
+    parser.add_argument("--pn-alpha-bwd", type=_fraction("--pn-alpha-bwd"),
+                        help="PN running nu decay, in (0, 1) (default: 0.9)")
+    parser.add_argument("--pn-warmup-updates", type=at_least(0),
+                        help="PN forwards that use batch statistics (default: --warmup-updates)")
+    parser.add_argument("--pn-eps", type=_positive, help="PN and PN-V epsilon (default: 1e-5)")
+    parser.add_argument("--pn-group-scaling", action=argparse.BooleanOptionalAction,
+                        help="per-token RMS scaling over groups = heads before PN, "
+                             "as in the authors' code (default: on)")
+    parser.add_argument("--pn-backward", choices=("paper", "reference"),
+                        help="PN backward: Algorithm 2 of the paper, or the authors' "
+                             "released code (default: paper)")
+    parser.add_argument("--norm-momentum", type=_fraction("--norm-momentum"),
+                        help="running-statistics momentum of bn, pn-v and bn-original "
+                             "(default: 0.1; 0.05 for bn-original, as in the authors' code)")
+    parser.add_argument("--adanorm-scale", type=_positive, metavar="C",
+                        help="AdaNorm's C in z = C (1 - y/10) y (default: 1)")
+    parser.add_argument("--detachnorm-detach", choices=("both", "mean", "var"),
+                        help="what DetachNorm treats as constant in the backward pass (default: both)")
+    parser.add_argument("--norm-groups", type=at_least(1, "--norm-groups"), metavar="G",
+                        help="channel groups of groupnorm (default: the attention heads)")
+    parser.add_argument("--norm-sync", choices=SYNC_MODES,
+                        help="statistics of bn, pn-v and pn across data-parallel workers: batch = "
+                             "normalise with the global batch (exact gradient through the all-reduce), "
+                             "running = per-worker batch, identical running statistics, none = per "
+                             "worker (default: batch; none with --pn-backward reference; "
+                             "bn-original is always none)")
+    parser.add_argument("--norm-diagnostics", action="store_true",
+                        help="log batch vs running statistics distances and the gradient terms "
+                             "of the statistics for every bn, bn-original, pn-v and pn layer (diag/... metrics)")
+    parser.add_argument("--norm-diagnostics-interval", type=at_least(1, "--norm-diagnostics-interval"), metavar="N",
+                        help="measure every N updates (default: 1)")
+    # fmt: on
+
+
+class PowerNormModelMixin:
+    """What the translation model and the language model add to their fairseq
+    parents: flag checks, SmallInit, diagnostics, FixNorm embeddings and a
+    one-line error for a checkpoint with other norms."""
+
+    #: the flag that sets the norms of each part, for check_norm_state's message
+    NORM_FLAGS = {"encoder": "--norm-type", "decoder": "--decoder-norm-type"}
 
     @classmethod
     def build_model(cls, args, task):
@@ -171,6 +183,20 @@ class PowerNormTransformerModel(TransformerModel):
             raise PowerNormConfigError("--fixnorm cannot start from pretrained embeddings (--*-embed-path)")
         return FixNormEmbedding(len(dictionary), embed_dim, dictionary.pad())
 
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        check_norm_state(self, state_dict, self.NORM_FLAGS)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+@register_model("powernorm_transformer")
+class PowerNormTransformerModel(PowerNormModelMixin, TransformerModel):
+    """fairseq's ``TransformerModel`` with the norms of the PowerNorm paper."""
+
+    @staticmethod
+    def add_args(parser):
+        TransformerModel.add_args(parser)
+        add_norm_args(parser)
+
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
         return PowerNormTransformerEncoder(cfg, src_dict, embed_tokens)
@@ -180,10 +206,6 @@ class PowerNormTransformerModel(TransformerModel):
         return PowerNormTransformerDecoder(
             cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
         )
-
-    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        check_norm_state(self, state_dict)
-        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 
 class PowerNormTransformerEncoder(TransformerEncoderBase):
@@ -253,7 +275,7 @@ def check_args(args):
     if getattr(args, "checkpoint_activations", False) and any(k in BATCH_NORMS for k in kinds):
         raise PowerNormConfigError(
             "--checkpoint-activations recomputes forwards, which would update running "
-            f"statistics twice; use --norm-type/--decoder-norm-type in {{ln,scalenorm}} or drop it"
+            "statistics twice; use --norm-type/--decoder-norm-type in {ln,scalenorm} or drop it"
         )
     if args.pn_backward == "reference" and args.norm_sync not in (None, "none") and "pn" in kinds:
         raise PowerNormConfigError(
@@ -266,15 +288,16 @@ def check_args(args):
             f"across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
         )
     for side in ("encoder", "decoder"):
-        dim = getattr(args, f"{side}_embed_dim")
-        if "groupnorm" in kinds and args.norm_groups and dim % args.norm_groups:
+        dim = getattr(args, f"{side}_embed_dim", None)  # a language model has no encoder
+        if dim and "groupnorm" in kinds and args.norm_groups and dim % args.norm_groups:
             raise PowerNormConfigError(
                 f"--norm-groups {args.norm_groups} does not divide --{side}-embed-dim {dim}")
-    if args.fixnorm and not (args.share_all_embeddings or args.share_decoder_input_output_embed):
-        raise PowerNormConfigError(
-            "--fixnorm needs tied embeddings: add --share-all-embeddings "
-            "or --share-decoder-input-output-embed"
-        )
+    if args.fixnorm and getattr(args, "adaptive_input", False):
+        raise PowerNormConfigError("--fixnorm replaces the word embeddings, --adaptive-input too: drop one")
+    if args.fixnorm and not (getattr(args, "share_all_embeddings", False)
+                             or args.share_decoder_input_output_embed):
+        ties = "--share-all-embeddings or " if hasattr(args, "share_all_embeddings") else ""
+        raise PowerNormConfigError(f"--fixnorm needs tied embeddings: add {ties}--share-decoder-input-output-embed")
 
 
 def small_init_(model):
@@ -297,11 +320,12 @@ for _kind in NORM_TYPES:
     _STATE_KEYS.setdefault(frozenset(build_norm(_kind, 4).state_dict()), set()).add(_kind)
 
 
-def check_norm_state(model, state_dict):
+def check_norm_state(model, state_dict, flags):
     """Fail in one line when a checkpoint's norms are not the model's.
 
     Kinds with the same entries (ln and groupnorm; the parameter-free ones)
     cannot be told apart by a checkpoint and are accepted for one another.
+    ``flags`` names the flag that sets the norms of each part of the model.
     """
     found, wanted = {}, {}
     for name, module in model.named_modules():
@@ -313,7 +337,6 @@ def check_norm_state(model, state_dict):
         found.setdefault(part, set()).add(kind if kind in kinds else "|".join(sorted(kinds)))
         wanted.setdefault(part, set()).add(kind)
     if found != wanted:
-        flags = {"encoder": "--norm-type", "decoder": "--decoder-norm-type"}
         have = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(found.items()))
         need = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(wanted.items()))
         fix = " ".join(

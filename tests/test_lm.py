@@ -1,0 +1,144 @@
+"""powernorm_transformer_lm: fairseq's transformer_lm with the norm flags, built
+as fairseq-train builds it, and trained and scored through the real CLI."""
+
+import argparse
+import re
+
+import pytest
+import torch
+from fairseq import options, tasks
+
+from conftest import ROOT, cli
+from powernorm_fairseq.errors import PowerNormConfigError
+from powernorm_fairseq.models.powernorm_transformer_lm import powernorm_transformer_lm_wiki103
+from powernorm_fairseq.norms import Norm, norm_type_of
+
+USER_DIR = ROOT / "powernorm_fairseq"
+TINY_LM = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+           "--decoder-attention-heads", "4"]
+
+
+def build(data, *flags, arch="powernorm_transformer_lm", seed=0):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, [
+        str(data), "--task", "language_modeling", "--arch", arch, "--optimizer", "adam",
+        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5", "--dropout", "0",
+        "--tokens-per-sample", "32", "--sample-break-mode", "eos", *TINY_LM, *map(str, flags)])
+    task = tasks.setup_task(args)
+    torch.manual_seed(seed)
+    return task.build_model(args), task
+
+
+def sample(task, n=8):
+    task.load_dataset("valid")
+    dataset = task.dataset("valid")
+    return dataset.collater([dataset[i] for i in range(n)])
+
+
+def kinds(model):
+    return [norm_type_of(m) for m in model.modules() if isinstance(m, Norm)]
+
+
+def test_ln_language_model_is_the_stock_pre_norm_transformer_lm(lm_data):
+    # stock transformer_lm keeps its dataclass's 512 input/output dims whatever the
+    # embedding size; powernorm_transformer_lm derives them as fairseq's base_lm_architecture does
+    dims = ["--decoder-input-dim", "32", "--decoder-output-dim", "32"]
+    ours, task = build(lm_data, "--norm-type", "ln", *dims)
+    stock, _ = build(lm_data, "--decoder-normalize-before", *dims, arch="transformer_lm")
+    assert ours.state_dict().keys() == stock.state_dict().keys()
+    for key, value in stock.state_dict().items():
+        assert torch.equal(ours.state_dict()[key], value), key
+    s = sample(task)
+    ours.train(), stock.train()
+    y_ours, y_stock = ours(**s["net_input"])[0], stock(**s["net_input"])[0]
+    torch.testing.assert_close(y_ours, y_stock)
+
+
+def test_norm_type_sets_every_norm_and_sublayer_flags_override(lm_data):
+    model, _ = build(lm_data)
+    assert kinds(model) == ["pn"] * 5  # 2 layers x (attention, FFN) + the final norm: PN by default
+    model, _ = build(lm_data, "--norm-type", "bn", "--decoder-norm-ff", "power")
+    layer = model.decoder.layers[0]
+    assert (norm_type_of(layer.self_attn_layer_norm), norm_type_of(layer.final_layer_norm)) == ("bn", "pn")
+    assert norm_type_of(model.decoder.layer_norm) == "bn"
+    assert layer.encoder_attn_layer_norm is None
+
+
+def test_norms_see_the_padding_of_sentence_batches(lm_data):
+    """With --sample-break-mode eos the batch is padded; every norm gets the mask."""
+    model, task = build(lm_data, "--norm-type", "pn")
+    s = sample(task)
+    tokens = s["net_input"]["src_tokens"]
+    pad = tokens.eq(task.source_dictionary.pad())
+    assert pad.any()
+    seen = []
+    for m in model.modules():
+        if isinstance(m, Norm):
+            m.register_forward_pre_hook(lambda norm, args: seen.append(norm.pad_mask))
+    model.train()
+    model(**s["net_input"])
+    assert len(seen) == 5 and all(mask is not None and torch.equal(mask, pad) for mask in seen)
+
+
+@pytest.mark.parametrize("kind", ["pn", "bn"])
+def test_incremental_scoring_equals_full_scoring(lm_data, kind):
+    model, task = build(lm_data, "--norm-type", kind)
+    s = sample(task)
+    model.train()
+    for _ in range(3):  # move the running statistics away from their initial values
+        model(**s["net_input"])[0].logsumexp(-1).sum().backward()
+    model.eval()
+    tokens = s["net_input"]["src_tokens"]
+    with torch.no_grad():
+        full = model(**s["net_input"])[0]
+        state = {}
+        steps = [model.decoder(tokens[:, :t + 1], incremental_state=state)[0][:, -1] for t in range(tokens.size(1))]
+    real = tokens.ne(task.source_dictionary.pad())
+    torch.testing.assert_close(torch.stack(steps, dim=1)[real], full[real], rtol=1e-4, atol=1e-4)
+
+
+def test_wiki103_architecture_keeps_the_placement_flag():
+    args = argparse.Namespace(norm_placement="post")
+    powernorm_transformer_lm_wiki103(args)
+    assert args.decoder_normalize_before is False and args.adaptive_input and args.decoder_layers == 16
+    args = argparse.Namespace()
+    powernorm_transformer_lm_wiki103(args)
+    assert args.decoder_normalize_before is True and args.norm_type == args.decoder_norm_type == "pn"
+
+
+def test_bad_language_model_flags(lm_data):
+    with pytest.raises(PowerNormConfigError, match="--fixnorm needs tied embeddings: add "
+                                                   "--share-decoder-input-output-embed$"):
+        build(lm_data, "--fixnorm")
+    with pytest.raises(PowerNormConfigError, match="--fixnorm replaces the word embeddings, --adaptive-input too"):
+        build(lm_data, "--fixnorm", "--adaptive-input", "--share-decoder-input-output-embed")
+    with pytest.raises(SystemExit):  # a language model has one side: no --decoder-norm-type
+        build(lm_data, "--decoder-norm-type", "ln")
+
+
+def perplexity(text):
+    found = re.findall(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)", text)
+    assert found, text[-2000:]
+    loss, ppl = map(float, found[-1])
+    return loss, ppl
+
+
+@pytest.mark.parametrize("norm", ["ln", "pn"])
+def test_train_and_evaluate_perplexity_through_the_cli(lm_data, tmp_path, norm):
+    """fairseq-train then fairseq-eval-lm: the test-set perplexity is that of the
+    reported loss and far below a uniform guess over the vocabulary."""
+    cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
+        "--arch", "powernorm_transformer_lm", "--norm-type", norm, *TINY_LM,
+        "--share-decoder-input-output-embed", "--tokens-per-sample", "32", "--sample-break-mode", "eos",
+        "--max-tokens", "512", "--optimizer", "adam", "--lr", "0.005", "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", "10", "--max-update", "80", "--dropout", "0.1", "--seed", "1",
+        "--save-dir", tmp_path, "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "simple")
+    proc = cli("fairseq-eval-lm", lm_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
+               "--gen-subset", "test", "--tokens-per-sample", "32", "--sample-break-mode", "eos",
+               "--max-tokens", "512", "--num-workers", "0")
+    loss, ppl = perplexity(proc.stdout + proc.stderr)
+    assert ppl == pytest.approx(2 ** loss, rel=1e-3)
+    vocab = sum(1 for _ in open(lm_data / "dict.txt")) + 4  # the symbols fairseq adds
+    assert ppl < vocab / 4, (ppl, vocab)
+    model = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]
+    assert model.norm_type == norm and model.decoder_norm_type == norm
