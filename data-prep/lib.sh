@@ -104,3 +104,60 @@ binarize() {
   rm -rf "$dest"
   mv "$dest.tmp" "$dest"
 }
+
+# fetch URL PATH HINT: download URL to PATH unless PATH exists; HINT names the
+# option that takes a local copy instead
+fetch() {
+  local url=$1 path=$2 hint=$3
+  [[ -s "$path" ]] && return 0
+  log "downloading $url"
+  curl -fL --retry 3 -o "$path.tmp" "$url" || { rm -f "$path.tmp"; die "download failed: $url (use $hint)"; }
+  mv "$path.tmp" "$path"
+}
+
+# extract_member ARCHIVE NAME OUT: the member NAME of a .zip or .tar.gz (under
+# any leading directory, e.g. ./NAME), written to OUT
+extract_member() {
+  [[ -s "$3" ]] && return 0
+  local status=0
+  python - "$@" <<'PY' || status=$?
+import os, shutil, sys, tarfile, zipfile
+archive, name, out = sys.argv[1:]
+wanted = lambda n: n == name or n.endswith("/" + name)
+try:
+    if zipfile.is_zipfile(archive):
+        z = zipfile.ZipFile(archive)
+        names = [n for n in z.namelist() if wanted(n)]
+        opened = z.open(names[0]) if names else None
+    else:
+        t = tarfile.open(archive)
+        names = [m for m in t.getmembers() if m.isfile() and wanted(m.name)]
+        opened = t.extractfile(names[0]) if names else None
+    if opened is None:
+        sys.exit(3)
+    with opened as src, open(out + ".tmp", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+except (OSError, tarfile.TarError, zipfile.BadZipFile, EOFError):
+    sys.exit(4)
+os.replace(out + ".tmp", out)
+PY
+  rm -f "$3.tmp"
+  case $status in
+    0) ;;
+    3) die "archive $1 has no member $2 (is it the right archive?)" ;;
+    *) die "corrupt or unreadable archive: $1" ;;
+  esac
+}
+
+# binarize_lm DIR DEST: fairseq-preprocess --only-source of DIR/{train,valid,test}.txt
+binarize_lm() {
+  local dir=$1 dest=$2
+  [[ -f "$dest/.done" ]] && return 0
+  rm -rf "$dest.tmp"
+  fairseq-preprocess --only-source --trainpref "$dir/train.txt" --validpref "$dir/valid.txt" \
+    --testpref "$dir/test.txt" --destdir "$dest.tmp" --workers "$WORKERS" >&2 \
+    || { rm -rf "$dest.tmp"; die "fairseq-preprocess failed"; }
+  touch "$dest.tmp/.done"
+  rm -rf "$dest"
+  mv "$dest.tmp" "$dest"
+}

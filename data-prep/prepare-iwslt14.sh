@@ -46,11 +46,7 @@ mkdir -p "$OUT/orig" "$OUT/tmp" "$OUT/raw"
 
 if [[ -z "$ARCHIVE" ]]; then
   ARCHIVE="$OUT/orig/de-en.tgz"
-  if [[ ! -s "$ARCHIVE" ]]; then
-    log "downloading $URL"
-    curl -fL --retry 3 -o "$ARCHIVE.tmp" "$URL" || { rm -f "$ARCHIVE.tmp"; die "download failed: $URL (use --archive PATH)"; }
-    mv "$ARCHIVE.tmp" "$ARCHIVE"
-  fi
+  fetch "$URL" "$ARCHIVE" "--archive PATH"
 fi
 [[ -f "$ARCHIVE" ]] || die "--archive: no such file '$ARCHIVE'"
 members=$(tar tzf "$ARCHIVE" 2>/dev/null) || die "corrupt or unreadable archive: $ARCHIVE"

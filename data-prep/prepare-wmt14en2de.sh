@@ -71,12 +71,7 @@ for archive in "${!NEEDS[@]}"; do
   path="${ARCHIVE_DIR:+$ARCHIVE_DIR/}$archive"
   if [[ -z "$ARCHIVE_DIR" ]]; then
     path="$orig/$archive"
-    if [[ ! -s "$path" ]]; then
-      log "downloading ${URLS[$archive]}"
-      curl -fL --retry 3 -o "$path.tmp" "${URLS[$archive]}" \
-        || { rm -f "$path.tmp"; die "download failed: ${URLS[$archive]} (use --archive-dir DIR)"; }
-      mv "$path.tmp" "$path"
-    fi
+    fetch "${URLS[$archive]}" "$path" "--archive-dir DIR"
   fi
   [[ -f "$path" ]] || die "missing archive: $path"
   members=$(tar tzf "$path" 2>/dev/null) || die "corrupt or unreadable archive: $path"

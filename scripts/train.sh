@@ -12,7 +12,8 @@ usage: scripts/train.sh [--config FILE] [--dataset NAME] [--norm KIND] [options]
   --config FILE        a row from configs/ (sets DATASET, NORM, DECODER_NORM, PLACEMENT, EXTRA)
   --dataset NAME       iwslt14 | wmt14 | quickstart (default: iwslt14)
   --data DIR           binarized data (default: data-bin/<dataset>/bin)
-  --norm KIND          encoder norm: ln | bn | pn | pn-v | scalenorm (default: pn)
+  --norm KIND          encoder norm: ln | bn | pn | pn-v | bn-original | scalenorm |
+                       rmsnorm | ... (see --norm-type) (default: pn)
   --decoder-norm KIND  decoder norm (default: ln, as in the paper)
   --placement P        pre | post (default: pre)
   --seed N             random seed (default: 1)
@@ -58,7 +59,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-NORMS="ln bn pn pn-v scalenorm"
+NORMS=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; print(' '.join(NORM_TYPES))" 2>/dev/null) \
+  || die "cannot import powernorm_fairseq (run scripts/setup.sh and activate .venv)"
 [[ " $NORMS " == *" $NORM "* ]] || die "--norm must be one of {${NORMS// /,}}, got '$NORM'"
 [[ " $NORMS " == *" $DECODER_NORM "* ]] || die "--decoder-norm must be one of {${NORMS// /,}}, got '$DECODER_NORM'"
 [[ "$PLACEMENT" == pre || "$PLACEMENT" == post ]] || die "--placement must be one of {pre,post}, got '$PLACEMENT'"

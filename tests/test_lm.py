@@ -137,7 +137,7 @@ def test_train_and_evaluate_perplexity_through_the_cli(lm_data, tmp_path, norm):
                "--gen-subset", "test", "--tokens-per-sample", "32", "--sample-break-mode", "eos",
                "--max-tokens", "512", "--num-workers", "0")
     loss, ppl = perplexity(proc.stdout + proc.stderr)
-    assert ppl == pytest.approx(2 ** loss, rel=1e-3)
+    assert ppl == pytest.approx(2 ** loss, abs=0.006)  # fairseq prints it rounded to 0.01
     vocab = sum(1 for _ in open(lm_data / "dict.txt")) + 4  # the symbols fairseq adds
     assert ppl < vocab / 4, (ppl, vocab)
     model = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]

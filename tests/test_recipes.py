@@ -239,7 +239,8 @@ def test_train_script_options(tmp_path):
              "--dry-run", "--gpus", "0", "--", "--max-update", "10")
     assert "--norm-type bn" in dry.stdout and "--seed 3" in dry.stdout and dry.stdout.rstrip().endswith("10")
     bad = sh("scripts/train.sh", "--norm", "layer", "--dry-run", check=False)
-    assert bad.returncode == 2 and "--norm must be one of {ln,bn,pn,pn-v,scalenorm}, got 'layer'" in bad.stderr
+    assert bad.returncode == 2 and "--norm must be one of {ln,bn,pn,pn-v,bn-original,scalenorm," in bad.stderr
+    assert bad.stderr.rstrip().endswith("got 'layer'")
     nodict = sh("scripts/train.sh", "--data", tmp_path, "--gpus", "0", "--save-dir", tmp_path / "run", check=False)
     assert nodict.returncode != 0 and f"no binarized data in '{tmp_path}'" in nodict.stderr
     assert not (tmp_path / "run").exists()
@@ -251,5 +252,77 @@ def test_every_config_is_a_valid_row():
     for cfg in configs:
         text = cfg.read_text()
         assert text.startswith("# "), f"{cfg.name} lacks its one-line reason"
-        dry = sh("scripts/train.sh", "--config", cfg, "--dry-run", "--gpus", "1")
+        script = "scripts/train-lm.sh" if cfg.name.startswith("lm-") else "scripts/train.sh"
+        dry = sh(script, "--config", cfg, "--dry-run", "--gpus", "1")
         assert "fairseq-train" in dry.stdout
+
+
+def make_lm_archives(directory):
+    """simple-examples.tgz (members under ./simple-examples/, as Mikolov's
+    archive has them) and wikitext-103-v1.zip, each with a toy corpus."""
+    from conftest import lm_corpus
+
+    sizes = {"train": (300, 1), "valid": (30, 2), "test": (30, 3)}
+    ptb = directory / "ptb-src" / "simple-examples" / "data"
+    ptb.mkdir(parents=True)
+    for split, (n, seed) in sizes.items():  # PTB's lines start and end with a space
+        (ptb / f"ptb.{split}.txt").write_text("".join(f" {line} \n" for line in lm_corpus(n, seed)))
+    with tarfile.open(directory / "simple-examples.tgz", "w:gz") as tar:
+        tar.add(ptb.parent, arcname="./simple-examples")
+    import zipfile
+
+    with zipfile.ZipFile(directory / "wikitext-103-v1.zip", "w") as z:
+        for split, (n, seed) in sizes.items():
+            z.writestr(f"wikitext-103/wiki.{split}.tokens",
+                       " = Title = \n" + "".join(f" {line} \n" for line in lm_corpus(n, seed + 10)))
+    return directory / "simple-examples.tgz", directory / "wikitext-103-v1.zip"
+
+
+def test_language_model_recipes_prepare_train_and_evaluate(tmp_path):
+    ptb_archive, wiki_archive = make_lm_archives(tmp_path)
+    for dataset, archive in (("ptb", ptb_archive), ("wikitext103", wiki_archive)):
+        out = tmp_path / dataset
+        sh("data-prep/prepare-lm.sh", "--dataset", dataset, "--archive", archive, "--out", out)
+        assert (out / "bin" / ".done").exists() and (out / "bin" / "dict.txt").exists()
+        member = "ptb-src/simple-examples/data/ptb.test.txt" if dataset == "ptb" else None
+        if member:
+            assert (out / "tmp" / "test.txt").read_text() == (tmp_path / member).read_text()
+        again = sh("data-prep/prepare-lm.sh", "--dataset", dataset, "--archive", archive, "--out", out)
+        assert "already prepared" in again.stderr
+    wrong = sh("data-prep/prepare-lm.sh", "--dataset", "wikitext103", "--archive", ptb_archive,
+               "--out", tmp_path / "wrong", check=False)
+    assert wrong.returncode != 0 and "has no member wikitext-103/wiki.train.tokens" in wrong.stderr.splitlines()[-1]
+    assert not (tmp_path / "wrong" / "bin").exists()
+    (tmp_path / "junk.zip").write_bytes(b"not an archive")
+    junk = sh("data-prep/prepare-lm.sh", "--dataset", "ptb", "--archive", tmp_path / "junk.zip",
+              "--out", tmp_path / "junk", check=False)
+    assert junk.returncode != 0 and "corrupt or unreadable archive" in junk.stderr.splitlines()[-1]
+    bad = sh("data-prep/prepare-lm.sh", "--dataset", "ptb3", check=False)
+    assert "--dataset must be one of {ptb,wikitext103}, got 'ptb3'" in bad.stderr.splitlines()[-1]
+
+    save = tmp_path / "run"
+    tiny = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+            "--decoder-attention-heads", "4", "--tokens-per-sample", "32", "--max-tokens", "256",
+            "--max-update", "60", "--warmup-updates", "5", "--lr", "0.005", "--dropout", "0.1"]
+    sh("scripts/train-lm.sh", "--config", "configs/lm-ptb-pn.sh", "--data", tmp_path / "ptb" / "bin",
+       "--gpus", "0", "--save-dir", save, "--", *tiny)
+    assert "--norm-type pn" in (save / "command.txt").read_text()
+    proc = sh("scripts/evaluate-lm.sh", "--save-dir", save, "--data", tmp_path / "ptb" / "bin", "--cpu")
+    result = json.loads((save / "perplexity-test.json").read_text())
+    test_tokens = sum(len(line.split()) + 1 for line in lines(tmp_path / "ptb" / "tmp" / "test.txt"))
+    assert result["tokens"] == test_tokens and result["context_window"] == 24
+    assert result["perplexity"] == pytest.approx(2 ** result["loss_base2"], abs=0.006)  # fairseq rounds to 0.01
+    assert result["perplexity"] < len(lines(tmp_path / "ptb" / "bin" / "dict.txt")) / 2
+    assert f"perplexity {result['perplexity']:.2f}" in proc.stdout
+    too_long = sh("scripts/evaluate-lm.sh", "--save-dir", save, "--data", tmp_path / "ptb" / "bin",
+                  "--context-window", "32", check=False)
+    assert too_long.returncode == 2 and "--context-window must be an integer in [0, 32)" in too_long.stderr
+
+
+def test_language_model_train_script_options():
+    dry = sh("scripts/train-lm.sh", "--config", "configs/lm-wikitext103-ln.sh", "--gpus", "8", "--dry-run")
+    cmd = dry.stdout
+    assert "--arch powernorm_transformer_lm" in cmd and "--norm-type ln" in cmd and "--task language_modeling" in cmd
+    assert "--update-freq 2" in cmd  # 32,768 tokens = 8 GPUs x 2,048 x 2
+    bad = sh("scripts/train-lm.sh", "--norm", "power", "--dry-run", check=False)
+    assert bad.returncode == 2 and bad.stderr.rstrip().endswith("got 'power'")

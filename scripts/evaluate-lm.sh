@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Perplexity of a language model from scripts/train-lm.sh with fairseq-eval-lm,
+# scoring every token with a context window as fairseq's language-model recipe does.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+usage() {
+  cat <<USAGE
+usage: scripts/evaluate-lm.sh --save-dir DIR [--dataset NAME] [options]
+
+  --save-dir DIR       the run's checkpoint directory (required)
+  --dataset NAME       ptb | wikitext103 (default: ptb)
+  --data DIR           binarized data (default: data-bin/<dataset>/bin)
+  --context-window N   score each token with at least N tokens of context, in blocks
+                       as long as the model's training blocks (default: 3/4 of them)
+  --checkpoint NAME    checkpoint file in DIR (default: checkpoint_best.pt)
+  --subset NAME        test | valid (default: test)
+  --cpu                evaluate on the CPU
+Writes DIR/perplexity-<subset>.json and prints the perplexity.
+USAGE
+}
+
+die() { echo "evaluate-lm.sh: error: $*" >&2; exit 2; }
+
+DATASET=ptb SAVE_DIR="" DATA="" CHECKPOINT=checkpoint_best.pt SUBSET=test CONTEXT="" CPU=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --save-dir) SAVE_DIR="$2"; shift 2 ;;
+    --dataset) DATASET="$2"; shift 2 ;;
+    --data) DATA="$2"; shift 2 ;;
+    --checkpoint) CHECKPOINT="$2"; shift 2 ;;
+    --subset) SUBSET="$2"; shift 2 ;;
+    --context-window) CONTEXT="$2"; shift 2 ;;
+    --cpu) CPU=(--cpu); shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option '$1'" ;;
+  esac
+done
+[[ -n "$SAVE_DIR" ]] || { usage >&2; die "--save-dir is required"; }
+[[ -d "$SAVE_DIR" ]] || die "--save-dir: no such directory '$SAVE_DIR'"
+[[ "$DATASET" == ptb || "$DATASET" == wikitext103 ]] || die "--dataset must be one of {ptb,wikitext103}, got '$DATASET'"
+[[ "$SUBSET" == test || "$SUBSET" == valid ]] || die "--subset must be one of {test,valid}, got '$SUBSET'"
+DATA="${DATA:-data-bin/$DATASET/bin}"
+[[ -f "$DATA/dict.txt" ]] || die "no binarized data in '$DATA' (pass --data)"
+CKPT="$SAVE_DIR/$CHECKPOINT"
+[[ -f "$CKPT" ]] || die "--checkpoint: no such file '$CKPT'"
+BLOCK=$(python -c "
+import sys, torch
+state = torch.load(sys.argv[1], map_location='cpu', weights_only=False)
+model = state['cfg']['model'] if state.get('cfg') else state['args']
+print(model.tokens_per_sample)" "$CKPT" 2>/dev/null) || die "cannot read the training block size of '$CKPT'"
+CONTEXT="${CONTEXT:-$(( BLOCK * 3 / 4 ))}"
+[[ "$CONTEXT" =~ ^[0-9]+$ && "$CONTEXT" -lt "$BLOCK" ]] \
+  || die "--context-window must be an integer in [0, $BLOCK) for this model, got '$CONTEXT'"
+
+LOG="$SAVE_DIR/eval-lm-$SUBSET.log"
+fairseq-eval-lm "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "$CKPT" --gen-subset "$SUBSET" \
+  --sample-break-mode none --tokens-per-sample "$BLOCK" --context-window "$CONTEXT" \
+  --batch-size 2 "${CPU[@]}" > "$LOG.tmp" 2>&1 || { tail -n 3 "$LOG.tmp" >&2; die "fairseq-eval-lm failed (log: $LOG.tmp)"; }
+mv "$LOG.tmp" "$LOG"
+
+python - "$LOG" "$SAVE_DIR/perplexity-$SUBSET.json" "$CKPT" "$DATASET" "$SUBSET" "$CONTEXT" <<'PY'
+import json, os, re, sys
+log, out, ckpt, dataset, subset, context = sys.argv[1:]
+text = open(log, encoding="utf-8").read()
+tokens = re.findall(r"Evaluated ([0-9]+) tokens", text)
+found = re.findall(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)", text)
+if not found:
+    sys.exit(f"evaluate-lm.sh: error: no perplexity in {log}")
+loss, ppl = map(float, found[-1])
+if not tokens or int(tokens[-1]) == 0:
+    sys.exit(f"evaluate-lm.sh: error: no token was scored (see {log})")
+result = {"dataset": dataset, "subset": subset, "checkpoint": ckpt, "context_window": int(context),
+          "tokens": int(tokens[-1]), "loss_base2": loss, "perplexity": ppl}
+with open(out + ".tmp", "w") as f:
+    json.dump(result, f, indent=1)
+os.replace(out + ".tmp", out)
+print(f"{ckpt} ({subset}, {tokens[-1]} tokens, context >= {context}): perplexity {ppl:.2f}")
+PY

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Train a language model of the PowerNorm paper's Section 5.2 (PTB, WikiText-103)
+# with powernorm_transformer_lm: fairseq's transformer_lm with every norm set by
+# --norm. The paper used a Tensorized Transformer (Ma et al., 2019); this recipe
+# uses fairseq's own transformer LM recipe instead (see README, "Language modeling").
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+usage() {
+  cat <<USAGE
+usage: scripts/train-lm.sh [--config FILE] [--dataset NAME] [--norm KIND] [options] [-- FAIRSEQ_FLAGS...]
+
+  --config FILE        a row from configs/lm-*.sh (sets DATASET, NORM, PLACEMENT, EXTRA)
+  --dataset NAME       ptb | wikitext103 (default: ptb)
+  --data DIR           binarized data (default: data-bin/<dataset>/bin)
+  --norm KIND          every norm of the model: ln | bn | pn | pn-v | bn-original |
+                       scalenorm | rmsnorm | ... (see --norm-type) (default: pn)
+  --placement P        pre | post (default: pre)
+  --seed N             random seed (default: 1)
+  --gpus N             GPUs, one process each (default: all visible; 0 = CPU)
+  --update-freq N      gradient accumulation (default: keeps the recipe's total
+                       batch: 16,384 tokens on PTB, 32,768 on WikiText-103)
+  --save-dir DIR       checkpoints and logs (default: checkpoints/lm-<dataset>-<norm>-<placement>-seed<N>)
+  --dry-run            print the fairseq-train command and exit
+Everything after -- goes to fairseq-train unchanged (and wins over the defaults).
+USAGE
+}
+
+die() { echo "train-lm.sh: error: $*" >&2; exit 2; }
+
+DATASET=ptb NORM=pn PLACEMENT=pre SEED=1 GPUS="" UPDATE_FREQ=""
+DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
+args=("$@")
+# a config is read first so that options given on the command line win over it
+for ((i = 0; i < ${#args[@]}; i++)); do
+  if [[ "${args[i]}" == "--config" ]]; then
+    cfg="${args[i+1]:-}"
+    [[ -f "$cfg" ]] || die "--config: no such file '$cfg'"
+    # shellcheck source=/dev/null
+    source "$cfg"
+  fi
+done
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --config) shift 2 ;;
+    --dataset) DATASET="$2"; shift 2 ;;
+    --data) DATA="$2"; shift 2 ;;
+    --norm) NORM="$2"; shift 2 ;;
+    --placement) PLACEMENT="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
+    --gpus) GPUS="$2"; shift 2 ;;
+    --update-freq) UPDATE_FREQ="$2"; shift 2 ;;
+    --save-dir) SAVE_DIR="$2"; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; EXTRA+=("$@"); break ;;
+    *) usage >&2; die "unknown option '$1'" ;;
+  esac
+done
+
+NORMS=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; print(' '.join(NORM_TYPES))" 2>/dev/null) \
+  || die "cannot import powernorm_fairseq (run scripts/setup.sh and activate .venv)"
+[[ " $NORMS " == *" $NORM "* ]] || die "--norm must be one of {${NORMS// /,}}, got '$NORM'"
+[[ "$PLACEMENT" == pre || "$PLACEMENT" == post ]] || die "--placement must be one of {pre,post}, got '$PLACEMENT'"
+[[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$SEED'"
+
+# TOTAL_TOKENS is the batch per update
+case "$DATASET" in
+  ptb)  # our choice for a 1M-token corpus: 3 layers of transformer_lm's width, heavy dropout
+    TOTAL_TOKENS=16384 MAX_TOKENS=4096
+    HPARAMS=(--decoder-layers 3 --tokens-per-sample 256 --dropout 0.3 --attention-dropout 0.1
+             --activation-dropout 0.1 --lr 0.0005 --warmup-updates 2000 --max-update 30000 --patience 10) ;;
+  wikitext103)  # fairseq's examples/language_model transformer_lm recipe
+    TOTAL_TOKENS=32768 MAX_TOKENS=2048
+    HPARAMS=(--tokens-per-sample 512 --dropout 0.1 --lr 0.0005 --warmup-updates 4000
+             --max-update 50000 --patience 5) ;;
+  *) die "--dataset must be one of {ptb,wikitext103}, got '$DATASET'" ;;
+esac
+DATA="${DATA:-data-bin/$DATASET/bin}"
+[[ -f "$DATA/dict.txt" || -n "$DRY_RUN" ]] || die "no binarized data in '$DATA' (run data-prep/prepare-lm.sh first, or pass --data)"
+
+if [[ -z "$GPUS" ]]; then
+  GPUS=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+fi
+[[ "$GPUS" =~ ^[0-9]+$ ]] || die "--gpus must be a non-negative integer, got '$GPUS'"
+WORKERS=$(( GPUS > 0 ? GPUS : 1 ))
+if [[ -z "$UPDATE_FREQ" ]]; then
+  UPDATE_FREQ=$(( (TOTAL_TOKENS + WORKERS * MAX_TOKENS - 1) / (WORKERS * MAX_TOKENS) ))
+fi
+[[ "$UPDATE_FREQ" =~ ^[1-9][0-9]*$ ]] || die "--update-freq must be a positive integer, got '$UPDATE_FREQ'"
+
+SAVE_DIR="${SAVE_DIR:-checkpoints/lm-$DATASET-$NORM-$PLACEMENT-seed$SEED}"
+DEVICE=()
+[[ "$GPUS" == 0 ]] && DEVICE=(--cpu)
+[[ "$GPUS" -gt 1 ]] && DEVICE=(--distributed-world-size "$GPUS")
+
+cmd=(fairseq-train "$DATA" --user-dir "$ROOT/powernorm_fairseq" --task language_modeling
+  --arch powernorm_transformer_lm --share-decoder-input-output-embed
+  --norm-type "$NORM" --norm-placement "$PLACEMENT" --sample-break-mode none
+  --optimizer adam --adam-betas "(0.9, 0.98)" --weight-decay 0.01 --clip-norm 0.0
+  --lr-scheduler inverse_sqrt --warmup-init-lr 1e-07
+  --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --seed "$SEED"
+  --no-epoch-checkpoints --save-dir "$SAVE_DIR"
+  --log-format simple --log-interval 50 --tensorboard-logdir "$SAVE_DIR/tensorboard"
+  "${HPARAMS[@]}" "${DEVICE[@]}" "${EXTRA[@]}")
+
+if [[ -n "$DRY_RUN" ]]; then
+  printf '%q ' "${cmd[@]}"; echo
+  exit 0
+fi
+mkdir -p "$SAVE_DIR"
+printf '%q ' "${cmd[@]}" > "$SAVE_DIR/command.txt"; echo >> "$SAVE_DIR/command.txt"
+echo "train-lm.sh: $DATASET, $NORM, $PLACEMENT-norm, seed $SEED," \
+     "$WORKERS worker(s) x $MAX_TOKENS tokens x update-freq $UPDATE_FREQ -> $SAVE_DIR" >&2
+"${cmd[@]}" 2>&1 | tee -a "$SAVE_DIR/train.log"
