@@ -4,6 +4,7 @@
 # configs/*.sh hold the rows, each listing only what differs from these.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/lib.sh"
 
 usage() {
   cat <<USAGE
@@ -30,16 +31,7 @@ die() { echo "train.sh: error: $*" >&2; exit 2; }
 
 DATASET=iwslt14 NORM=pn DECODER_NORM=ln PLACEMENT=pre SEED=1 GPUS="" UPDATE_FREQ=""
 DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
-args=("$@")
-# a config is read first so that options given on the command line win over it
-for ((i = 0; i < ${#args[@]}; i++)); do
-  if [[ "${args[i]}" == "--config" ]]; then
-    cfg="${args[i+1]:-}"
-    [[ -f "$cfg" ]] || die "--config: no such file '$cfg'"
-    # shellcheck source=/dev/null
-    source "$cfg"
-  fi
-done
+read_config "$@"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --config) shift 2 ;;
@@ -59,10 +51,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-NORMS=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; print(' '.join(NORM_TYPES))" 2>/dev/null) \
-  || die "cannot import powernorm_fairseq (run scripts/setup.sh and activate .venv)"
-[[ " $NORMS " == *" $NORM "* ]] || die "--norm must be one of {${NORMS// /,}}, got '$NORM'"
-[[ " $NORMS " == *" $DECODER_NORM "* ]] || die "--decoder-norm must be one of {${NORMS// /,}}, got '$DECODER_NORM'"
+check_norm --norm "$NORM"
+check_norm --decoder-norm "$DECODER_NORM"
 [[ "$PLACEMENT" == pre || "$PLACEMENT" == post ]] || die "--placement must be one of {pre,post}, got '$PLACEMENT'"
 [[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$SEED'"
 
@@ -85,20 +75,9 @@ esac
 DATA="${DATA:-data-bin/$DATASET/bin}"
 [[ -f "$DATA/dict.en.txt" || -n "$DRY_RUN" ]] || die "no binarized data in '$DATA' (run data-prep/ first, or pass --data)"
 
-if [[ -z "$GPUS" ]]; then
-  GPUS=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
-fi
-[[ "$GPUS" =~ ^[0-9]+$ ]] || die "--gpus must be a non-negative integer, got '$GPUS'"
-WORKERS=$(( GPUS > 0 ? GPUS : 1 ))
-if [[ -z "$UPDATE_FREQ" ]]; then
-  UPDATE_FREQ=$(( (TOTAL_TOKENS + WORKERS * MAX_TOKENS - 1) / (WORKERS * MAX_TOKENS) ))
-fi
-[[ "$UPDATE_FREQ" =~ ^[1-9][0-9]*$ ]] || die "--update-freq must be a positive integer, got '$UPDATE_FREQ'"
+devices "$TOTAL_TOKENS" "$MAX_TOKENS"
 
 SAVE_DIR="${SAVE_DIR:-checkpoints/$DATASET-$NORM-$PLACEMENT-seed$SEED}"
-DEVICE=()
-[[ "$GPUS" == 0 ]] && DEVICE=(--cpu)
-[[ "$GPUS" -gt 1 ]] && DEVICE=(--distributed-world-size "$GPUS")
 
 cmd=(fairseq-train "$DATA" --user-dir "$ROOT/powernorm_fairseq"
   --arch "$ARCH" --share-all-embeddings
@@ -111,12 +90,4 @@ cmd=(fairseq-train "$DATA" --user-dir "$ROOT/powernorm_fairseq"
   --log-format simple --log-interval 50 --tensorboard-logdir "$SAVE_DIR/tensorboard"
   "${HPARAMS[@]}" "${DEVICE[@]}" "${EXTRA[@]}")
 
-if [[ -n "$DRY_RUN" ]]; then
-  printf '%q ' "${cmd[@]}"; echo
-  exit 0
-fi
-mkdir -p "$SAVE_DIR"
-printf '%q ' "${cmd[@]}" > "$SAVE_DIR/command.txt"; echo >> "$SAVE_DIR/command.txt"
-echo "train.sh: $DATASET, encoder $NORM, decoder $DECODER_NORM, $PLACEMENT-norm, seed $SEED," \
-     "$WORKERS worker(s) x $MAX_TOKENS tokens x update-freq $UPDATE_FREQ -> $SAVE_DIR" >&2
-"${cmd[@]}" 2>&1 | tee -a "$SAVE_DIR/train.log"
+launch "train.sh: $DATASET, encoder $NORM, decoder $DECODER_NORM, $PLACEMENT-norm, seed $SEED" "${cmd[@]}"

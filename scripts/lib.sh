@@ -1,0 +1,59 @@
+# shellcheck shell=bash
+# What scripts/train.sh and scripts/train-lm.sh share. The caller defines die()
+# and usage() and sets the variables each function names.
+
+# read_config ARGS...: source the file that follows --config in ARGS, if any, so
+# that the options given on the command line, parsed afterwards, win over it
+read_config() {
+  local args=("$@") i cfg
+  for ((i = 0; i < ${#args[@]}; i++)); do
+    if [[ "${args[i]}" == "--config" ]]; then
+      cfg="${args[i+1]:-}"
+      [[ -f "$cfg" ]] || die "--config: no such file '$cfg'"
+      # shellcheck source=/dev/null
+      source "$cfg"
+    fi
+  done
+}
+
+# check_norm FLAG KIND: KIND is a norm of the plugin's registry
+check_norm() {
+  local norms
+  norms=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; print(' '.join(NORM_TYPES))" 2>/dev/null) \
+    || die "cannot import powernorm_fairseq (run scripts/setup.sh and activate .venv)"
+  [[ " $norms " == *" $2 "* ]] || die "$1 must be one of {${norms// /,}}, got '$2'"
+}
+
+# devices TOTAL_TOKENS MAX_TOKENS: from GPUS (empty = all visible) and
+# UPDATE_FREQ (empty = keep TOTAL_TOKENS per update) sets WORKERS, UPDATE_FREQ
+# and DEVICE, the fairseq flags for the CPU or the GPUs
+devices() {
+  local total=$1 max=$2
+  if [[ -z "$GPUS" ]]; then
+    GPUS=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  fi
+  [[ "$GPUS" =~ ^[0-9]+$ ]] || die "--gpus must be a non-negative integer, got '$GPUS'"
+  WORKERS=$(( GPUS > 0 ? GPUS : 1 ))
+  if [[ -z "$UPDATE_FREQ" ]]; then
+    UPDATE_FREQ=$(( (total + WORKERS * max - 1) / (WORKERS * max) ))
+  fi
+  [[ "$UPDATE_FREQ" =~ ^[1-9][0-9]*$ ]] || die "--update-freq must be a positive integer, got '$UPDATE_FREQ'"
+  DEVICE=()
+  [[ "$GPUS" == 0 ]] && DEVICE=(--cpu)
+  [[ "$GPUS" -gt 1 ]] && DEVICE=(--distributed-world-size "$GPUS")
+  return 0
+}
+
+# launch SUMMARY CMD...: print CMD with --dry-run (DRY_RUN set); else keep it in
+# SAVE_DIR/command.txt and run it, its output also in SAVE_DIR/train.log
+launch() {
+  local summary=$1; shift
+  if [[ -n "$DRY_RUN" ]]; then
+    printf '%q ' "$@"; echo
+    return 0
+  fi
+  mkdir -p "$SAVE_DIR"
+  printf '%q ' "$@" > "$SAVE_DIR/command.txt"; echo >> "$SAVE_DIR/command.txt"
+  echo "$summary, $WORKERS worker(s) x $MAX_TOKENS tokens x update-freq $UPDATE_FREQ -> $SAVE_DIR" >&2
+  "$@" 2>&1 | tee -a "$SAVE_DIR/train.log"
+}
