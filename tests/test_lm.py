@@ -142,3 +142,12 @@ def test_train_and_evaluate_perplexity_through_the_cli(lm_data, tmp_path, norm):
     assert ppl < vocab / 4, (ppl, vocab)
     model = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]
     assert model.norm_type == norm and model.decoder_norm_type == norm
+
+
+def test_checkpoint_with_other_norms_names_the_language_model_flag(lm_data):
+    pn_model, _ = build(lm_data, "--norm-type", "pn")
+    ln_model, _ = build(lm_data, "--norm-type", "ln")
+    with pytest.raises(PowerNormConfigError, match=r"checkpoint norms \(decoder pn\) do not match the model "
+                                                   r"\(decoder ln\); pass --norm-type pn$"):
+        ln_model.load_state_dict(pn_model.state_dict())
+    ln_model.load_state_dict(build(lm_data, "--norm-type", "ln", seed=1)[0].state_dict())
