@@ -63,15 +63,15 @@ python - "$LOG" "$SAVE_DIR/perplexity-$SUBSET.json" "$CKPT" "$DATASET" "$SUBSET"
 import json, os, re, sys
 log, out, ckpt, dataset, subset, context = sys.argv[1:]
 text = open(log, encoding="utf-8").read()
-tokens = re.findall(r"Evaluated ([0-9]+) tokens", text)
+tokens = [int(n.replace(",", "")) for n in re.findall(r"Evaluated ([0-9,]+) tokens", text)]  # 16,695
 found = re.findall(r"Loss \(base 2\): ([0-9.]+), Perplexity: ([0-9.]+)", text)
 if not found:
     sys.exit(f"evaluate-lm.sh: error: no perplexity in {log}")
 loss, ppl = map(float, found[-1])
-if not tokens or int(tokens[-1]) == 0:
+if not tokens or tokens[-1] == 0:
     sys.exit(f"evaluate-lm.sh: error: no token was scored (see {log})")
 result = {"dataset": dataset, "subset": subset, "checkpoint": ckpt, "context_window": int(context),
-          "tokens": int(tokens[-1]), "loss_base2": loss, "perplexity": ppl}
+          "tokens": tokens[-1], "loss_base2": loss, "perplexity": ppl}
 with open(out + ".tmp", "w") as f:
     json.dump(result, f, indent=1)
 os.replace(out + ".tmp", out)

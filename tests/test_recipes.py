@@ -262,7 +262,7 @@ def make_lm_archives(directory):
     archive has them) and wikitext-103-v1.zip, each with a toy corpus."""
     from conftest import lm_corpus
 
-    sizes = {"train": (300, 1), "valid": (30, 2), "test": (30, 3)}
+    sizes = {"train": (300, 1), "valid": (30, 2), "test": (150, 3)}  # > 1,000 test tokens: fairseq prints "1,234"
     ptb = directory / "ptb-src" / "simple-examples" / "data"
     ptb.mkdir(parents=True)
     for split, (n, seed) in sizes.items():  # PTB's lines start and end with a space
