@@ -1,4 +1,4 @@
-# Section 5.2 language modeling, PTB, masked BatchNorm in every layer (paper: a Tensorized
+# Language modeling, PTB, masked BatchNorm in every layer (paper: a Tensorized
 # Transformer; here fairseq's transformer_lm, see README "Language modeling")
 DATASET=ptb
 NORM=bn

@@ -1,4 +1,4 @@
-# Section 5.2 language modeling, PTB, PN-V in every layer (paper: a Tensorized
+# Language modeling, PTB, PN-V in every layer (paper: a Tensorized
 # Transformer; here fairseq's transformer_lm, see README "Language modeling")
 DATASET=ptb
 NORM=pn-v

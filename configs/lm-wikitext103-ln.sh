@@ -1,4 +1,4 @@
-# Section 5.2 language modeling, WikiText-103, LayerNorm in every layer (paper: a Tensorized
+# Language modeling, WikiText-103, LayerNorm in every layer (paper: a Tensorized
 # Transformer; here fairseq's transformer_lm, see README "Language modeling")
 DATASET=wikitext103
 NORM=ln

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The language-modeling corpora of the PowerNorm paper, Section 5.2, as fairseq's
+# The language-modeling corpora of the PowerNorm paper, as fairseq's
 # examples/language_model prepare them: the published word-level text (already
 # tokenized, rare words as <unk>), binarized with fairseq-preprocess --only-source.
 #   ptb:         Penn Treebank, Mikolov et al. (2011) split: 0.93M/73K/82K tokens, 10K words

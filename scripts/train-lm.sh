@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train a language model of the PowerNorm paper's Section 5.2 (PTB, WikiText-103)
+# Train a language model of the PowerNorm paper's experiments (PTB, WikiText-103)
 # with powernorm_transformer_lm: fairseq's transformer_lm with every norm set by
 # --norm. The paper used a Tensorized Transformer (Ma et al., 2019); this recipe
 # uses fairseq's own transformer LM recipe instead (see README, "Language modeling").
