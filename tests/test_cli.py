@@ -212,8 +212,8 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(toy_data, tmp_path):
         rest, _ = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         # once in a full suite run a first SIGINT did not stop the run within
-        # 120 s (Python drops a KeyboardInterrupt raised inside a __del__ or a
-        # GC callback); press Ctrl-C again, as a user would
+        # 120 s (one possible cause: Python drops a KeyboardInterrupt raised
+        # inside a __del__); press Ctrl-C again, as a user would
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=120)
     output = "".join(seen) + rest
