@@ -207,12 +207,15 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(toy_data, tmp_path):
                             stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
-    for line in proc.stdout:  # interrupt right after the second checkpoint save starts
-        seen.append(line)
-        if sum("Saving checkpoint to" in l for l in seen) >= 2:
-            proc.send_signal(signal.SIGINT)
-            break
-    rest, _ = proc.communicate(timeout=120)
+    try:
+        for line in proc.stdout:  # interrupt right after the second checkpoint save starts
+            seen.append(line)
+            if sum("Saving checkpoint to" in l for l in seen) >= 2:
+                proc.send_signal(signal.SIGINT)
+                break
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # a run that ignored the interrupt must not outlive the test
     output = "".join(seen) + rest
     assert proc.returncode != 0 and "Traceback" not in output
     assert output.strip().splitlines()[-1].startswith("fairseq-train: interrupted;")
