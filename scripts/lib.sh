@@ -16,12 +16,15 @@ read_config() {
   done
 }
 
-# check_norm FLAG KIND: KIND is a norm of the plugin's registry
+# check_norm FLAG KIND: KIND is a norm of the plugin's registry (read once:
+# importing the plugin loads torch and fairseq)
+NORM_TYPES=""
 check_norm() {
-  local norms
-  norms=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; print(' '.join(NORM_TYPES))" 2>/dev/null) \
-    || die "cannot import powernorm_fairseq (run scripts/setup.sh and activate .venv)"
-  [[ " $norms " == *" $2 "* ]] || die "$1 must be one of {${norms// /,}}, got '$2'"
+  if [[ -z "$NORM_TYPES" ]]; then
+    NORM_TYPES=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; print(' '.join(NORM_TYPES))" \
+      2>/dev/null) || die "cannot import powernorm_fairseq (run scripts/setup.sh and activate .venv)"
+  fi
+  [[ " $NORM_TYPES " == *" $2 "* ]] || die "$1 must be one of {${NORM_TYPES// /,}}, got '$2'"
 }
 
 # devices TOTAL_TOKENS MAX_TOKENS: from GPUS (empty = all visible) and
