@@ -2,12 +2,14 @@
 
 import argparse
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
 
-from conftest import cli
+from conftest import ROOT, cli
 from powernorm_fairseq.average import average_checkpoints, last_checkpoints
 from powernorm_fairseq.score import read_generate_output, score, split_compounds
 
@@ -136,3 +138,18 @@ def test_background_batch_loaders_stop_before_exit():
     assert threads and all(t.is_alive() for t in threads)
     stop_background_loaders(timeout=5)
     assert not any(t.is_alive() for t in threads)
+
+
+def test_process_group_destroyed_before_exit(tmp_path):
+    """fairseq leaves its process group open; the plugin destroys it at exit.
+    A handler registered before the plugin's runs after it and reports."""
+    program = f"""
+import atexit
+import torch.distributed as dist
+atexit.register(lambda: print("initialized at exit:", dist.is_initialized()))
+import powernorm_fairseq
+dist.init_process_group("gloo", init_method="file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+print("initialized:", dist.is_initialized())
+"""
+    out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[:2] == ["initialized: True", "initialized at exit: False"], out
