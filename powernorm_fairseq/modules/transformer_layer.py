@@ -34,12 +34,14 @@ def norm_options(cfg, kind: str, heads: int) -> dict:
         return dict(detach=cfg.detachnorm_detach)
     if kind == "groupnorm":
         return dict(groups=cfg.norm_groups or heads)
+    # without --norm-momentum each class keeps its own default (bn-original: the released code's)
+    momentum = {} if cfg.norm_momentum is None else dict(momentum=cfg.norm_momentum)
     if kind == "pn-v":
-        return dict(momentum=cfg.norm_momentum or 0.1, eps=cfg.pn_eps, sync=sync)
+        return dict(eps=cfg.pn_eps, sync=sync, **momentum)
     if kind == "bn":
-        return dict(momentum=cfg.norm_momentum or 0.1, sync=sync)
-    if kind == "bn-original":  # the released code's momentum; it never synchronised
-        return dict(momentum=cfg.norm_momentum or 0.05)
+        return dict(sync=sync, **momentum)
+    if kind == "bn-original":  # it never synchronised
+        return momentum
     return {}
 
 
