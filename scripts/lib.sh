@@ -27,6 +27,12 @@ check_norm() {
   [[ " $NORM_TYPES " == *" $2 "* ]] || die "$1 must be one of {${NORM_TYPES// /,}}, got '$2'"
 }
 
+# check_run: PLACEMENT and SEED, which both training scripts take
+check_run() {
+  [[ "$PLACEMENT" == pre || "$PLACEMENT" == post ]] || die "--placement must be one of {pre,post}, got '$PLACEMENT'"
+  [[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$SEED'"
+}
+
 # devices TOTAL_TOKENS MAX_TOKENS: from GPUS (empty = all visible) and
 # UPDATE_FREQ (empty = keep TOTAL_TOKENS per update) sets WORKERS, UPDATE_FREQ
 # and DEVICE, the fairseq flags for the CPU or the GPUs

@@ -51,8 +51,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 check_norm --norm "$NORM"
-[[ "$PLACEMENT" == pre || "$PLACEMENT" == post ]] || die "--placement must be one of {pre,post}, got '$PLACEMENT'"
-[[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$SEED'"
+check_run
 
 # TOTAL_TOKENS is the batch per update
 case "$DATASET" in

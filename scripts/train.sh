@@ -53,8 +53,7 @@ done
 
 check_norm --norm "$NORM"
 check_norm --decoder-norm "$DECODER_NORM"
-[[ "$PLACEMENT" == pre || "$PLACEMENT" == post ]] || die "--placement must be one of {pre,post}, got '$PLACEMENT'"
-[[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$SEED'"
+check_run
 
 # the paper's hyperparameters per dataset; TOTAL_TOKENS is the batch per update
 case "$DATASET" in

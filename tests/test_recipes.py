@@ -326,3 +326,13 @@ def test_language_model_train_script_options():
     assert "--update-freq 2" in cmd  # 32,768 tokens = 8 GPUs x 2,048 x 2
     bad = sh("scripts/train-lm.sh", "--norm", "power", "--dry-run", check=False)
     assert bad.returncode == 2 and bad.stderr.rstrip().endswith("got 'power'")
+
+
+@pytest.mark.parametrize("script", ["train.sh", "train-lm.sh"])
+@pytest.mark.parametrize("flags, message", [
+    (["--placement", "mid"], "--placement must be one of {pre,post}, got 'mid'"),
+    (["--seed", "-1"], "--seed must be a non-negative integer, got '-1'"),
+])
+def test_train_scripts_refuse_bad_run_options(script, flags, message):
+    bad = sh(f"scripts/{script}", *flags, "--dry-run", check=False)
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == f"{script}: error: {message}"
