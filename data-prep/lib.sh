@@ -91,18 +91,24 @@ os.replace(f"{out}.{src}.tmp", f"{out}.{src}")
 PY
 }
 
-# binarize SRC TGT PREFIX_DIR DEST: fairseq-preprocess with a joined dictionary
-binarize() {
-  local src=$1 tgt=$2 dir=$3 dest=$4
+# preprocess DEST ARGS...: fairseq-preprocess ARGS into DEST, which appears
+# only when complete (DEST/.done)
+preprocess() {
+  local dest=$1; shift
   [[ -f "$dest/.done" ]] && return 0
   rm -rf "$dest.tmp"
-  fairseq-preprocess --source-lang "$src" --target-lang "$tgt" \
-    --trainpref "$dir/train" --validpref "$dir/valid" --testpref "$dir/test" \
-    --destdir "$dest.tmp" --joined-dictionary --workers "$WORKERS" >&2 \
+  fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" >&2 \
     || { rm -rf "$dest.tmp"; die "fairseq-preprocess failed"; }
   touch "$dest.tmp/.done"
   rm -rf "$dest"
   mv "$dest.tmp" "$dest"
+}
+
+# binarize SRC TGT PREFIX_DIR DEST: fairseq-preprocess with a joined dictionary
+binarize() {
+  local src=$1 tgt=$2 dir=$3 dest=$4
+  preprocess "$dest" --source-lang "$src" --target-lang "$tgt" \
+    --trainpref "$dir/train" --validpref "$dir/valid" --testpref "$dir/test" --joined-dictionary
 }
 
 # fetch URL PATH HINT: download URL to PATH unless PATH exists; HINT names the
@@ -152,12 +158,6 @@ PY
 # binarize_lm DIR DEST: fairseq-preprocess --only-source of DIR/{train,valid,test}.txt
 binarize_lm() {
   local dir=$1 dest=$2
-  [[ -f "$dest/.done" ]] && return 0
-  rm -rf "$dest.tmp"
-  fairseq-preprocess --only-source --trainpref "$dir/train.txt" --validpref "$dir/valid.txt" \
-    --testpref "$dir/test.txt" --destdir "$dest.tmp" --workers "$WORKERS" >&2 \
-    || { rm -rf "$dest.tmp"; die "fairseq-preprocess failed"; }
-  touch "$dest.tmp/.done"
-  rm -rf "$dest"
-  mv "$dest.tmp" "$dest"
+  preprocess "$dest" --only-source \
+    --trainpref "$dir/train.txt" --validpref "$dir/valid.txt" --testpref "$dir/test.txt"
 }
