@@ -30,6 +30,24 @@ def cli(tool, *args, check=True, cwd=ROOT, timeout=600):
     return proc
 
 
+def build_model(*argv, seed=0):
+    """A model and its task, from fairseq-train's arguments, built as fairseq-train builds them."""
+    import torch
+    from fairseq import options, tasks
+
+    args = options.parse_args_and_arch(options.get_training_parser(), list(map(str, argv)))
+    task = tasks.setup_task(args)
+    torch.manual_seed(seed)
+    return task.build_model(args), task
+
+
+def sample(task, n=8):
+    """A batch of the first ``n`` validation examples."""
+    task.load_dataset("valid")
+    dataset = task.dataset("valid")
+    return dataset.collater([dataset[i] for i in range(n)])
+
+
 def toy_corpus(n, seed):
     """Word-for-word "translation" through a fixed lexicon, lengths 3-12."""
     rng = random.Random(seed)

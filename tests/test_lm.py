@@ -6,9 +6,8 @@ import re
 
 import pytest
 import torch
-from fairseq import options, tasks
 
-from conftest import ROOT, cli
+from conftest import ROOT, build_model, cli, sample
 from powernorm_fairseq.errors import PowerNormConfigError
 from powernorm_fairseq.models.powernorm_transformer_lm import powernorm_transformer_lm_wiki103
 from powernorm_fairseq.norms import Norm, norm_type_of
@@ -19,20 +18,9 @@ TINY_LM = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-
 
 
 def build(data, *flags, arch="powernorm_transformer_lm", seed=0):
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--task", "language_modeling", "--arch", arch, "--optimizer", "adam",
-        "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5", "--dropout", "0",
-        "--tokens-per-sample", "32", "--sample-break-mode", "eos", *TINY_LM, *map(str, flags)])
-    task = tasks.setup_task(args)
-    torch.manual_seed(seed)
-    return task.build_model(args), task
-
-
-def sample(task, n=8):
-    task.load_dataset("valid")
-    dataset = task.dataset("valid")
-    return dataset.collater([dataset[i] for i in range(n)])
+    return build_model(data, "--task", "language_modeling", "--arch", arch, "--optimizer", "adam",
+                       "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "5", "--dropout", "0",
+                       "--tokens-per-sample", "32", "--sample-break-mode", "eos", *TINY_LM, *flags, seed=seed)
 
 
 def kinds(model):

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
-from fairseq import options, tasks
+from fairseq import options
 
-from conftest import TINY
+from conftest import TINY, build_model, sample
 from powernorm_fairseq.errors import PowerNormConfigError
 from powernorm_fairseq.modules import FixNormEmbedding
 from powernorm_fairseq.norms import NORM_TYPES, NORMS, Norm, norm_type_of
@@ -14,19 +14,8 @@ from powernorm_fairseq.norms.powernorm import PowerNorm
 
 
 def build(data, *flags, arch="powernorm_transformer_iwslt_de_en", seed=0):
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, [
-        str(data), "--arch", arch, "--optimizer", "adam", "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", "7", "--dropout", "0", *TINY, *map(str, flags)])
-    task = tasks.setup_task(args)
-    torch.manual_seed(seed)
-    return task.build_model(args), task
-
-
-def sample(task, n=8):
-    task.load_dataset("valid")
-    dataset = task.dataset("valid")
-    return dataset.collater([dataset[i] for i in range(n)])
+    return build_model(data, "--arch", arch, "--optimizer", "adam", "--lr-scheduler", "inverse_sqrt",
+                       "--warmup-updates", "7", "--dropout", "0", *TINY, *flags, seed=seed)
 
 
 def forward(model, s):
