@@ -11,14 +11,20 @@ training). Before finalisation this stops every such thread: it caps the
 thread's batch count so that it leaves its loop after the batch in hand, and
 drains the queue it may be blocked on.
 
-A distributed run aborts the same way: fairseq ends it with a barrier but never
-destroys the process group, and the gloo group's threads are then torn down
-by C++ static destructors after Python has gone (seen on the non-master rank
-of a two-process CPU run in about one run in thirteen). The group is
-destroyed here too, after every rank has passed fairseq's barrier.
+A distributed run aborts the same way. fairseq ends it with a barrier on its
+own group of all ranks (``get_global_group``, cached on the function) and
+destroys no group. A gloo group's worker thread releases a finished work
+(the barrier, and the all-reduces it waited for, whose tensors belong to
+Python) just after the caller's wait returns; when that falls during
+finalisation, the thread dies taking the GIL inside torch's C++ frames (a
+core dump of the non-master rank of a two-process CPU run shows it). Here
+every group is destroyed and fairseq's reference dropped before
+finalisation, so that each group's destructor, which releases the GIL, waits
+for its worker threads.
 """
 
 import atexit
+import gc
 import queue
 import threading
 
@@ -45,9 +51,16 @@ def stop_background_loaders(timeout: float = JOIN_SECONDS):
 
 def destroy_process_group():
     import torch.distributed as dist
+    from fairseq.distributed.utils import get_global_group
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.destroy_process_group()
+    # fairseq keeps its own group of all ranks (its final barrier runs on it);
+    # dropped here, the group's destructor waits for its worker threads
+    if hasattr(get_global_group, "_global_group"):
+        del get_global_group._global_group
+    gc.collect()
 
 
 def clean_exit():

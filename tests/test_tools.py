@@ -140,16 +140,26 @@ def test_background_batch_loaders_stop_before_exit():
     assert not any(t.is_alive() for t in threads)
 
 
-def test_process_group_destroyed_before_exit(tmp_path):
-    """fairseq leaves its process group open; the plugin destroys it at exit.
-    A handler registered before the plugin's runs after it and reports."""
+def test_process_groups_end_before_exit(tmp_path):
+    """fairseq leaves the default group and its own cached group of all ranks
+    open; the plugin destroys both at exit, and their worker threads end
+    before the interpreter finalises. A handler registered before the
+    plugin's runs after it and reports."""
     program = f"""
-import atexit
-import torch.distributed as dist
-atexit.register(lambda: print("initialized at exit:", dist.is_initialized()))
+import atexit, os
+import torch, torch.distributed as dist
+from fairseq.distributed.utils import get_global_group
+threads = lambda: len(os.listdir("/proc/self/task"))
+torch.ones(64, 64) @ torch.ones(64, 64)  # torch's own thread pools start here
+before = threads()
+atexit.register(lambda: print("at exit:", dist.is_initialized(), threads() - before))
 import powernorm_fairseq
 dist.init_process_group("gloo", init_method="file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
-print("initialized:", dist.is_initialized())
+t = torch.ones(3)
+dist.all_reduce(t)
+dist.all_reduce(t, group=get_global_group())
+dist.barrier(get_global_group())  # as fairseq's distributed_main ends
+print("running:", dist.is_initialized(), threads() - before > 0)
 """
     out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert out.split("\n")[:2] == ["initialized: True", "initialized at exit: False"], out
+    assert out.split("\n")[:2] == ["running: True True", "at exit: False 0"], out
