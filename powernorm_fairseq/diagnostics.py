@@ -30,7 +30,7 @@ import torch
 from fairseq.logging import metrics
 
 from .norms import MaskedBatchNorm, OriginalBatchNorm, PowerNorm, PowerNormV, norm_type_of
-from .norms.base import group_scale, real_tokens, token_mean, upcast
+from .norms.stats import group_scale, real_tokens, token_mean, upcast
 
 PRIORITY = 100  # after fairseq's own metrics in every log line
 SUBLAYERS = {"self_attn_layer_norm": "attn", "encoder_attn_layer_norm": "cross", "final_layer_norm": "ffn"}

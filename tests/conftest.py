@@ -4,7 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+# The GPU kernels run on CPU tensors under Triton's interpreter, which has to
+# be chosen before triton is first imported.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `import reference`
 
@@ -96,3 +100,15 @@ def lm_data(tmp_path_factory):
     cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref",
         root / "valid.txt", "--testpref", root / "test.txt", "--destdir", root / "bin", "--workers", "1")
     return root / "bin"
+
+
+def backend_or_fail(name):
+    """The kernels module of backend ``name``, failing (never skipping) when it is missing."""
+    from powernorm_fairseq.norms import kernels
+
+    if name == "plain":
+        return None
+    k = {"cpu": kernels.cpu, "triton": kernels.gpu}[name]
+    if not k.available():
+        pytest.fail(f"the {name} kernels are unavailable: {k.failure}")
+    return k

@@ -7,8 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import cli
-from powernorm_fairseq.norms import build_norm
+from conftest import backend_or_fail, cli
+from powernorm_fairseq.norms import build_norm, kernels
 from test_cli import train_args
 
 T, C = 6, 8
@@ -52,10 +52,11 @@ def run(norm, rows=None):
     return out
 
 
-def worker(rank, port, kind, sync, path):
+def worker(rank, port, kind, sync, path, backend):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        torch.save(run(make(kind, sync), [split[rank] for split in SPLITS]), f"{path}.{rank}")
+        with kernels.use(backend):
+            torch.save(run(make(kind, sync), [split[rank] for split in SPLITS]), f"{path}.{rank}")
     finally:
         dist.destroy_process_group()
 
@@ -66,9 +67,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def two_workers(kind, sync, tmp_path):
+def two_workers(kind, sync, tmp_path, backend=None):
     path = str(tmp_path / "result")
-    mp.spawn(worker, args=(free_port(), kind, sync, path), nprocs=2, join=True)
+    mp.spawn(worker, args=(free_port(), kind, sync, path, backend), nprocs=2, join=True)
     return [torch.load(f"{path}.{r}", weights_only=True) for r in (0, 1)]
 
 
@@ -76,10 +77,19 @@ def close(a, b):
     return torch.allclose(a, b, rtol=0, atol=1e-6)
 
 
+@pytest.fixture(params=kernels.BACKENDS)
+def backend(request):
+    """The synchronised statistics on each backend: the plain path's
+    differentiable all-reduce, and the kernels' all-reduce between passes."""
+    backend_or_fail(request.param)
+    with kernels.use(request.param):
+        yield request.param
+
+
 @pytest.mark.parametrize("kind", ["bn", "pn-v", "pn"])
-def test_batch_sync_equals_one_process_on_the_whole_batch(kind, tmp_path):
+def test_batch_sync_equals_one_process_on_the_whole_batch(kind, tmp_path, backend):
     whole = run(make(kind, "batch"))  # one process: no collectives
-    halves = two_workers(kind, "batch", tmp_path)
+    halves = two_workers(kind, "batch", tmp_path, backend)
     for t, (y, grad, buffers) in enumerate(whole):
         (y0, g0, b0), (y1, g1, b1) = halves[0][t], halves[1][t]
         i0, i1 = SPLITS[t]
@@ -91,9 +101,9 @@ def test_batch_sync_equals_one_process_on_the_whole_batch(kind, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["bn", "pn-v"])
-def test_running_sync_keeps_buffers_global_and_batches_local(kind, tmp_path):
+def test_running_sync_keeps_buffers_global_and_batches_local(kind, tmp_path, backend):
     whole = run(make(kind, "batch"))
-    halves = two_workers(kind, "running", tmp_path)
+    halves = two_workers(kind, "running", tmp_path, backend)
     for rank in (0, 1):
         local = run(make(kind, "none"), [split[rank] for split in SPLITS])
         for t in (0, 2):  # step 1: worker 1 has no real tokens and normalises with running statistics
@@ -104,11 +114,18 @@ def test_running_sync_keeps_buffers_global_and_batches_local(kind, tmp_path):
             assert close(value, halves[0][t][2][name]), f"step {t}: {name}"
 
 
-def test_pn_running_sync_keeps_identical_buffers(tmp_path):
-    halves = two_workers("pn", "running", tmp_path)
+def test_pn_running_sync_keeps_identical_buffers(tmp_path, backend):
+    halves = two_workers("pn", "running", tmp_path, backend)
     for t in range(len(SPLITS)):
         for name, value in halves[0][t][2].items():
             assert torch.equal(value, halves[1][t][2][name]), f"step {t}: {name}"
+    if backend != "plain":  # and the kernels compute what the plain path does
+        plain = two_workers("pn", "running", tmp_path / "plain", "plain")
+        for rank in (0, 1):
+            for t in range(len(SPLITS)):
+                (y, g, b), (yp, gp, bp) = halves[rank][t], plain[rank][t]
+                assert close(y, yp) and close(g, gp), f"rank {rank} step {t}"
+                assert all(close(b[k].double(), bp[k].double()) for k in b), f"rank {rank} step {t}"
 
 
 def test_unsynchronised_workers_drift_apart(tmp_path):

@@ -1,5 +1,12 @@
-"""The fused C++ kernels against the plain PyTorch path, in float32."""
+"""The fused backends (CPU C++ kernels, GPU Triton kernels) against the plain
+PyTorch path, and the dispatch that chooses between them.
 
+The Triton kernels run here on CPU tensors under Triton's interpreter (set in
+conftest.py); ``test_triton_kernels_compile_for_a_gpu`` compiles every kernel
+as it was launched for an H100 (sm_90), which needs no GPU.
+"""
+
+import json
 import os
 import subprocess
 import sys
@@ -7,48 +14,202 @@ import sys
 import pytest
 import torch
 
-from powernorm_fairseq.norms import build_norm, fused, kernels
-from test_norms import C, affine, batch, run
+from conftest import backend_or_fail
+from powernorm_fairseq.norms import build_norm, kernels
+from powernorm_fairseq.norms.kernels import gpu
 
+# not powers of two, several column chunks, several programs, groups of 50 channels
+T, B, C = 23, 7, 200
 
-def _run_steps(kind, options, steps=4, dtype=torch.float32):
-    norm = affine(build_norm(kind, C, **options).to(dtype)).train()
-    outs = []
-    for step in range(steps):
-        x, pad, grad_y = batch(120 + step, dtype=dtype)
-        norm.zero_grad()
-        y, gx = run(norm, x, pad, grad_y)
-        outs.append((y, gx, [p.grad.clone() for p in norm.parameters()],
-                     {k: v.clone() for k, v in norm.state_dict().items()}))
-    return outs
-
-
-@pytest.mark.parametrize("kind, options", [
-    ("bn", {}), ("pn-v", {}), ("scalenorm", {}),
-    ("pn", {"warmup_updates": 2}), ("pn", {"warmup_updates": 2, "group_scaling": True, "groups": 4}),
+KINDS = [
+    ("bn", {}), ("pn-v", {}), ("scalenorm", {}), ("rmsnorm", {}),
+    ("pn", {"warmup_updates": 2}),
+    ("pn", {"warmup_updates": 2, "group_scaling": True, "groups": 4}),
     ("pn", {"warmup_updates": 2, "backward": "reference", "group_scaling": True, "groups": 2}),
+]
+IDS = [f"{k}-{'-'.join(f'{a}={b}' for a, b in o.items())}" if o else k for k, o in KINDS]
+
+
+def batch(seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(T, B, C, generator=g, dtype=torch.float64) * 2 + 0.5)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    pad = torch.arange(T)[None, :] >= lengths[:, None]
+    grad_y = torch.randn(T, B, C, generator=g, dtype=torch.float64)
+    grad_y[pad.t()] = 0
+    return x.to(dtype), pad, grad_y.to(dtype)
+
+
+def make(kind, options, dtype):
+    norm = build_norm(kind, C, **options)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in norm.named_parameters():
+            p.mul_(1.3) if p.dim() == 0 else p.copy_(
+                (1.0 if name == "weight" else 0.0) + 0.3 * torch.randn(C, generator=g))
+    return norm.to(dtype).train()
+
+
+def steps(kind, options, backend, dtype, model_dtype=None, n=4):
+    """Outputs, input and parameter gradients and buffers over ``n`` training steps."""
+    norm = make(kind, options, model_dtype or dtype)
+    out = []
+    with kernels.use(backend):
+        for step in range(n):
+            x, pad, grad_y = batch(120 + step, dtype)
+            x.requires_grad_(True)
+            norm.zero_grad()
+            y = norm(x, pad)
+            y.backward(grad_y)
+            out.append([y.detach(), x.grad] + [p.grad.clone() for p in norm.parameters()]
+                       + [b.clone() for b in norm.buffers() if b.is_floating_point()])
+    return out
+
+
+def scaled_error(got, want):
+    """max |got - want| relative to the largest |want| (the output's scale)."""
+    want = want.double()
+    return float((got.double() - want).abs().max() / want.abs().max().clamp(min=1e-30))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("kind, options", KINDS, ids=IDS)
+def test_backends_match_the_plain_path_in_float32(backend, kind, options):
+    backend_or_fail(backend)
+    fast = steps(kind, options, backend, torch.float32)
+    plain = steps(kind, options, "plain", torch.float32)
+    for step, (a, b) in enumerate(zip(fast, plain)):
+        for i, (u, v) in enumerate(zip(a, b)):
+            assert scaled_error(u, v) < 1e-5, (step, i, scaled_error(u, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("kind, options", KINDS, ids=IDS)
+def test_triton_half_precision_is_within_the_plain_paths_own_error(kind, options, dtype):
+    """Against float64, the kernels' error on half inputs (a half model, as
+    under --fp16) is at most the plain path's own, with a small margin for
+    rounding the other way."""
+    backend_or_fail("triton")
+    exact = steps(kind, options, "plain", torch.float64)
+    fast = steps(kind, options, "triton", dtype)
+    plain = steps(kind, options, "plain", dtype)
+    for step, (e, f, p) in enumerate(zip(exact, fast, plain)):
+        for i, (u, v, w) in enumerate(zip(e, f, p)):
+            assert v.dtype == w.dtype, (step, i)
+            err_fast, err_plain = scaled_error(v, u), scaled_error(w, u)
+            unit = torch.finfo(dtype).eps
+            assert err_fast <= 1.5 * err_plain + 2 * unit, (step, i, err_fast, err_plain)
+
+
+def test_triton_writes_half_outputs_and_float32_statistics():
+    backend_or_fail("triton")
+    norm = make("pn", {"warmup_updates": 1}, torch.float16)
+    with kernels.use("triton"):
+        for step in range(3):
+            x, pad, grad_y = batch(step, torch.float16)
+            x.requires_grad_(True)
+            y = norm(x, pad)
+            y.backward(grad_y)
+            assert y.dtype == x.grad.dtype == torch.float16
+    assert norm.running_psi2.dtype == norm.running_nu.dtype == torch.float32
+    assert bool(torch.isfinite(norm.running_nu).all()) and bool(norm.running_nu.abs().sum() > 0)
+
+
+def test_dispatch_by_device_and_override():
+    x = torch.randn(3, 2, 8)
+    assert kernels.describe(x) == "cpu"  # automatic: the CPU kernels for a CPU tensor
+    for name in kernels.BACKENDS:
+        with kernels.use(name):
+            assert kernels.describe(x) == name
+    with pytest.raises(ValueError, match="unknown backend 'cuda'; choose one of plain, cpu, triton"):
+        with kernels.use("cuda"):
+            pass
+
+
+def _python(code, **env):
+    base = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "POWERNORM_BACKEND")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**base, **env})
+
+
+def test_kernels_can_be_switched_off_and_a_run_says_which_backend_it_uses():
+    code = ("import logging, torch\n"
+            "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
+            "from powernorm_fairseq.norms import kernels, build_norm\n"
+            "for _ in range(3):\n"
+            "    y = build_norm('pn', 8).train()(torch.randn(3, 2, 8))\n"
+            "assert torch.isfinite(y).all()\n"
+            "print(kernels.describe(y))\n")
+    for env, name in (({"POWERNORM_KERNELS": "0"}, "plain PyTorch path"), ({}, "cpu kernels"),
+                      ({"POWERNORM_BACKEND": "plain"}, "plain PyTorch path")):
+        proc = _python(code, **env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        said = [line for line in proc.stderr.splitlines() if "norms run on" in line]
+        assert said == [f"powernorm_fairseq: norms run on the {name}"], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"POWERNORM_BACKEND": "gpu"}, "POWERNORM_BACKEND='gpu': choose one of plain, cpu, triton"),
+    ({"POWERNORM_BACKEND": "triton"}, "POWERNORM_BACKEND=triton: the triton kernels do not take cpu tensors"),
 ])
-def test_fused_kernels_match_the_plain_path_in_float32(kind, options, monkeypatch):
-    if kernels.load() is None:
-        pytest.fail(f"the fused kernels did not build: {kernels._failed}")
-    fast = _run_steps(kind, options)
-    monkeypatch.setattr(fused, "usable", lambda x: False)
-    plain = _run_steps(kind, options)
-    for (y0, g0, p0, s0), (y1, g1, p1, s1) in zip(fast, plain):
-        torch.testing.assert_close(y0, y1, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(g0, g1, atol=1e-5, rtol=1e-5)
-        for a, b in zip(p0, p1):
-            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-        for key in s0:
-            torch.testing.assert_close(s0[key], s1[key], atol=1e-5, rtol=1e-5)
+def test_a_backend_that_cannot_run_fails_in_one_line(env, message):
+    proc = _python("import torch\nfrom powernorm_fairseq.norms import build_norm\n"
+                   "build_norm('bn', 8).train()(torch.randn(3, 2, 8))\n", **env)
+    assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr[-2000:]
 
 
-def test_kernels_can_be_switched_off():
-    code = ("from powernorm_fairseq.norms import kernels, build_norm\n"
-            "import torch\n"
-            "assert kernels.load() is None and 'POWERNORM_KERNELS=0' in kernels._failed\n"
-            "y = build_norm('pn', 8).train()(torch.randn(3, 2, 8))\n"
-            "assert torch.isfinite(y).all()\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "POWERNORM_KERNELS": "0"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_triton_kernels_compile_for_a_gpu(tmp_path, monkeypatch):
+    """Every Triton kernel, as the norms launched it in each dtype, compiles
+    to a cubin for an H100 (sm_90): the interpreter alone would not catch
+    code that the GPU compiler rejects."""
+    backend_or_fail("triton")
+    launches = {}
+
+    class Recorder:
+        def __init__(self, name, fn):
+            self.name, self.fn = name, fn
+
+        def __getitem__(self, grid):
+            def launch(*args, **constexprs):
+                types = [_triton_type(a) for a in args]
+                launches[json.dumps([self.name, types, constexprs], sort_keys=True)] = None
+                return self.fn[grid](*args, **constexprs)
+            return launch
+
+    for name in ("_channel_forward", "_channel_backward", "_scalenorm_forward", "_scalenorm_backward",
+                 "_rmsnorm_forward", "_rmsnorm_backward"):
+        monkeypatch.setattr(gpu, name, Recorder(name, getattr(gpu, name)))
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for kind, options in KINDS:
+            steps(kind, options, "triton", dtype, n=3)
+    assert len(launches) >= 20
+    (tmp_path / "launches.json").write_text(json.dumps([json.loads(k) for k in launches]))
+    code = f"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from powernorm_fairseq.norms.kernels import gpu
+done = 0
+for name, types, constexprs in json.load(open({str(tmp_path / 'launches.json')!r})):
+    fn = getattr(gpu, name)
+    names = [a for a in fn.arg_names if a not in constexprs]
+    sig = dict(zip(names, types), **{{k: "constexpr" for k in constexprs}})
+    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+    done += 1
+print("compiled", done)
+"""
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["compiled", str(len(launches))]
+
+
+def _triton_type(a):
+    if isinstance(a, torch.Tensor):
+        return "*" + {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+                      torch.float64: "fp64"}[a.dtype]
+    if isinstance(a, bool):
+        return "i1"
+    if isinstance(a, int):
+        return "i32"
+    return "fp32"

@@ -4,20 +4,20 @@ import pytest
 import torch
 
 import reference as ref
-from powernorm_fairseq.norms import NORM_TYPES, build_norm, fused, kernels
+from conftest import backend_or_fail
+from powernorm_fairseq.norms import NORM_TYPES, build_norm, kernels
 
 T, B, C = 9, 4, 8
 BATCH_NORMS = ("bn", "pn", "pn-v", "bn-original")
 
 
-@pytest.fixture(autouse=True, params=["fused", "plain"])
-def path(request, monkeypatch):
-    """Every check runs on the fused C++ kernels and on the plain PyTorch path."""
-    if request.param == "plain":
-        monkeypatch.setattr(fused, "usable", lambda x: False)
-    elif kernels.load() is None:
-        pytest.fail(f"the fused kernels did not build: {kernels._failed}")
-    return request.param
+@pytest.fixture(autouse=True, params=kernels.BACKENDS)
+def path(request):
+    """Every check runs on each backend: the plain PyTorch path, the CPU C++
+    kernels and the GPU (Triton) kernels, the latter under Triton's interpreter."""
+    backend_or_fail(request.param)
+    with kernels.use(request.param):
+        yield request.param
 
 
 def batch(seed, dtype=torch.float64, T=T, B=B):

@@ -7,7 +7,7 @@ hand the mask over with :func:`padding_mask` for the duration of a forward.
 """
 
 from contextlib import contextmanager
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -74,35 +74,3 @@ def padding_mask(module: nn.Module, pad_mask: Optional[Tensor]):
         for norm in norms:
             norm.pad_mask = None
 
-
-def upcast(x: Tensor) -> Tensor:
-    """``x`` in at least float32: statistics of half precision overflow."""
-    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-
-
-def real_tokens(x: Tensor, pad_mask: Optional[Tensor]) -> Tuple[Optional[Tensor], int]:
-    """Weights (T, B, 1), in the statistics dtype, that are 1 at real tokens, and their count.
-
-    The weights are None when nothing is padded, so callers take plain sums.
-    """
-    if pad_mask is None or not pad_mask.any():
-        return None, x.size(0) * x.size(1)
-    keep = (~pad_mask).t().unsqueeze(-1).to(upcast(x).dtype)
-    return keep, int(keep.sum().item())
-
-
-def token_mean(v: Tensor, keep: Optional[Tensor], n: int) -> Tensor:
-    """Mean over the real tokens of ``v`` (T, B, C): one value per channel."""
-    if keep is not None:
-        v = v * keep
-    return v.sum(dim=(0, 1)) / n
-
-
-def group_scale(x: Tensor, groups: int, eps: float = 1e-5) -> Tensor:
-    """The original code's "layer scaling": per token, divide each of ``groups``
-    channel groups by its root mean square (one group in its BN, one per
-    attention head in its PN). ``x``: (T, B, C)."""
-    T, B, C = x.shape
-    xg = x.reshape(T, B, groups, C // groups)
-    xg = xg * torch.rsqrt(xg.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return xg.reshape(T, B, C)

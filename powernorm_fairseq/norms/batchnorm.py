@@ -13,13 +13,11 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import fused
+from . import kernels
 from . import sync as sync_mod
-from .base import Norm, group_scale, real_tokens, token_mean, upcast
-
-
-def finite(*stats) -> bool:
-    return all(t is None or bool(torch.isfinite(t).all()) for t in stats)
+from .base import Norm
+from .kernels import functions as fused
+from .stats import finite, group_scale, real_tokens, token_mean, upcast
 
 
 class BatchStatNorm(Norm):
@@ -39,20 +37,15 @@ class BatchStatNorm(Norm):
         self.bias = nn.Parameter(torch.zeros(dim))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        k = kernels.select(x) if self.training else None
+        if k is not None:
+            return self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
         xf = upcast(x)
         weight, bias = self.weight.to(xf), self.bias.to(xf)
         if self.training and sync_mod.active(self.sync):
             mean, second = self.synced_stats(xf, pad_mask)
             y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
             return (y * weight + bias).to(x.dtype)
-        if self.training and fused.usable(xf):
-            x2, keep, n = fused.rows(xf, pad_mask)
-            if n > 0:
-                mean, second = fused.batch_stats(x2, keep, n, groups=0, center=self.center)
-                self.update_running(mean, second, n)
-                plan = fused.Plan(groups=0, center=self.center, mode="exact", n=n, mean=mean,
-                                  inv=torch.rsqrt(second + self.eps))
-                return fused.FusedChannelNorm.apply(x2, keep, weight, bias, plan).view_as(x).to(x.dtype)
         keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
         if n == 0:  # eval, or a training batch that is all padding
             mean, second = self.running(xf)
@@ -63,6 +56,42 @@ class BatchStatNorm(Norm):
             self.update_running(mean, second, n)
         y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
         return (y * weight + bias).to(x.dtype)
+
+    def _fused(self, k, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        """Training on backend ``k``: a statistics pass, then one normalising
+        pass; the exact gradient in two passes. Under ``--norm-sync`` the
+        all-reduce sits between the statistics and the normalising kernels."""
+        x2, keep, n = fused.rows(x, pad_mask)
+        sums = fused.batch_sums(k, x2, keep, groups=0)
+        plan = fused.Plan(k=k, groups=0, center=self.center, mode="exact", n=n)
+        if sync_mod.active(self.sync):
+            packed = sync_mod.all_sum(torch.cat([sums, sums.new_tensor([[float(n)] * sums.size(1)])]))
+            N = int(packed[2, 0].item())
+            if N == 0:  # every worker's batch is padding
+                return self._with_running(x)
+            g_mean, g_second = fused.moments(packed[:2], N, self.center, x)
+            self.update_running(g_mean, g_second, N)
+            if self.sync == "batch":  # the global batch, and the exact gradient of its statistics
+                mean, second = g_mean, g_second
+                plan.reduce, plan.n_global = sync_mod.all_sum, N
+            elif n == 0:
+                return self._with_running(x)
+            else:  # running: this worker's batch and gradient; the buffers above are global
+                mean, second = fused.moments(sums, n, self.center, x)
+        elif n == 0:  # a training batch that is all padding
+            return self._with_running(x)
+        else:
+            mean, second = fused.moments(sums, n, self.center, x)
+            self.update_running(mean, second, n)
+        plan.mean, plan.inv = mean, torch.rsqrt(second + self.eps)
+        return fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan).view_as(x)
+
+    def _with_running(self, x: Tensor) -> Tensor:
+        """Normalised with the running statistics, as in eval."""
+        xf = upcast(x)
+        mean, second = self.running(xf)
+        y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
+        return y * self.weight.to(xf) + self.bias.to(xf)
 
     def synced_stats(self, xf: Tensor, pad_mask: Optional[Tensor]):
         """(mean or None, variance or psi^2) to normalise with under ``--norm-sync``."""

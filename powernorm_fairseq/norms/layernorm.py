@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Norm, upcast
+from .base import Norm
+from .stats import upcast
 
 
 class LayerNorm(Norm):

@@ -20,10 +20,12 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import fused
+from . import kernels
 from . import sync as sync_mod
-from .base import Norm, group_scale, real_tokens, token_mean, upcast
-from .batchnorm import BatchStatNorm, finite
+from .base import Norm
+from .batchnorm import BatchStatNorm
+from .kernels import functions as fused
+from .stats import finite, group_scale, real_tokens, stat_dtype, token_mean, update_nu, upcast
 
 
 def _affine(xh: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -47,16 +49,6 @@ class PowerNormV(BatchStatNorm):
         if not finite(psi2):
             return  # overflowed half-precision activations: keep the running psi^2
         self.running_psi2.lerp_(psi2.to(self.running_psi2), self.momentum)
-
-
-def update_nu(nu: Tensor, rate: float, gamma_t: Tensor, lambda_t: Tensor):
-    """Algorithm 2: nu_t = nu_{t-1} (1 - (1 - alpha_bwd) Lambda_t) + (1 - alpha_bwd) Gamma_t.
-
-    Skipped when the gradient is not finite: a float16 loss-scale overflow,
-    whose step the optimizer skips too, must not leave inf/NaN in nu.
-    """
-    if bool(torch.isfinite(gamma_t).all()) and bool(torch.isfinite(lambda_t).all()):
-        nu.mul_((1.0 - rate * lambda_t).to(nu)).add_((rate * gamma_t).to(nu))
 
 
 class PowerNormFunction(torch.autograd.Function):
@@ -165,26 +157,32 @@ class PowerNorm(Norm):
         self.register_buffer("num_steps", torch.tensor(0, dtype=torch.long))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        xf = upcast(x)
         syncing = self.training and sync_mod.active(self.sync)
+        k = kernels.select(x) if self.training else None
         if syncing:
-            return self._synced(xf, pad_mask).to(x.dtype)
+            if k is not None:
+                return self._fused_synced(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
+            return self._synced(upcast(x), pad_mask).to(x.dtype)
         if not self.training or (pad_mask is not None and bool(pad_mask.all())):
             # eval, or a training batch that is all padding: running psi^2, no update
-            xs = group_scale(xf, self.groups) if self.group_scaling else xf
-            return self._with_running_psi2(xs).to(x.dtype)
+            return self._with_running_psi2(self._scaled(upcast(x))).to(x.dtype)
 
         self.num_steps += 1
-        k = int(self.num_steps)
-        warm = k <= self.warmup_updates
+        step = int(self.num_steps)
+        warm = step <= self.warmup_updates
         if self.backward == "reference":
             mode, batch_scale = "reference", warm
         else:
             mode, batch_scale = ("exact" if warm else "paper"), warm
-        run = self._fused if fused.usable(xf) else self._plain
-        y, psi2_batch = run(xf, pad_mask, mode, batch_scale)
-        self._update_psi2(psi2_batch, k, warm)
+        if k is not None:
+            y, psi2_batch = self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask, mode, batch_scale)
+        else:
+            y, psi2_batch = self._plain(upcast(x), pad_mask, mode, batch_scale)
+        self._update_psi2(psi2_batch, step, warm)
         return y.to(x.dtype)
+
+    def _scaled(self, xf):
+        return group_scale(xf, self.groups) if self.group_scaling else xf
 
     def _with_running_psi2(self, xs):
         """Eval, or a training batch without real tokens: the running psi^2, no update."""
@@ -231,23 +229,66 @@ class PowerNorm(Norm):
         self._update_psi2(psi2_global, k, warm)
         return y
 
-    def _fused(self, xf, pad_mask, mode, batch_scale):
-        """One pass each way (two for the exact gradient), group scaling included."""
-        x2, keep, n = fused.rows(xf, pad_mask)
+    def _fused(self, k, x, pad_mask, mode, batch_scale):
+        """On backend ``k``: one pass each way after warmup (the forward sums
+        psi_B^2 for the running average while it normalises with psi^2_{t-1});
+        during warmup a statistics pass first, and the exact gradient in two."""
+        x2, keep, n = fused.rows(x, pad_mask)
         groups = self.groups if self.group_scaling else 0
-        plan = fused.Plan(groups=groups, center=False, mode=mode, n=n, inv=None, nu=self.running_nu,
+        plan = fused.Plan(k=k, groups=groups, center=False, mode=mode, n=n, nu=self.running_nu,
                           rate=1.0 - self.alpha_bwd, collect_stats=not batch_scale)
         if batch_scale:
-            _, psi2_batch = fused.batch_stats(x2, keep, n, groups, center=False)
+            _, psi2_batch = fused.moments(fused.batch_sums(k, x2, keep, groups), n, False, x)
             plan.inv = torch.rsqrt(psi2_batch + self.eps)
         else:
-            plan.inv = torch.rsqrt(self.running_psi2.to(xf) + self.eps)
-        y = fused.FusedChannelNorm.apply(x2, keep, self.weight.to(xf), self.bias.to(xf), plan)
+            plan.inv = torch.rsqrt(self.running_psi2.to(stat_dtype(x)) + self.eps)
+        y = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
         if not batch_scale:
-            psi2_batch = (plan.stats[1] / n).to(xf.dtype)
+            _, psi2_batch = fused.moments(plan.stats, n, False, x)
         if mode == "reference":
             plan.inv_bwd = torch.rsqrt(psi2_batch + self.eps)
-        return y.view_as(xf), psi2_batch
+        return y.view_as(x), psi2_batch
+
+    def _fused_synced(self, k, x, pad_mask):
+        """Training under ``--norm-sync batch|running`` on backend ``k``: the
+        all-reduce of (count, sum xs^2) sits between the statistics kernel and
+        the normalising one during warmup, and follows the forward kernel
+        after it (which normalises with psi^2_{t-1}); the backward all-reduces
+        Algorithm 2's Gamma and Lambda, and during warmup under ``batch`` the
+        batch term of Eq. 6."""
+        x2, keep, n = fused.rows(x, pad_mask)
+        groups = self.groups if self.group_scaling else 0
+        step = int(self.num_steps) + 1
+        warm = step <= self.warmup_updates
+        plan = fused.Plan(k=k, groups=groups, center=False, mode="exact" if warm else "paper", n=n,
+                          nu=self.running_nu, rate=1.0 - self.alpha_bwd, collect_stats=not warm,
+                          reduce=sync_mod.all_sum, exact_global=self.sync == "batch")
+        sd = stat_dtype(x)
+
+        def globally(sums):
+            packed = sync_mod.all_sum(torch.cat([sums[1], sums.new_tensor([float(n)])]))
+            return int(packed[-1].item()), packed[:-1]
+
+        if warm:
+            local = fused.batch_sums(k, x2, keep, groups)
+            N, total = globally(local)
+            if N == 0:  # every worker's batch is padding: as in eval, no update
+                return self._with_running_psi2(self._scaled(upcast(x)))
+            psi2_global = (total / N).to(sd)
+            psi2 = psi2_global if self.sync == "batch" or n == 0 else (local[1] / n).to(sd)
+            plan.inv = torch.rsqrt(psi2 + self.eps)
+            y = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
+        else:
+            plan.inv = torch.rsqrt(self.running_psi2.to(sd) + self.eps)
+            y = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
+            N, total = globally(plan.stats)
+            if N == 0:
+                return self._with_running_psi2(self._scaled(upcast(x)))
+            psi2_global = (total / N).to(sd)
+        plan.n_global = N
+        self.num_steps += 1
+        self._update_psi2(psi2_global, step, warm)
+        return y.view_as(x)
 
     def _plain(self, xf, pad_mask, mode, batch_scale):
         """The same computation in plain PyTorch operations."""

@@ -11,8 +11,10 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import fused
-from .base import Norm, upcast
+from . import kernels
+from .base import Norm
+from .kernels.functions import FusedScaleNorm
+from .stats import upcast
 
 
 class ScaleNorm(Norm):
@@ -24,10 +26,12 @@ class ScaleNorm(Norm):
         self.scale = nn.Parameter(torch.tensor(math.sqrt(dim)))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        k = kernels.select(x)
+        if k is not None:
+            xk = x if x.dtype in k.DTYPES else upcast(x)
+            y = FusedScaleNorm.apply(xk.contiguous().view(-1, self.dim), self.scale, self.eps, k)
+            return y.view_as(x).to(x.dtype)
         xf = upcast(x)
-        if fused.usable(xf):
-            x2 = xf.contiguous().view(-1, self.dim)
-            return fused.FusedScaleNorm.apply(x2, self.scale.to(xf), self.eps).view_as(x).to(x.dtype)
         norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
         return (self.scale.to(xf) * xf / norm.clamp(min=self.eps)).to(x.dtype)
 

@@ -57,11 +57,6 @@ def all_sum(t: Tensor, differentiable: bool = False) -> Tensor:
     return out
 
 
-def global_count(n: int, like: Tensor) -> int:
-    """Real tokens in the global batch."""
-    return int(all_sum(torch.tensor([float(n)], dtype=torch.float64, device=like.device)).item())
-
-
 def moments(x: Tensor, keep: Optional[Tensor], center: bool):
     """Global (count, mean or None, second moment) of the real rows of ``x`` (T, B, C), float64, no grad.
 

@@ -1,0 +1,100 @@
+"""Where the norms' fused kernels live, and the one place that chooses them.
+
+Three backends, side by side:
+
+* ``plain``: each norm's own PyTorch code (``norms/*.py``), the reference
+  every other backend is tested against; it runs anywhere.
+* ``cpu``: C++ kernels for CPU tensors in float32/float64 (``cpu.py``,
+  ``csrc/norms.cpp``), compiled on first use.
+* ``triton``: Triton kernels for CUDA tensors in float16, bfloat16, float32 and
+  float64 (``gpu.py``); on CPU tensors under Triton's interpreter
+  (``TRITON_INTERPRET=1``), which is how the tests check them without a GPU.
+
+:func:`select` picks one by the tensor's device and what is available, and
+logs once per process which backend the norms run on. ``POWERNORM_KERNELS=0``
+forces the plain path; ``POWERNORM_BACKEND=plain|cpu|triton`` (or
+:func:`use`) forces one backend, and fails loudly where it cannot run.
+"""
+
+import logging
+import os
+from contextlib import contextmanager
+from typing import Optional
+
+import torch
+
+from . import cpu, gpu
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("plain", "cpu", "triton")
+_MODULES = {"cpu": cpu, "triton": gpu}
+_forced: Optional[str] = None
+_said = set()
+
+
+def forced() -> Optional[str]:
+    """The backend forced by :func:`use` or the environment, or None (automatic)."""
+    if _forced is not None:
+        return _forced
+    if os.environ.get("POWERNORM_KERNELS", "1") == "0":
+        return "plain"
+    name = os.environ.get("POWERNORM_BACKEND", "").strip() or None
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"POWERNORM_BACKEND={name!r}: choose one of {', '.join(BACKENDS)}")
+    return name
+
+
+@contextmanager
+def use(name: Optional[str]):
+    """Force backend ``name`` (None: automatic) inside the block."""
+    global _forced
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    before, _forced = _forced, name
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def select(x: torch.Tensor):
+    """The backend module for input ``x``, or None for the plain PyTorch path."""
+    name = forced()
+    if name is None:  # automatic: the device's kernels where they are available
+        name = "triton" if x.is_cuda else "cpu" if x.device.type == "cpu" else "plain"
+        k = _MODULES.get(name)
+        if k is not None and not (k.available() and k.takes(x)):
+            _say(f"plain PyTorch path ({name} kernels unavailable: {_why(k)})", warn=True)
+            return None
+    elif name != "plain":
+        k = _MODULES[name]
+        if not k.available():
+            raise RuntimeError(f"POWERNORM_BACKEND={name}: the {name} kernels are unavailable ({_why(k)})")
+        if not k.takes(x):
+            raise RuntimeError(f"POWERNORM_BACKEND={name}: the {name} kernels do not take "
+                               f"{x.device.type} tensors")
+    if name == "plain":
+        _say("plain PyTorch path")
+        return None
+    _say(f"{name} kernels")
+    return _MODULES[name]
+
+
+def describe(x: torch.Tensor) -> str:
+    """The name of the backend that :func:`select` gives ``x``."""
+    k = select(x)
+    return "plain" if k is None else k.NAME
+
+
+def _why(k) -> str:
+    return getattr(k, "failure", None) or "not installed"
+
+
+def _say(what: str, warn: bool = False):
+    if what not in _said:
+        _said.add(what)
+        (logger.warning if warn else logger.info)("powernorm_fairseq: norms run on the %s", what)
+
+
+__all__ = ["BACKENDS", "cpu", "describe", "forced", "gpu", "select", "use"]
