@@ -120,6 +120,7 @@ def test_pn_running_sync_keeps_identical_buffers(tmp_path, backend):
         for name, value in halves[0][t][2].items():
             assert torch.equal(value, halves[1][t][2][name]), f"step {t}: {name}"
     if backend != "plain":  # and the kernels compute what the plain path does
+        (tmp_path / "plain").mkdir()
         plain = two_workers("pn", "running", tmp_path / "plain", "plain")
         for rank in (0, 1):
             for t in range(len(SPLITS)):
