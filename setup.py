@@ -17,6 +17,7 @@ setup(
     license="MIT",
     python_requires=">=3.9",
     packages=find_packages(include=["powernorm_fairseq", "powernorm_fairseq.*"]),
+    package_data={"powernorm_fairseq.norms.kernels": ["csrc/*.cpp"]},
     install_requires=["sacrebleu>=2", "sacremoses", "subword-nmt"],
     entry_points={
         "console_scripts": [

@@ -39,24 +39,24 @@ def layer_options(kind, C):
     return dict(group_scaling=True, groups=4) if kind == "pn" else {}
 
 
-def bench_layers(shapes, reps, dtypes):
+def bench_layers(shapes, reps, dtypes, device="cpu"):
     """Forward+backward time of every norm over F.layer_norm, interleaved."""
     rows = []
-    bandwidth = measure_bandwidth()
+    bandwidth = measure_bandwidth(device)
     for dtype in dtypes:
         for T, B, C in shapes:
             g = torch.Generator().manual_seed(0)
-            x = torch.randn(T, B, C, generator=g).to(dtype).requires_grad_(True)
-            grad = torch.randn(T, B, C, generator=g).to(dtype)
+            x = torch.randn(T, B, C, generator=g).to(device, dtype).requires_grad_(True)
+            grad = torch.randn(T, B, C, generator=g).to(device, dtype)
             lengths = T - (torch.rand(B, generator=g) * 0.4 * T).long()  # 20% padding on average
-            pad = torch.arange(T)[None, :] >= lengths[:, None]
-            w = torch.ones(C, dtype=dtype, requires_grad=True)
-            b = torch.zeros(C, dtype=dtype, requires_grad=True)
+            pad = (torch.arange(T)[None, :] >= lengths[:, None]).to(device)
+            w = torch.ones(C, dtype=dtype, device=device, requires_grad=True)
+            b = torch.zeros(C, dtype=dtype, device=device, requires_grad=True)
 
             def ln():
                 F.layer_norm(x, (C,), w, b).backward(grad)
 
-            norms = {k: build_norm(k, C, **layer_options(k, C)).to(dtype).train() for k in NORM_TYPES}
+            norms = {k: build_norm(k, C, **layer_options(k, C)).to(device, dtype).train() for k in NORM_TYPES}
             calls = {k: (lambda m=m: m(x, pad).backward(grad)) for k, m in norms.items()}
             for f in [ln, *calls.values()] * 3:  # warm-up
                 f()
@@ -67,8 +67,8 @@ def bench_layers(shapes, reps, dtypes):
                 for k, f in calls.items():
                     # back to back, in random order, each from a fresh x.grad (no accumulation pass)
                     first_ln = order.random() < 0.5
-                    t_a = timed_fresh(ln if first_ln else f, x)
-                    t_b = timed_fresh(f if first_ln else ln, x)
+                    t_a = timed_fresh(ln if first_ln else f, x, device)
+                    t_b = timed_fresh(f if first_ln else ln, x, device)
                     t_ln, t_k = (t_a, t_b) if first_ln else (t_b, t_a)
                     ratios[k].append(t_k / t_ln)
                     ln_times.append(t_ln)
@@ -80,9 +80,9 @@ def bench_layers(shapes, reps, dtypes):
                 rows.append(dict(
                     dtype=str(dtype).replace("torch.", ""), shape=f"{T}x{B}x{C}", norm=k,
                     ratio_to_ln=sig(ratio), ms=sig(seconds * 1e3), ln_ms=sig(t_ln * 1e3),
-                    gb_per_s=sig(bytes_moved / seconds / 1e9),
+                    gbps=sig(bytes_moved / seconds / 1e9),
                     fraction_of_bandwidth=sig(bytes_moved / seconds / bandwidth),
-                    target=TARGETS["layers"].get(k) if dtype == torch.float32 else None,
+                    target=TARGETS["layers"].get(k) if dtype == torch.float32 or device == "cuda" else None,
                 ))
     return rows, bandwidth
 
@@ -93,22 +93,37 @@ def sig(x, digits=4):
     return float(f"{x:.{digits}g}")
 
 
-def timed(f):
+GPU_CALLS = 10  # calls per GPU sample: one call of a small layer is mostly launch latency
+
+
+def timed(f, device="cpu"):
+    if device == "cuda":  # CUDA events around GPU_CALLS calls, per call
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(GPU_CALLS):
+            f()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / GPU_CALLS
     t = time.perf_counter()
     f()
     return time.perf_counter() - t
 
 
-def timed_fresh(f, x):
-    x.grad = None
-    return timed(f)
+def timed_fresh(f, x, device="cpu"):
+    """Time ``f`` from a fresh x.grad each call (no accumulation pass)."""
+    def fresh():
+        x.grad = None
+        f()
+    return timed(fresh, device)
 
 
-def measure_bandwidth(n=64 * 2**20):
+def measure_bandwidth(device="cpu", n=64 * 2**20):
     """Bytes per second of a large copy (read + write), the best of 10."""
-    src, dst = torch.empty(n // 4), torch.empty(n // 4)
+    n = n * 4 if device == "cuda" else n
+    src, dst = torch.empty(n // 4, device=device), torch.empty(n // 4, device=device)
     dst.copy_(src)
-    best = min(timed(lambda: dst.copy_(src)) for _ in range(10))
+    best = min(timed(lambda: dst.copy_(src), device) for _ in range(10))
     return 2 * n / best
 
 
@@ -134,16 +149,20 @@ def train_command(data, save_dir, variant, dims, seed, extra):
             "--num-workers", "0", "--cpu", *map(str, extra)]
 
 
-def run_training(cmd):
-    """Run fairseq-train in a child process; return its log and its peak resident memory (MiB)."""
+def run_training(cmd, cuda=False):
+    """Run fairseq-train in a child process; return its log and its peak memory (MiB):
+    resident memory on the CPU, torch.cuda.max_memory_allocated on a GPU."""
+    peak_kib = ("torch.cuda.max_memory_allocated() // 1024" if cuda
+                else "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss")
     code = ("import resource, sys\n"
+            "import torch\n"
             "from fairseq_cli.train import cli_main\n"
             # the plugin's clean exit also for stock runs (see powernorm_fairseq/shutdown.py)
             "from powernorm_fairseq.shutdown import install\n"
             "install()\n"
             f"sys.argv = {cmd!r}\n"
             "try:\n    cli_main()\n"
-            "finally:\n    print('PEAK_KIB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)\n")
+            f"finally:\n    print('PEAK_KIB', {peak_kib}, flush=True)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     if proc.returncode != 0:
@@ -178,6 +197,53 @@ def bench_throughput(data, work, variants, dims, updates, rounds):
                  peak_mib=round(statistics.median(r["peak_mib"]), 1),
                  memory_ratio=round(statistics.median(r["peak_mib"]) / base_mem, 3))
             for v, r in results.items()]
+
+
+def gpu_train_command(data, save_dir, variant, max_tokens, updates):
+    """The paper's IWSLT14 model at full size, --fp16, on one GPU."""
+    if variant == "stock-ln":
+        arch = ["--arch", "transformer_iwslt_de_en", "--encoder-normalize-before", "--decoder-normalize-before"]
+    else:
+        arch = ["--user-dir", str(ROOT / "powernorm_fairseq"), "--arch", "powernorm_transformer_iwslt_de_en",
+                "--norm-type", variant]
+    return [str(BIN / "fairseq-train"), str(data), *arch, "--share-all-embeddings", "--fp16",
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "0.0015",
+            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "8000", "--dropout", "0.3",
+            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+            "--max-tokens", str(max_tokens), "--max-update", str(updates), "--seed", "1",
+            "--save-dir", str(save_dir), "--no-save", "--disable-validation", "--log-format", "json",
+            "--log-interval", "10", "--num-workers", "0"]
+
+
+def bench_train_gpu(data, work, variants, token_sizes, updates, rounds):
+    """fairseq-train --fp16 words/s (median over the second half of the logged
+    intervals) and peak GPU memory of each variant over stock LN, runs
+    interleaved in shuffled order, each round repeating every pair."""
+    rows = []
+    for max_tokens in token_sizes:
+        runs = {v: {"wps": [], "peak_mib": []} for v in variants}
+        for r in range(rounds):
+            order = variants[:]
+            random.Random(r).shuffle(order)
+            for v in order:
+                cmd = gpu_train_command(data, work / f"gpu-{v}-{max_tokens}-{r}", v, max_tokens, updates)
+                log, peak = run_training(cmd, cuda=True)
+                intervals = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
+                if len(intervals) < 2:
+                    raise RuntimeError(f"{v} at {max_tokens} tokens logged {len(intervals)} intervals")
+                second_half = intervals[len(intervals) // 2:]
+                runs[v]["wps"].append(statistics.median(float(i["wps"]) for i in second_half))
+                runs[v]["peak_mib"].append(peak)
+        base = {key: statistics.median(runs["stock-ln"][key]) for key in ("wps", "peak_mib")}
+        for v in variants:
+            if v == "stock-ln":
+                continue
+            wps, mem = statistics.median(runs[v]["wps"]), statistics.median(runs[v]["peak_mib"])
+            rows.append(dict(norm=v, max_tokens=max_tokens, precision="fp16", updates=updates, rounds=rounds,
+                             wps=sig(wps), stock_wps=sig(base["wps"]), wps_ratio=sig(wps / base["wps"]),
+                             peak_mib=sig(mem), stock_peak_mib=sig(base["peak_mib"]),
+                             mem_ratio=sig(mem / base["peak_mib"])))
+    return rows
 
 
 # ---------------------------------------------------------------- 3. quality
@@ -224,11 +290,127 @@ def prepare(corpus, out):
 
 
 # ---------------------------------------------------------------- report
+def gpu_machine():
+    import triton
+
+    return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                cuda=torch.version.cuda, python=platform.python_version(), date=time.strftime("%Y-%m-%d"),
+                backend=kernels.describe(torch.empty(1, device="cuda")))
+
+
+def gpu_markdown(results):
+    out = [f"Device: {results['device']}, torch {results['torch']}, triton {results['triton']}, "
+           f"CUDA {results['cuda']}, norms on the {results['backend']} backend, {results['date']}.", ""]
+    if results.get("layers"):
+        out += ["### 1. Norm layer on the GPU, forward + backward, relative to `F.layer_norm`", "",
+                f"20% padding; median of interleaved pairs, each the mean of {GPU_CALLS} calls timed with CUDA "
+                f"events; copy bandwidth {results['copy_bandwidth_gb_s']} GB/s; bytes = 5 x tensor.", "",
+                "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s | of copy bandwidth | target |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in results["layers"]:
+            met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["ratio_to_ln"] <= r["target"] else "**missed**"))
+            out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.3f} | "
+                       f"{r['ln_ms']:.3f} | {r['gbps']} | {r['fraction_of_bandwidth']:.0%} | {met} |")
+        out.append("")
+    if results.get("train"):
+        out += ["### 2. `fairseq-train --fp16` words/s and peak GPU memory, relative to stock "
+                "`transformer_iwslt_de_en` (pre-norm LN)", "",
+                "Full-size model (6+6 layers, 512 dims); words/s is the median of the logged intervals over the "
+                "second half of each run; peak memory is `torch.cuda.max_memory_allocated`; runs interleaved in "
+                "shuffled order, median over rounds.", "",
+                "| encoder norm | tokens per batch | updates x rounds | words/s | / stock | peak MiB | / stock | target (pn) |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in results["train"]:
+            met = ""
+            if r["norm"] == "pn":
+                ok = r["wps_ratio"] >= TARGETS["throughput"] and r["mem_ratio"] <= TARGETS["memory"]
+                met = f">= {TARGETS['throughput']}, <= {TARGETS['memory']} " + ("met" if ok else "**missed**")
+            out.append(f"| {r['norm']} | {r['max_tokens']} | {r['updates']} x {r['rounds']} | {r['wps']} | "
+                       f"{r['wps_ratio']:.3f} | {r['peak_mib']} | {r['mem_ratio']:.3f} | {met} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def gpu_plots(results, out):
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if results.get("layers"):
+        rows = results["layers"]
+        panels = sorted({(r["dtype"], r["shape"]) for r in rows})
+        fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4.5), sharey=True, squeeze=False)
+        for ax, (dtype, shape) in zip(axes[0], panels):
+            vals = [next(r["ratio_to_ln"] for r in rows if (r["dtype"], r["shape"], r["norm"]) == (dtype, shape, k))
+                    for k in NORM_TYPES]
+            ax.bar(range(len(NORM_TYPES)), vals, color="tab:blue")
+            for j, k in enumerate(NORM_TYPES):
+                if k in TARGETS["layers"]:
+                    ax.hlines(TARGETS["layers"][k], j - 0.4, j + 0.4, colors="red", linestyles="dashed")
+            ax.axhline(1.0, color="gray", linewidth=0.8)
+            ax.set_xticks(range(len(NORM_TYPES)), NORM_TYPES, rotation=60, fontsize=8)
+            ax.set_title(f"{dtype}, {shape}")
+            ax.set_xlabel("norm type (red dashes: target)")
+        axes[0][0].set_ylabel("forward + backward time / LayerNorm (ratio)")
+        fig.suptitle(f"Norm layer cost on {results['device']}, 20% padding")
+        fig.tight_layout()
+        fig.savefig(out / "layers-cuda.png", dpi=120)
+        plt.close(fig)
+    if results.get("train"):
+        rows = results["train"]
+        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+        labels = [f"{r['norm']}\n{r['max_tokens']}" for r in rows]
+        axes[0].bar(labels, [r["wps_ratio"] for r in rows], color="tab:blue")
+        axes[0].axhline(TARGETS["throughput"], color="red", linestyle="dashed", label="target for pn")
+        axes[0].set_ylabel("words/s / stock LN transformer (ratio)")
+        axes[0].set_title("fairseq-train --fp16 throughput")
+        axes[1].bar(labels, [r["mem_ratio"] for r in rows], color="tab:orange")
+        axes[1].axhline(TARGETS["memory"], color="red", linestyle="dashed", label="target for pn")
+        axes[1].set_ylabel("peak GPU memory / stock LN transformer (ratio)")
+        axes[1].set_title("peak GPU memory (max_memory_allocated)")
+        for ax in axes:
+            ax.set_xlabel("encoder norm, tokens per batch")
+            ax.legend(loc="lower right")
+        fig.tight_layout()
+        fig.savefig(out / "train-cuda.png", dpi=120)
+        plt.close(fig)
+
+
+def main_gpu(p, args, out):
+    """``--device cuda``: layer timings and fairseq-train --fp16 runs on the GPU."""
+    if not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
+    sections = set(args.sections.split(","))
+    unknown = sections - {"layers", "throughput"}
+    if unknown:
+        p.error(f"--sections: {', '.join(sorted(unknown))} not available with --device cuda; allowed: layers, "
+                "throughput (GPU quality runs are the recipes': scripts/train.sh and evaluate.sh)")
+    previous = out / "results-cuda.json"
+    results = json.loads(previous.read_text()) if previous.exists() else {}
+    results.update(gpu_machine())
+    if "layers" in sections:
+        shapes = [(64, 64, 512), (128, 128, 1024)]
+        dtypes = [torch.float32, torch.float16, torch.bfloat16]
+        rows, bw = bench_layers(shapes, max(30, args.reps), dtypes, device="cuda")
+        results["layers"], results["copy_bandwidth_gb_s"] = rows, round(bw / 1e9, 1)
+    if "throughput" in sections:
+        data = prepare(args.corpus, out / "work" / "data")
+        results["train"] = bench_train_gpu(data / "bin", out / "work", ["stock-ln", "ln", "pn", "pn-v", "bn"],
+                                           [4096, 16384], args.updates or 500, args.rounds)
+    (out / "results-cuda.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results-cuda.md").write_text(gpu_markdown(results) + "\n")
+    gpu_plots(results, out)
+    print(gpu_markdown(results))
+    print(f"\nwritten: {out}/results-cuda.json, results-cuda.md, *-cuda.png")
+
+
 def machine():
     cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
                 if l.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     return dict(cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
-                python=platform.python_version(), fused_kernels=kernels.load() is not None,
+                python=platform.python_version(), fused_kernels=kernels.cpu.available(),
                 date=time.strftime("%Y-%m-%d"))
 
 
@@ -246,7 +428,7 @@ def markdown(results):
         for r in results["layers"]:
             met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["ratio_to_ln"] <= r["target"] else "**missed**"))
             out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.2f} | "
-                       f"{r['ln_ms']:.2f} | {r['gb_per_s']} | {r['fraction_of_bandwidth']:.0%} | {met} |")
+                       f"{r['ln_ms']:.2f} | {r.get('gbps', r.get('gb_per_s'))} | {r['fraction_of_bandwidth']:.0%} | {met} |")
         out.append("")
     if "throughput" in results:
         out += ["### 2 and 4. `fairseq-train` words/s and peak memory, relative to stock `transformer_iwslt_de_en` (LN)", "",
@@ -350,12 +532,18 @@ def main(argv=None):
     p.add_argument("--minutes", type=float, default=3.0, help="CPU minutes per quality run")
     p.add_argument("--reps", type=int, default=60, help="interleaved repetitions per layer timing")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the throughput runs")
-    p.add_argument("--updates", type=int, default=60, help="updates per throughput run")
+    p.add_argument("--updates", type=int, default=None,
+                   help="updates per throughput run (default 60 on the CPU, 500 with --device cuda)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: layer timings in float32/16/bfloat16 and fairseq-train --fp16 runs on the GPU, "
+                        "written to results-cuda.{md,json} and *-cuda.png")
     p.add_argument("--tiny", action="store_true", help="tiny sizes, to check that every benchmark runs")
     args = p.parse_args(argv)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.device == "cuda":
+        return main_gpu(p, args, out)
     work = out / "work"
     sections = set(args.sections.split(","))
     unknown = sections - {"layers", "throughput", "quality"}
@@ -375,7 +563,8 @@ def main(argv=None):
     if "throughput" in sections:
         variants = ["stock-ln", *NORM_TYPES]
         results["throughput"] = bench_throughput(data / "bin", work, variants, dims,
-                                                 4 if args.tiny else args.updates, 1 if args.tiny else args.rounds)
+                                                 4 if args.tiny else args.updates or 60,
+                                                 1 if args.tiny else args.rounds)
     if "quality" in sections:
         seeds = [int(s) for s in args.seeds.split(",")]
         norms = args.quality_norms.split(",")

@@ -19,7 +19,7 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     layers = results["layers"]
     assert {(r["norm"], r["dtype"]) for r in layers} == {(k, d) for k in NORM_TYPES for d in ("float32", "bfloat16")}
-    assert all(r["ratio_to_ln"] > 0 and r["gb_per_s"] > 0 for r in layers)
+    assert all(r["ratio_to_ln"] > 0 and r["gbps"] > 0 for r in layers)
     assert [r["variant"] for r in results["throughput"]] == ["stock-ln", *NORM_TYPES]
     assert all(r["wps"] > 0 and r["peak_mib"] > 100 for r in results["throughput"])
     assert [r["norm"] for r in results["quality"]["summary"]] == ["ln", "pn"]
@@ -30,3 +30,37 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     for png in ("layers.png", "throughput_memory.png", "quality.png"):
         data = (tmp_path / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_gpu_benchmark_refuses_a_machine_without_cuda(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--device", "cuda", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith("--device cuda: no CUDA device is visible "
+                                                         "(torch.cuda.is_available() is False)")
+    assert not (tmp_path / "results-cuda.json").exists()
+
+
+def test_gpu_report_marks_each_target_met_or_missed(tmp_path):
+    """The GPU tables and plots from results in the documented JSON shape."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import run as bench
+
+    layers = [dict(norm=k, dtype=d, shape=s, ratio_to_ln=1.2 if k == "pn" else 1.6, ms=0.1, ln_ms=0.07, gbps=900.0,
+                   fraction_of_bandwidth=0.3, target=bench.TARGETS["layers"].get(k))
+              for k in NORM_TYPES for d in ("float32", "float16") for s in ("64x64x512", "128x128x1024")]
+    train = [dict(norm=k, max_tokens=t, precision="fp16", updates=500, rounds=2, wps=9000.0, stock_wps=10000.0,
+                  wps_ratio=0.9 if t == 4096 else 0.97, peak_mib=1000.0, stock_peak_mib=1000.0, mem_ratio=1.0)
+             for k in ("ln", "pn") for t in (4096, 16384)]
+    results = dict(device="NVIDIA H100", torch="2.x", triton="3.x", cuda="12", python="3.12", date="today",
+                   backend="triton", layers=layers, train=train, copy_bandwidth_gb_s=3000.0)
+    table = bench.gpu_markdown(results)
+    pn_rows = [line for line in table.splitlines() if line.startswith("| float") and "| pn |" in line]
+    assert len(pn_rows) == 4 and all(line.endswith("<= 1.3 met |") for line in pn_rows)
+    bn_rows = [line for line in table.splitlines() if "| bn |" in line]
+    assert bn_rows and all(line.endswith("<= 1.5 **missed** |") for line in bn_rows)
+    train_rows = [line for line in table.splitlines() if line.startswith("| pn | ")]
+    assert [r.endswith("**missed** |") for r in train_rows] == [True, False]
+    bench.gpu_plots(results, tmp_path)
+    for png in ("layers-cuda.png", "train-cuda.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
