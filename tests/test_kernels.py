@@ -213,3 +213,39 @@ def _triton_type(a):
     if isinstance(a, int):
         return "i32"
     return "fp32"
+
+
+@pytest.mark.parametrize("backend", kernels.BACKENDS)
+def test_real_token_count_follows_the_mask(backend):
+    """The count read once per mask object is read again when the mask changes in place."""
+    backend_or_fail(backend)
+    from powernorm_fairseq.norms.kernels import functions
+
+    x = torch.randn(5, 3, 4)
+    pad = torch.zeros(3, 5, dtype=torch.bool)
+    assert functions.rows(x, pad)[1:] == (None, 15)
+    pad[1, 2:] = True
+    keep, n = functions.rows(x, pad)[1:]
+    assert n == 12 and keep.sum() == 12
+    norm = build_norm("bn", 4).train()
+    with kernels.use(backend):
+        norm(x, pad)
+        first = x[~pad.t()].mean(0)
+        pad[0, 1:] = True  # the same mask object, now with fewer real tokens
+        norm(x, pad)
+        second = x[~pad.t()].mean(0)
+    torch.testing.assert_close(norm.running_mean, 0.9 * 0.1 * first + 0.1 * second)
+
+
+@pytest.mark.parametrize("backend", kernels.BACKENDS)
+def test_pn_step_counter_is_read_again_after_a_load(backend):
+    backend_or_fail(backend)
+    norm, other = build_norm("pn", 8, warmup_updates=3).train(), build_norm("pn", 8, warmup_updates=3).train()
+    with kernels.use(backend):
+        for _ in range(2):
+            norm(torch.randn(3, 2, 8))
+        for _ in range(5):
+            other(torch.randn(3, 2, 8))
+        norm.load_state_dict(other.state_dict())
+        norm(torch.randn(3, 2, 8))
+    assert int(norm.num_steps) == 6

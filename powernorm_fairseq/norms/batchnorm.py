@@ -17,7 +17,7 @@ from . import kernels
 from . import sync as sync_mod
 from .base import Norm
 from .kernels import functions as fused
-from .stats import finite, group_scale, real_tokens, token_mean, upcast
+from .stats import assign_if_finite, group_scale, real_tokens, token_mean, upcast
 
 
 class BatchStatNorm(Norm):
@@ -146,12 +146,12 @@ class MaskedBatchNorm(BatchStatNorm):
 
     @torch.no_grad()
     def update_running(self, mean, var, n):
-        if not finite(mean, var):
-            return  # overflowed half-precision activations: keep the running statistics
-        self.running_mean.lerp_(mean.to(self.running_mean), self.momentum)
+        # non-finite statistics (overflowed half-precision activations) leave both alone
+        rm, rv = self.running_mean, self.running_var
+        assign_if_finite(rm, rm.lerp(mean.to(rm), self.momentum), mean, var)
         if n > 1:  # one token has no variance estimate (torch's BatchNorm refuses such a batch)
             unbiased = var * n / (n - 1)  # like torch's BatchNorm
-            self.running_var.lerp_(unbiased.to(self.running_var), self.momentum)
+            assign_if_finite(rv, rv.lerp(unbiased.to(rv), self.momentum), mean, var)
 
 
 class OriginalBatchNorm(MaskedBatchNorm):

@@ -25,7 +25,7 @@ from . import sync as sync_mod
 from .base import Norm
 from .batchnorm import BatchStatNorm
 from .kernels import functions as fused
-from .stats import finite, group_scale, real_tokens, stat_dtype, token_mean, update_nu, upcast
+from .stats import assign_if_finite, group_scale, real_tokens, stat_dtype, token_mean, update_nu, upcast
 
 
 def _affine(xh: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -46,9 +46,9 @@ class PowerNormV(BatchStatNorm):
 
     @torch.no_grad()
     def update_running(self, mean, psi2, n):
-        if not finite(psi2):
-            return  # overflowed half-precision activations: keep the running psi^2
-        self.running_psi2.lerp_(psi2.to(self.running_psi2), self.momentum)
+        # a non-finite psi^2 (overflowed half-precision activations) leaves it alone
+        rp = self.running_psi2
+        assign_if_finite(rp, rp.lerp(psi2.to(rp), self.momentum), psi2)
 
 
 class PowerNormFunction(torch.autograd.Function):
@@ -155,29 +155,48 @@ class PowerNorm(Norm):
         self.register_buffer("running_psi2", torch.ones(dim))
         self.register_buffer("running_nu", torch.zeros(dim))
         self.register_buffer("num_steps", torch.tensor(0, dtype=torch.long))
+        self._steps = None  # num_steps on the host, so that a GPU run need not wait to read it
+
+    def _next_step(self) -> int:
+        """k of the coming training forward (1-based); :meth:`_count_step` commits it."""
+        if self._steps is None:
+            self._steps = int(self.num_steps)  # once, and again after a load
+        return self._steps + 1
+
+    def _count_step(self, k: int):
+        self._steps = k
+        self.num_steps.fill_(k)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._steps = None
+        super()._load_from_state_dict(*args, **kwargs)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         syncing = self.training and sync_mod.active(self.sync)
         k = kernels.select(x) if self.training else None
+        xk = x if k is not None and x.dtype in k.DTYPES else upcast(x)  # what the backend computes on
         if syncing:
-            if k is not None:
-                return self._fused_synced(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
-            return self._synced(upcast(x), pad_mask).to(x.dtype)
-        if not self.training or (pad_mask is not None and bool(pad_mask.all())):
+            y = self._fused_synced(k, xk, pad_mask) if k is not None else self._synced(xk, pad_mask)
+            return y.to(x.dtype)
+        if k is not None:
+            all_padding = pad_mask is not None and fused.rows(xk, pad_mask)[2] == 0
+        else:
+            all_padding = pad_mask is not None and bool(pad_mask.all())
+        if not self.training or all_padding:
             # eval, or a training batch that is all padding: running psi^2, no update
             return self._with_running_psi2(self._scaled(upcast(x))).to(x.dtype)
 
-        self.num_steps += 1
-        step = int(self.num_steps)
+        step = self._next_step()
+        self._count_step(step)
         warm = step <= self.warmup_updates
         if self.backward == "reference":
             mode, batch_scale = "reference", warm
         else:
             mode, batch_scale = ("exact" if warm else "paper"), warm
         if k is not None:
-            y, psi2_batch = self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask, mode, batch_scale)
+            y, psi2_batch = self._fused(k, xk, pad_mask, mode, batch_scale)
         else:
-            y, psi2_batch = self._plain(upcast(x), pad_mask, mode, batch_scale)
+            y, psi2_batch = self._plain(xk, pad_mask, mode, batch_scale)
         self._update_psi2(psi2_batch, step, warm)
         return y.to(x.dtype)
 
@@ -190,9 +209,7 @@ class PowerNorm(Norm):
 
     def _update_psi2(self, psi2_batch, k, warm):
         with torch.no_grad():  # psi^2_t, after the forward used psi^2_{t-1}
-            psi2, psi2_batch = self.running_psi2, psi2_batch.to(self.running_psi2)
-            if not bool(torch.isfinite(psi2_batch).all()):
-                return  # overflowed half-precision activations: keep the running psi^2
+            psi2, psi2_batch = self.running_psi2.clone(), psi2_batch.to(self.running_psi2)
             if self.backward == "reference":
                 # REFERENCE: the cumulative mean stops one step before the
                 # warmup does, and the exponential average is applied on top
@@ -204,6 +221,8 @@ class PowerNorm(Norm):
                 psi2.mul_((k - 1) / k).add_(psi2_batch / k)  # cumulative mean
             else:
                 psi2.lerp_(psi2_batch, 1.0 - self.alpha_fwd)  # Algorithm 2: psi_t^2
+            # overflowed half-precision activations leave the running psi^2 alone
+            assign_if_finite(self.running_psi2, psi2, psi2_batch)
 
     def _synced(self, xf, pad_mask):
         """Training under ``--norm-sync batch|running`` (plain PyTorch operations)."""
@@ -212,8 +231,8 @@ class PowerNorm(Norm):
         N, _, psi2_global = sync_mod.moments(xs, keep, center=False)
         if N == 0:  # every worker's batch is padding: as in eval, no update
             return self._with_running_psi2(xs)
-        self.num_steps += 1
-        k = int(self.num_steps)
+        k = self._next_step()
+        self._count_step(k)
         warm = k <= self.warmup_updates
         psi2_global = psi2_global.to(xs)
         if self.sync == "batch" or n == 0:
@@ -258,7 +277,7 @@ class PowerNorm(Norm):
         batch term of Eq. 6."""
         x2, keep, n = fused.rows(x, pad_mask)
         groups = self.groups if self.group_scaling else 0
-        step = int(self.num_steps) + 1
+        step = self._next_step()
         warm = step <= self.warmup_updates
         plan = fused.Plan(k=k, groups=groups, center=False, mode="exact" if warm else "paper", n=n,
                           nu=self.running_nu, rate=1.0 - self.alpha_bwd, collect_stats=not warm,
@@ -286,7 +305,7 @@ class PowerNorm(Norm):
                 return self._with_running_psi2(self._scaled(upcast(x)))
             psi2_global = (total / N).to(sd)
         plan.n_global = N
-        self.num_steps += 1
+        self._count_step(step)
         self._update_psi2(psi2_global, step, warm)
         return y.view_as(x)
 

@@ -50,9 +50,14 @@ def group_scale(x: Tensor, groups: int, eps: float = GROUP_EPS) -> Tensor:
     return xg.reshape(T, B, C)
 
 
-def finite(*stats) -> bool:
-    """Whether every given statistic (None allowed) is finite."""
-    return all(t is None or bool(torch.isfinite(t).all()) for t in stats)
+@torch.no_grad()
+def assign_if_finite(buf: Tensor, new: Tensor, *checks: Optional[Tensor]):
+    """``buf <- new`` if every statistic in ``checks`` (None allowed) is finite,
+    else ``buf`` unchanged: overflowed half-precision activations or a float16
+    loss-scale overflow must not enter a running statistic. Decided on the
+    device, so a GPU run does not wait for it."""
+    ok = torch.stack([torch.isfinite(t).all() for t in checks if t is not None]).all()
+    buf.copy_(torch.where(ok, new.to(buf), buf))
 
 
 def update_nu(nu: Tensor, rate: float, gamma_t: Tensor, lambda_t: Tensor):
@@ -62,5 +67,4 @@ def update_nu(nu: Tensor, rate: float, gamma_t: Tensor, lambda_t: Tensor):
     tokens. Skipped when the gradient is not finite: a float16 loss-scale
     overflow, whose step the optimizer skips too, must not leave inf/NaN in nu.
     """
-    if finite(gamma_t, lambda_t):
-        nu.mul_((1.0 - rate * lambda_t).to(nu)).add_((rate * gamma_t).to(nu))
+    assign_if_finite(nu, nu * (1.0 - rate * lambda_t).to(nu) + (rate * gamma_t).to(nu), gamma_t, lambda_t)

@@ -25,6 +25,7 @@ Backend sums come back as float64 (C,) rows; per-channel vectors are kept in
 the statistics dtype (float32 for half inputs), activations in their own.
 """
 
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -123,10 +124,29 @@ def rows(x: Tensor, pad_mask: Optional[Tensor]):
     """x as contiguous (N, C) rows, per-row real-token weights (or None), and N real."""
     T, B, C = x.shape
     x2 = x.contiguous().view(T * B, C)
-    if pad_mask is None or not pad_mask.any():
+    if pad_mask is None:
         return x2, None, T * B
-    keep = (~pad_mask).t().reshape(T * B).to(stat_dtype(x))
-    return x2, keep, int(keep.sum().item())
+    keep, n = _real_rows(pad_mask, stat_dtype(x))
+    return x2, keep, n
+
+
+_last = (None, None, None, None)  # (the mask, its version, dtype, (keep, n))
+
+
+def _real_rows(pad_mask: Tensor, dtype: torch.dtype):
+    """Per-row weights of a (B, T) mask, None when nothing is padded, and the
+    real-token count. The count is read to the host once per mask, not once
+    per norm: every norm of an encoder sees the same mask, and on a GPU each
+    read waits for the work queued before it."""
+    global _last
+    ref, version, dt, value = _last
+    if ref is not None and ref() is pad_mask and version == pad_mask._version and dt == dtype:
+        return value
+    keep = (~pad_mask).t().reshape(-1).to(dtype)
+    n = int(keep.sum().item())
+    value = (keep if n < keep.numel() else None, n)
+    _last = (weakref.ref(pad_mask), pad_mask._version, dtype, value)
+    return value
 
 
 def batch_sums(k, x2, keep, groups):
