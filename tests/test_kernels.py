@@ -249,3 +249,39 @@ def test_pn_step_counter_is_read_again_after_a_load(backend):
         norm.load_state_dict(other.state_dict())
         norm(torch.randn(3, 2, 8))
     assert int(norm.num_steps) == 6
+
+
+LOAD = ("from powernorm_fairseq.norms.kernels import cpu\n"
+        "assert cpu.available(), cpu.failure\n"
+        "print('loaded')\n")
+
+
+def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_run():
+    """torch's loader would wait forever for the ``lock`` file of a build that was killed."""
+    k = backend_or_fail("cpu")
+    stale = k.build_directory() / "lock"
+    stale.touch()
+    try:
+        proc = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=300)
+    finally:
+        stale.unlink(missing_ok=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr[-2000:]
+    assert f"removing {stale}, left by a kernel build that was interrupted" in proc.stderr
+
+
+def test_a_run_waiting_for_another_build_says_so_and_then_proceeds():
+    import fcntl
+    import time
+
+    k = backend_or_fail("cpu")
+    with open(k.build_directory() / "powernorm-build.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process "building"
+        proc = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        line, deadline = "", time.time() + 120
+        while "waiting" not in line and time.time() < deadline and proc.poll() is None:
+            line = proc.stderr.readline()
+        assert "waiting for another process to build the CPU kernels (lock" in line, line
+        assert proc.poll() is None  # still waiting while the lock is held
+    out, err = proc.communicate(timeout=300)  # released: it proceeds
+    assert proc.returncode == 0 and out.strip() == "loaded", err[-2000:]

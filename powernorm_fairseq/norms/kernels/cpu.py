@@ -6,12 +6,16 @@ present the norms run their plain PyTorch path instead, and the dispatch
 (``kernels/__init__.py``) says so.
 """
 
+import fcntl
+import logging
 import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 NAME = "cpu"
 DTYPES = (torch.float32, torch.float64)  # half inputs are upcast by the caller
@@ -29,18 +33,54 @@ def load():
     try:
         from torch.utils.cpp_extension import load as load_extension
 
-        with _venv_tools_on_path():
+        build = build_directory()
+        build.mkdir(parents=True, exist_ok=True)
+        with _venv_tools_on_path(), _build_lock(build):
             _module = load_extension(
                 name="powernorm_fairseq_kernels",
                 sources=[str(_SOURCE)],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
                 extra_ldflags=["-fopenmp"],
+                build_directory=str(build),
                 verbose=False,
             )
     except Exception as err:  # no compiler, no ninja, a build error: the caller falls back, loudly
         text = str(err).strip()
         failure = f"{type(err).__name__}: {text.splitlines()[-1] if text else err}"
     return _module
+
+
+def build_directory() -> Path:
+    """Where torch's loader builds and caches the kernels (its own default place)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    flavour = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}" / "powernorm_fairseq_kernels"
+
+
+@contextmanager
+def _build_lock(build: Path):
+    """One build at a time, under a lock that dies with its holder.
+
+    torch's loader guards a build with a file (``lock``) that a killed build
+    leaves behind, and the next process then waits for it forever. Processes
+    here first take an flock, which the system releases when its holder
+    exits, and say in one line when they wait for one. Holding it, a ``lock``
+    file can only be one left by a build that was killed: it is removed.
+    """
+    with open(build / "powernorm-build.flock", "a") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning("powernorm_fairseq: waiting for another process to build the CPU kernels "
+                           "(lock %s)", held.name)
+            fcntl.flock(held, fcntl.LOCK_EX)
+        stale = build / "lock"
+        if stale.exists():
+            logger.warning("powernorm_fairseq: removing %s, left by a kernel build that was interrupted", stale)
+            stale.unlink()
+        yield
 
 
 @contextmanager
