@@ -6,7 +6,7 @@ models and their architectures.
 """
 
 from .checkpoints import allow_fairseq_checkpoints, atomic_checkpoint_copies, resume_with_the_same_batches
-from .compat import numpy_compat_long
+from .compat import bf16_without_tpu, numpy_compat_long
 from .errors import install_excepthook
 from .shutdown import install as install_clean_exit
 
@@ -18,5 +18,6 @@ resume_with_the_same_batches()
 install_excepthook()
 install_clean_exit()
 numpy_compat_long()
+bf16_without_tpu()
 
 from . import models  # noqa: E402,F401 (registers the model with fairseq)

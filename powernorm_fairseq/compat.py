@@ -16,3 +16,35 @@ def numpy_compat_long():
         np.compat.long
     except AttributeError:
         np.compat = types.SimpleNamespace(long=int)
+
+
+def bf16_without_tpu():
+    """``--bf16`` on a GPU or CPU.
+
+    fairseq 0.12 makes ``--bf16`` imply ``--tpu`` (options.py), and without
+    torch_xla the run dies in ``get_tpu_device``. Where torch_xla is absent,
+    the training configuration keeps ``--bf16`` and drops the implied
+    ``--tpu``: fairseq then casts the model to bfloat16 on the GPU (or CPU)
+    and keeps float32 master weights without a loss scaler, its own bf16
+    path. The namespace is converted by ``fairseq_cli.train`` after the
+    plugin is imported, so the converter is wrapped there too.
+    """
+    import importlib.util
+    import sys
+
+    from fairseq.dataclass import utils as dataclass_utils
+
+    original = dataclass_utils.convert_namespace_to_omegaconf
+    if getattr(original, "bf16_without_tpu", False) or importlib.util.find_spec("torch_xla") is not None:
+        return
+
+    def convert(args):
+        if getattr(args, "bf16", False) and getattr(args, "tpu", False):
+            args.tpu = False
+        return original(args)
+
+    convert.bf16_without_tpu = True
+    dataclass_utils.convert_namespace_to_omegaconf = convert
+    train = sys.modules.get("fairseq_cli.train")
+    if train is not None and getattr(train, "convert_namespace_to_omegaconf", None) is original:
+        train.convert_namespace_to_omegaconf = convert
