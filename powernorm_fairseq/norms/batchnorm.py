@@ -17,7 +17,7 @@ from . import kernels
 from . import sync as sync_mod
 from .base import Norm
 from .kernels import functions as fused
-from .stats import assign_if_finite, group_scale, real_tokens, token_mean, upcast
+from .stats import assign_if_finite, group_scale, real_tokens, stat_dtype, token_mean, upcast
 
 
 class BatchStatNorm(Norm):
@@ -62,14 +62,13 @@ class BatchStatNorm(Norm):
         pass; the exact gradient in two passes. Under ``--norm-sync`` the
         all-reduce sits between the statistics and the normalising kernels."""
         x2, keep, n = fused.rows(x, pad_mask)
-        sums = fused.batch_sums(k, x2, keep, groups=0)
+        shift = fused.a_real_row(x2, keep) if self.center else None
+        sums = fused.batch_sums(k, x2, keep, 0, shift)
         plan = fused.Plan(k=k, groups=0, center=self.center, mode="exact", n=n)
         if sync_mod.active(self.sync):
-            packed = sync_mod.all_sum(torch.cat([sums, sums.new_tensor([[float(n)] * sums.size(1)])]))
-            N = int(packed[2, 0].item())
+            N, g_mean, g_second = self._global_moments(sums, n, shift, x)
             if N == 0:  # every worker's batch is padding
                 return self._with_running(x)
-            g_mean, g_second = fused.moments(packed[:2], N, self.center, x)
             self.update_running(g_mean, g_second, N)
             if self.sync == "batch":  # the global batch, and the exact gradient of its statistics
                 mean, second = g_mean, g_second
@@ -77,14 +76,35 @@ class BatchStatNorm(Norm):
             elif n == 0:
                 return self._with_running(x)
             else:  # running: this worker's batch and gradient; the buffers above are global
-                mean, second = fused.moments(sums, n, self.center, x)
+                mean, second = fused.moments(sums, n, self.center, x, shift)
         elif n == 0:  # a training batch that is all padding
             return self._with_running(x)
         else:
-            mean, second = fused.moments(sums, n, self.center, x)
+            mean, second = fused.moments(sums, n, self.center, x, shift)
             self.update_running(mean, second, n)
         plan.mean, plan.inv = mean, torch.rsqrt(second + self.eps)
         return fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan).view_as(x)
+
+    def _global_moments(self, sums: Tensor, n: int, shift: Optional[Tensor], like: Tensor):
+        """(N, mean or None, variance or psi^2) of the union of the workers'
+        batches from this worker's shifted sums: the means and the sums of
+        squared deviations are combined (Chan et al.'s pairwise formula), as
+        the workers' shifts differ."""
+        cat = (lambda v: torch.cat([v, v.new_tensor([float(n)])]))
+        if not self.center:
+            packed = sync_mod.all_sum(cat(sums[1]))
+            N = int(packed[-1].item())
+            return N, None, (packed[:-1] / max(N, 1)).to(stat_dtype(like))
+        m = max(n, 1)
+        local_mean = shift.double() + sums[0] / m
+        local_m2 = sums[1] - sums[0] * sums[0] / m  # sum of squared deviations from local_mean
+        packed = sync_mod.all_sum(cat(local_mean * n))
+        N = int(packed[-1].item())
+        if N == 0:
+            return 0, None, None
+        mean = packed[:-1] / N
+        m2 = sync_mod.all_sum(local_m2 + n * (local_mean - mean) ** 2)
+        return N, mean.to(stat_dtype(like)), (m2 / N).clamp(min=0).to(stat_dtype(like))
 
     def _with_running(self, x: Tensor) -> Tensor:
         """Normalised with the running statistics, as in eval."""

@@ -104,9 +104,10 @@ def takes(x: torch.Tensor) -> bool:
 
 
 # The backend interface (the same in gpu.py); the math is in functions.py.
-def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats):
+def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats, shift=None):
+    shift = torch.empty(0) if shift is None else shift.to(x.dtype)
     return load().forward(x, keep, groups, gs_eps, mean, inv, weight.to(x.dtype), bias.to(x.dtype),
-                          want_y, want_stats)
+                          want_y, want_stats, shift)
 
 
 def backward(x, keep, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, groups, correct_pads, want_gx,

@@ -149,19 +149,31 @@ def _real_rows(pad_mask: Tensor, dtype: torch.dtype):
     return value
 
 
-def batch_sums(k, x2, keep, groups):
-    """(2, C) float64 sums of xs and xs^2 over the real (group-scaled) rows: one read of x."""
-    _, _, sums = k.forward(x2, _opt(keep), groups, GROUP_EPS, _none(), _none(), _none(), _none(), False, True)
+def batch_sums(k, x2, keep, groups, shift=None):
+    """(2, C) float64 sums of d and d^2 over the real (group-scaled) rows, d =
+    xs - shift: one read of x."""
+    _, _, sums = k.forward(x2, _opt(keep), groups, GROUP_EPS, _none(), _none(), _none(), _none(), False, True,
+                           shift)
     return sums
 
 
-def moments(sums: Tensor, n: int, center: bool, like: Tensor):
-    """(mean or None, variance or psi^2) in the statistics dtype of ``like`` from batch_sums over n rows."""
+def a_real_row(x2: Tensor, keep: Optional[Tensor]) -> Tensor:
+    """One real token's channels (C,), chosen on the device: the shift that
+    keeps the one-pass variance accurate when a channel's mean is large next
+    to its spread (the shifted-data algorithm; Chan, Golub & LeVeque, 1983)."""
+    row = torch.zeros(1, dtype=torch.long, device=x2.device) if keep is None else keep.argmax().view(1)
+    return x2.index_select(0, row)[0].to(stat_dtype(x2))
+
+
+def moments(sums: Tensor, n: int, center: bool, like: Tensor, shift: Optional[Tensor] = None):
+    """(mean or None, variance or psi^2) in the statistics dtype of ``like``
+    from batch_sums over n rows taken with ``shift``."""
     sd = stat_dtype(like)
-    mean, second = sums[0] / n, sums[1] / n
+    d1, d2 = sums[0] / n, sums[1] / n
     if center:
-        return mean.to(sd), (second - mean * mean).clamp(min=0).to(sd)
-    return None, second.to(sd)
+        mean = d1 if shift is None else d1 + shift.double()
+        return mean.to(sd), (d2 - d1 * d1).clamp(min=0).to(sd)
+    return None, d2.to(sd)
 
 
 class FusedScaleNorm(torch.autograd.Function):

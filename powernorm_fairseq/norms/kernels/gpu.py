@@ -72,8 +72,9 @@ def _empty(t):
     return t is None or t.numel() == 0
 
 
-def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats):
-    """y = (xs - mean) * inv * w + b and per-channel sums of xs, xs^2 over the real rows.
+def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats, shift=None):
+    """y = (xs - mean) * inv * w + b and per-channel sums of d, d^2 over the
+    real rows, d = xs - shift (0 without a shift).
 
     Returns (y or None, group scales (N, G) or None, sums (2, C) float64 or None).
     """
@@ -86,8 +87,8 @@ def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats
     _channel_forward[(progs, chunks)](
         x, keep if not _empty(keep) else x, mean if not _empty(mean) else x,
         inv if want_y else x, weight if want_y else x, bias if want_y else x, y, scale, part,
-        N, C, per_prog, gs_eps,
-        HAS_KEEP=not _empty(keep), HAS_MEAN=not _empty(mean), GROUPED=groups > 0,
+        shift if not _empty(shift) else x, N, C, per_prog, gs_eps,
+        HAS_KEEP=not _empty(keep), HAS_MEAN=not _empty(mean), HAS_SHIFT=not _empty(shift), GROUPED=groups > 0,
         WANT_Y=want_y, WANT_STATS=want_stats, F64=acc == torch.float64,
         BLOCK_N=block_n, BLOCK_C=block_c, CW=cw)
     sums = part.sum(0, dtype=torch.float64) if want_stats else None
@@ -185,9 +186,10 @@ if triton is not None:
             return v.to(tl.float32)
 
     @triton.jit
-    def _channel_forward(X, KEEP, MEAN, INV, W, Bias, Y, SCALE, PART,
+    def _channel_forward(X, KEEP, MEAN, INV, W, Bias, Y, SCALE, PART, SHIFT,
                          N, C, per_prog, gs_eps,
-                         HAS_KEEP: tl.constexpr, HAS_MEAN: tl.constexpr, GROUPED: tl.constexpr,
+                         HAS_KEEP: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                         GROUPED: tl.constexpr,
                          WANT_Y: tl.constexpr, WANT_STATS: tl.constexpr, F64: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
         pid_n = tl.program_id(0)
@@ -205,6 +207,9 @@ if triton is not None:
                 add = add - _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64) * mul
         s1 = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
         s2 = s1
+        k = s1
+        if HAS_SHIFT:
+            k = _f(tl.load(SHIFT + cols, mask=cmask, other=0.0), F64)
         start = pid_n * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows = start + r0 + tl.arange(0, BLOCK_N)
@@ -217,11 +222,12 @@ if triton is not None:
                 tl.store(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, r, mask=rmask)
                 x = x * r[:, None]
             if WANT_STATS:
-                xk = x
+                d = tl.where(m2, x - k[None, :], 0.0)
+                dk = d
                 if HAS_KEEP:
-                    xk = x * _f(tl.load(KEEP + rows, mask=rmask, other=0.0), F64)[:, None]
-                s1 += tl.sum(xk, axis=0)
-                s2 += tl.sum(xk * x, axis=0)
+                    dk = d * _f(tl.load(KEEP + rows, mask=rmask, other=0.0), F64)[:, None]
+                s1 += tl.sum(dk, axis=0)
+                s2 += tl.sum(dk * d, axis=0)
             if WANT_Y:
                 y = x * mul[None, :] + add[None, :]
                 tl.store(Y + at, y.to(Y.dtype.element_ty), mask=m2)

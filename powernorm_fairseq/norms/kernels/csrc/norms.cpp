@@ -80,11 +80,13 @@ const T* group_scaled(const T* xr, int64_t C, int64_t G, double eps, T* buf, T* 
 }
 
 // Forward: y = (xs - mean) * inv * w + b where asked, and per-channel sums of
-// xs and xs^2 over the real tokens where asked. Returns {y, scale, sums (2, C)}.
+// d and d^2 over the real tokens where asked, d = xs - shift (shift = 0 when
+// absent; a sample of the batch keeps the variance free of cancellation).
+// Returns {y, scale, sums (2, C)}.
 template <typename T>
 std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& keep, int64_t G, double gs_eps,
                                  const Tensor& mean, const Tensor& inv, const Tensor& w,
-                                 const Tensor& b, bool want_y, bool want_stats) {
+                                 const Tensor& b, bool want_y, bool want_stats, const Tensor& shift) {
   const int64_t N = x.size(0), C = x.size(1);
   Tensor y = want_y ? torch::empty_like(x) : Tensor();
   Tensor scale = G > 0 ? torch::empty({N, G}, x.options()) : Tensor();
@@ -99,6 +101,7 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& keep, int64_t G,
     }
   }
   const T *xp = x.data_ptr<T>(), *kp = ptr_or_null<T>(keep), *mulp = mul.data(), *addp = add.data();
+  const T* __restrict__ kv = or_zeros<T>(shift, zeros);
   T *yp = want_y ? y.data_ptr<T>() : nullptr, *sp = G > 0 ? scale.data_ptr<T>() : nullptr;
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<T> buf(C), s(want_stats ? C : 0), q(want_stats ? C : 0);
@@ -110,8 +113,9 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& keep, int64_t G,
       if (want_stats && (!kp || kp[n] != T(0))) {
 #pragma omp simd
         for (int64_t c = 0; c < C; ++c) {
-          sv[c] += xs[c];
-          qv[c] += xs[c] * xs[c];
+          const T d = xs[c] - kv[c];
+          sv[c] += d;
+          qv[c] += d * d;
         }
         if ((n - begin) % kFlush == kFlush - 1) {
           flush(s, dst);
@@ -291,11 +295,11 @@ std::vector<Tensor> scalenorm_backward_impl(const Tensor& x, const Tensor& norms
 
 std::vector<Tensor> forward(const Tensor& x, const Tensor& keep, int64_t G, double gs_eps,
                             const Tensor& mean, const Tensor& inv, const Tensor& w, const Tensor& b,
-                            bool want_y, bool want_stats) {
+                            bool want_y, bool want_stats, const Tensor& shift) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (N, C) tensor");
   std::vector<Tensor> out;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "powernorm_forward", [&] {
-    out = forward_impl<scalar_t>(x, keep, G, gs_eps, mean, inv, w, b, want_y, want_stats);
+    out = forward_impl<scalar_t>(x, keep, G, gs_eps, mean, inv, w, b, want_y, want_stats, shift);
   });
   return out;
 }
