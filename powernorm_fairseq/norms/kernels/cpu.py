@@ -7,6 +7,7 @@ present the norms run their plain PyTorch path instead, and the dispatch
 """
 
 import fcntl
+import hashlib
 import logging
 import os
 import sys
@@ -51,12 +52,16 @@ def load():
 
 
 def build_directory() -> Path:
-    """Where torch's loader builds and caches the kernels (its own default place)."""
+    """Where torch's loader builds and caches the kernels: under its own root,
+    one directory per source, so that two checkouts of different versions on
+    one machine never build into, or load from, each other's directory."""
     from torch.utils.cpp_extension import get_default_build_root
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     flavour = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
-    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}" / "powernorm_fairseq_kernels"
+    source = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    return (Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}"
+            / f"powernorm_fairseq_kernels-{source}")
 
 
 @contextmanager
