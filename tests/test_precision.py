@@ -5,7 +5,6 @@ import re
 
 import pytest
 import torch
-from torch import nn
 
 from conftest import cli
 from powernorm_fairseq.norms import build_norm
