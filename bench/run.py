@@ -378,6 +378,12 @@ def gpu_plots(results, out):
         plt.close(fig)
 
 
+def merge_rows(old, new, key):
+    """``old`` rows with those of ``new`` replacing the ones with the same key, in order."""
+    fresh = {tuple(r[k] for k in key) for r in new}
+    return [r for r in old if tuple(r[k] for k in key) not in fresh] + new
+
+
 def main_gpu(p, args, out):
     """``--device cuda``: layer timings and fairseq-train --fp16 runs on the GPU."""
     if not torch.cuda.is_available():
@@ -397,8 +403,10 @@ def main_gpu(p, args, out):
         results["layers"], results["copy_bandwidth_gb_s"] = rows, round(bw / 1e9, 1)
     if "throughput" in sections:
         data = prepare(args.corpus, out / "work" / "data")
-        results["train"] = bench_train_gpu(data / "bin", out / "work", ["stock-ln", "ln", "pn", "pn-v", "bn"],
-                                           [4096, 16384], args.updates or 500, args.rounds)
+        sizes = [int(t) for t in args.gpu_tokens.split(",")]
+        rows = bench_train_gpu(data / "bin", out / "work", ["stock-ln", "ln", "pn", "pn-v", "bn"],
+                               sizes, args.updates or 500, args.rounds)
+        results["train"] = merge_rows(results.get("train", []), rows, ("norm", "max_tokens"))
     (out / "results-cuda.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results-cuda.md").write_text(gpu_markdown(results) + "\n")
     gpu_plots(results, out)
@@ -534,6 +542,9 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the throughput runs")
     p.add_argument("--updates", type=int, default=None,
                    help="updates per throughput run (default 60 on the CPU, 500 with --device cuda)")
+    p.add_argument("--gpu-tokens", default="4096,16384",
+                   help="tokens per batch of the --device cuda training rows; a run with some sizes replaces "
+                        "those rows in results-cuda.json and keeps the others")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cuda: layer timings in float32/16/bfloat16 and fairseq-train --fp16 runs on the GPU, "
                         "written to results-cuda.{md,json} and *-cuda.png")

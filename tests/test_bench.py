@@ -64,3 +64,14 @@ def test_gpu_report_marks_each_target_met_or_missed(tmp_path):
     bench.gpu_plots(results, tmp_path)
     for png in ("layers-cuda.png", "train-cuda.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_training_rows_of_one_size_replace_only_that_size():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import run as bench
+
+    old = [dict(norm=k, max_tokens=t, wps_ratio=0.5) for k in ("ln", "pn") for t in (4096, 16384)]
+    new = [dict(norm=k, max_tokens=16384, wps_ratio=0.9) for k in ("ln", "pn")]
+    merged = bench.merge_rows(old, new, ("norm", "max_tokens"))
+    assert [(r["norm"], r["max_tokens"], r["wps_ratio"]) for r in merged] == [
+        ("ln", 4096, 0.5), ("pn", 4096, 0.5), ("ln", 16384, 0.9), ("pn", 16384, 0.9)]
