@@ -31,7 +31,7 @@ KINDS = [
 IDS = [f"{k}-{'-'.join(f'{a}={b}' for a, b in o.items())}" if o else k for k, o in KINDS]
 
 
-def batch(seed, dtype):
+def batch(seed, dtype, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(T, B, C, generator=g, dtype=torch.float64) * 2 + 0.5)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
@@ -39,7 +39,7 @@ def batch(seed, dtype):
     pad = torch.arange(T)[None, :] >= lengths[:, None]
     grad_y = torch.randn(T, B, C, generator=g, dtype=torch.float64)
     grad_y[pad.t()] = 0
-    return x.to(dtype), pad, grad_y.to(dtype)
+    return x.to(device, dtype), pad.to(device), grad_y.to(device, dtype)
 
 
 def make(kind, options, dtype):
@@ -52,13 +52,13 @@ def make(kind, options, dtype):
     return norm.to(dtype).train()
 
 
-def steps(kind, options, backend, dtype, model_dtype=None, n=4):
+def steps(kind, options, backend, dtype, model_dtype=None, n=4, device="cpu"):
     """Outputs, input and parameter gradients and buffers over ``n`` training steps."""
-    norm = make(kind, options, model_dtype or dtype)
+    norm = make(kind, options, model_dtype or dtype).to(device)
     out = []
     with kernels.use(backend):
         for step in range(n):
-            x, pad, grad_y = batch(120 + step, dtype)
+            x, pad, grad_y = batch(120 + step, dtype, device)
             x.requires_grad_(True)
             norm.zero_grad()
             y = norm(x, pad)
@@ -101,6 +101,26 @@ def test_triton_half_precision_is_within_the_plain_paths_own_error(kind, options
             err_fast, err_plain = scaled_error(v, u), scaled_error(w, u)
             unit = torch.finfo(dtype).eps
             assert err_fast <= 1.5 * err_plain + 2 * unit, (step, i, err_fast, err_plain)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or gpu.interpreting(),
+                    reason="the compiled kernels on a GPU: run `TRITON_INTERPRET=0 pytest -k cuda` on a GPU machine")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind, options", KINDS, ids=IDS)
+def test_triton_on_cuda_matches_the_plain_path(kind, options, dtype):
+    """The same checks as above with the kernels compiled for the GPU."""
+    backend_or_fail("triton")
+    fast = steps(kind, options, "triton", dtype, device="cuda")
+    plain = steps(kind, options, "plain", dtype, device="cuda")
+    if dtype == torch.float32:
+        for a, b in zip(fast, plain):
+            assert all(scaled_error(u, v) < 1e-5 for u, v in zip(a, b))
+        return
+    exact = steps(kind, options, "plain", torch.float64, device="cuda")
+    unit = torch.finfo(dtype).eps
+    for e, f, p in zip(exact, fast, plain):
+        for u, v, w in zip(e, f, p):
+            assert scaled_error(v, u) <= 1.5 * scaled_error(w, u) + 2 * unit
 
 
 def test_triton_writes_half_outputs_and_float32_statistics():
