@@ -2,3 +2,5 @@
 # Transformer; here fairseq's transformer_lm, see README "Language modeling")
 DATASET=ptb
 NORM=bn
+# the layer scale before the norm, as in every setting of the paper (Appendix A)
+EXTRA=(--layer-scale)

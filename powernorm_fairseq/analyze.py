@@ -58,7 +58,8 @@ LANDSCAPE_COLUMNS = ["checkpoint", "norm_type", "update", "batch", "step_size", 
 SUMMARY_COLUMNS = ["checkpoint", "norm_type", "update", "lr", "batches", "lipschitz", "smoothness",
                    "grad_norm", "initial_grad_norm"]
 LABELS = {
-    "mu": r"$\|\mu_B - \mu\|_2$", "var": r"$\|\sigma_B^2 - \sigma^2\|_2$", "psi2": r"$\|\psi_B^2 - \psi^2\|_2$",
+    "mu": r"$\frac{1}{d}\|\mu_B - \mu\|_2$", "var": r"$\frac{1}{d}\|\sigma_B^2 - \sigma^2\|_2$",
+    "psi2": r"$\frac{1}{d}\|\psi_B^2 - \psi^2\|_2$",
     "grad_mu": r"$\|\partial L/\partial\mu_B\|_2$", "grad_var": r"$\|\partial L/\partial\sigma_B^2\|_2$",
     "grad_psi2": r"$\|\partial L/\partial\psi^2\|_2$",
 }

@@ -6,10 +6,11 @@ Every ``interval`` updates, for every batch-statistic norm of a training model
 batch's real tokens and s the running statistic as it stood before this batch
 updated it:
 
-* ``dist_mu``, ``dist_var`` (bn, bn-original), ``dist_psi2`` (pn-v, pn): ||s_B - s||_2, the
-  Euclidean distance over the channels (Figures 2 and 4). For pn the
-  statistics are those of the group-scaled input that PN normalises; for
-  bn-original those of its layer-scaled, pad-filled T x B positions.
+* ``dist_mu``, ``dist_var`` (bn, bn-original), ``dist_psi2`` (pn-v, pn):
+  (1/d) ||s_B - s||_2 over the d channels, the paper's dist (Section 3,
+  Figures 2 and 4). With a layer scale (``--layer-scale``, pn's group
+  scaling) the statistics are those of the scaled input the norm normalises;
+  for bn-original those of its layer-scaled, pad-filled T x B positions.
 * ``grad_mu``, ``grad_var`` (bn, bn-original), ``grad_psi2`` (pn-v, pn): ||dL/ds||_2, the
   gradient of the back-propagated loss with respect to the statistic the
   forward pass divided by: the g_mu and g_sigma^2 of Eq. 3, the g_psi^2 of
@@ -30,7 +31,7 @@ import torch
 from fairseq.logging import metrics
 
 from .norms import MaskedBatchNorm, OriginalBatchNorm, PowerNorm, PowerNormV, norm_type_of
-from .norms.stats import group_scale, real_tokens, token_mean, upcast
+from .norms.stats import real_tokens, token_mean, upcast
 
 PRIORITY = 100  # after fairseq's own metrics in every log line
 SUBLAYERS = {"self_attn_layer_norm": "attn", "encoder_attn_layer_norm": "cross", "final_layer_norm": "ffn"}
@@ -60,6 +61,8 @@ def batch_view(norm, x, pad_mask):
     if isinstance(norm, OriginalBatchNorm):  # its batch: every position, padding filled
         xf, _ = norm.fill(xf, pad_mask)
         keep, n = None, xf.size(0) * xf.size(1)
+    else:  # the input after the norm's layer scale, if any
+        xf = norm.scaled(xf)
     if isinstance(norm, MaskedBatchNorm):
         mean = token_mean(xf, keep, n)
         var = token_mean((xf - mean) ** 2, keep, n)
@@ -67,8 +70,6 @@ def batch_view(norm, x, pad_mask):
         stats = {"mu": (mean, norm.running_mean.to(xf, copy=True)),
                  "var": (var, norm.running_var.to(xf, copy=True))}
         return stats, (xf, mean, inv)
-    if isinstance(norm, PowerNorm) and norm.group_scaling:
-        xf = group_scale(xf, norm.groups)
     psi2 = token_mean(xf * xf, keep, n)
     running = norm.running_psi2.to(xf, copy=True)
     stats = {"psi2": (psi2, running)}
@@ -133,7 +134,8 @@ class NormDiagnostics:
             return  # an all-padding batch: the norm uses its running statistics
         stats, xh_of = batch_view(norm, x, pad_mask)
         for key, (batch, running) in stats.items():
-            metrics.log_scalar(f"{prefix}/dist_{key}", (batch - running).norm().item(), priority=PRIORITY)
+            dist = (batch - running).norm().item() / batch.numel()  # the paper's (1/d) ||.||
+            metrics.log_scalar(f"{prefix}/dist_{key}", dist, priority=PRIORITY)
         self.pending[id(norm)] = (prefix, xh_of)
 
     def _watch_gradient(self, norm, args, output):

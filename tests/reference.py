@@ -113,8 +113,8 @@ class PaperPN:
             grad_x = (g - keep * self.nu * xh) / torch.sqrt(self.psi2 + self.eps)
             self.psi2 = self.a_f * self.psi2 + (1 - self.a_f) * psi_b2
         Xh, G = real(xh, pad), real(g, pad)
-        gamma_t, lambda_t = (Xh * G).mean(0), (Xh ** 2).mean(0)
-        self.nu = self.nu * (1 - (1 - self.a_b) * lambda_t) + (1 - self.a_b) * gamma_t
+        Gamma, Lambda = (Xh ** 2).mean(0), (Xh * G).mean(0)  # Algorithm 2's names
+        self.nu = self.nu * (1 - (1 - self.a_b) * Gamma) + (1 - self.a_b) * Lambda
         return y, grad_x, (grad_y * xh).sum((0, 1))
 
 

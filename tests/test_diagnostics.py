@@ -32,7 +32,7 @@ def probed(kind, interval=1, **options):
     with torch.no_grad():
         norm.weight.copy_(1 + 0.3 * torch.randn(C, generator=g, dtype=torch.float64))
         for name, buf in norm.named_buffers():  # running statistics away from their init
-            if buf.is_floating_point():
+            if buf.is_floating_point() and buf.dim() == 1:
                 buf.copy_(0.5 + torch.rand(C, generator=g, dtype=torch.float64))
     return model, norm, NormDiagnostics(model, interval)
 
@@ -67,11 +67,25 @@ def test_batchnorm_distances_and_gradient_terms():
     g_mu, g_var = stat_grads(lambda: (xr - mu) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias,
                              [mu, var], grad_y)
     assert set(got) == {f"diag/bn/enc.final/{m}" for m in ("dist_mu", "dist_var", "grad_mu", "grad_var")}
-    assert got["diag/bn/enc.final/dist_mu"] == pytest.approx((X.mean(0) - running[0]).norm().item(), rel=1e-9)
-    assert got["diag/bn/enc.final/dist_var"] == pytest.approx((X.var(0, unbiased=False) - running[1]).norm().item(),
+    assert got["diag/bn/enc.final/dist_mu"] == pytest.approx((X.mean(0) - running[0]).norm().item() / C, rel=1e-9)
+    assert got["diag/bn/enc.final/dist_var"] == pytest.approx((X.var(0, unbiased=False) - running[1]).norm().item() / C,
                                                               rel=1e-9)
     assert got["diag/bn/enc.final/grad_mu"] == pytest.approx(g_mu, rel=1e-9)
     assert got["diag/bn/enc.final/grad_var"] == pytest.approx(g_var, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["bn", "pn-v"])
+def test_layer_scale_is_measured_on_the_scaled_input(kind):
+    """With --layer-scale the statistics are those of the group-scaled input
+    the norm normalises."""
+    model, norm, diag = probed(kind, layer_scale=True, groups=2)
+    x, pad, _ = batch(4)
+    running = norm.running_var.clone() if kind == "bn" else norm.running_psi2.clone()
+    got = logged(norm, x, pad, torch.zeros_like(x), diag)
+    X = ref.real(ref.group_scale(x, 2), pad)
+    batch_stat = X.var(0, unbiased=False) if kind == "bn" else (X ** 2).mean(0)
+    key = f"diag/{kind}/enc.final/" + ("dist_var" if kind == "bn" else "dist_psi2")
+    assert got[key] == pytest.approx((batch_stat - running).norm().item() / C, rel=1e-9)
 
 
 def test_original_batchnorm_measures_its_filled_batch():
@@ -92,8 +106,8 @@ def test_original_batchnorm_measures_its_filled_batch():
                              [mu, var], grad_y.reshape(T * B, C))
     prefix = "diag/bn-original/enc.final"
     assert set(got) == {f"{prefix}/{m}" for m in ("dist_mu", "dist_var", "grad_mu", "grad_var")}
-    assert got[f"{prefix}/dist_mu"] == pytest.approx((mu - running[0]).norm().item(), rel=1e-9)
-    assert got[f"{prefix}/dist_var"] == pytest.approx((var - running[1]).norm().item(), rel=1e-9)
+    assert got[f"{prefix}/dist_mu"] == pytest.approx((mu - running[0]).norm().item() / C, rel=1e-9)
+    assert got[f"{prefix}/dist_var"] == pytest.approx((var - running[1]).norm().item() / C, rel=1e-9)
     assert got[f"{prefix}/grad_mu"] == pytest.approx(g_mu, rel=1e-9)
     assert got[f"{prefix}/grad_var"] == pytest.approx(g_var, rel=1e-9)
 
@@ -110,7 +124,7 @@ def test_pn_v_distance_and_gradient_term():
     (g_psi2,) = stat_grads(lambda: xr / torch.sqrt(psi2 + 1e-5) * norm.weight + norm.bias, [psi2], grad_y)
     assert set(got) == {"diag/pn-v/enc.final/dist_psi2", "diag/pn-v/enc.final/grad_psi2"}
     assert got["diag/pn-v/enc.final/dist_psi2"] == pytest.approx(
-        ((ref.real(x, pad) ** 2).mean(0) - running).norm().item(), rel=1e-9)
+        ((ref.real(x, pad) ** 2).mean(0) - running).norm().item() / C, rel=1e-9)
     assert got["diag/pn-v/enc.final/grad_psi2"] == pytest.approx(g_psi2, rel=1e-9)
 
 
@@ -126,7 +140,7 @@ def test_pn_measures_the_scale_its_forward_used(warmup):
     # the forward divides by the batch psi^2 in warmup, by the running one after
     scale = (psi2_batch.clone() if warmup else running.clone()).requires_grad_(True)
     (g_psi2,) = stat_grads(lambda: xs / torch.sqrt(scale + 1e-5) * norm.weight + norm.bias, [scale], grad_y)
-    assert got["diag/pn/enc.final/dist_psi2"] == pytest.approx((psi2_batch - running).norm().item(), rel=1e-9)
+    assert got["diag/pn/enc.final/dist_psi2"] == pytest.approx((psi2_batch - running).norm().item() / C, rel=1e-9)
     assert got["diag/pn/enc.final/grad_psi2"] == pytest.approx(g_psi2, rel=1e-9)
     assert all(math.isfinite(v) and v > 0 for v in got.values())
 

@@ -71,6 +71,35 @@ def test_pn_flags_reach_the_layers(toy_data):
     assert not pn.group_scaling and pn.warmup_updates == 0
 
 
+def test_released_final_norm_warmup_in_reference_mode(toy_data):
+    """The released code builds each side's final norm without a warmup
+    argument (NormSelect's default, 1000); --pn-backward reference does too."""
+    model, _ = build(toy_data, "--norm-type", "pn", "--decoder-norm-type", "pn", "--pn-backward", "reference")
+    assert model.encoder.layers[0].final_layer_norm.warmup_updates == 7
+    assert model.encoder.layer_norm.warmup_updates == model.decoder.layer_norm.warmup_updates == 1000
+    model, _ = build(toy_data, "--norm-type", "pn")
+    assert model.encoder.layer_norm.warmup_updates == 7
+
+
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn"])
+def test_layer_scale_flag(toy_data, kind):
+    """--layer-scale puts the paper's layer scale (groups = heads) before every
+    batch-statistic norm; unset, only pn has it (--pn-group-scaling)."""
+    def scaled(model):
+        norms = [m for m in norms_of(model.encoder) if norm_type_of(m) == kind]
+        flags = {m.group_scaling if kind == "pn" else m.layer_scale for m in norms}
+        assert len(flags) == 1 and all(m.groups == 4 for m in norms)
+        return flags.pop()
+
+    assert scaled(build(toy_data, "--norm-type", kind)[0]) == (kind == "pn")
+    assert scaled(build(toy_data, "--norm-type", kind, "--layer-scale")[0])
+    assert not scaled(build(toy_data, "--norm-type", kind, "--no-layer-scale")[0])
+    if kind == "pn":
+        assert scaled(build(toy_data, "--norm-type", kind, "--layer-scale", "--pn-group-scaling")[0])
+        with pytest.raises(PowerNormConfigError, match="--no-layer-scale contradicts --pn-group-scaling"):
+            build(toy_data, "--norm-type", kind, "--no-layer-scale", "--pn-group-scaling")
+
+
 def test_post_norm_placement(toy_data):
     model, task = build(toy_data, "--norm-placement", "post", "--norm-type", "bn")
     assert model.encoder.layer_norm is None and model.decoder.layer_norm is None

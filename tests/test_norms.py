@@ -179,6 +179,56 @@ def test_pn_group_scaling_is_applied_before_pn(backward):
     torch.testing.assert_close(norm.running_psi2, plain.running_psi2)
 
 
+@pytest.mark.parametrize("kind", ["bn", "pn-v"])
+def test_layer_scale_is_applied_before_the_batch_statistics(kind):
+    """--layer-scale for bn and pn-v (the paper's Appendix A): the norm of the
+    group-scaled input, its gradient back through the scaling, and in eval the
+    running statistics of the scaled input."""
+    groups = 4
+    norm = affine(build_norm(kind, C, layer_scale=True, groups=groups, momentum=0.1).double()).train()
+    formula = ref.batch_norm if kind == "bn" else ref.pn_v
+    for step in range(2):
+        x, pad, grad_y = batch(61 + step)
+        xs = x.clone().requires_grad_(True)
+        y_ref, *stats = formula(ref.group_scale(xs, groups), pad, norm.weight.detach(), norm.bias.detach())
+        y_ref.backward(grad_y)
+        y, gx = run(norm, x, pad, grad_y)
+        torch.testing.assert_close(y, y_ref.detach())
+        torch.testing.assert_close(gx, xs.grad)
+    norm.eval()
+    x, _, _ = batch(63)
+    xs = ref.group_scale(x, groups)
+    if kind == "bn":
+        expected = (xs - norm.running_mean) / torch.sqrt(norm.running_var + 1e-5)
+    else:
+        expected = xs / torch.sqrt(norm.running_psi2 + 1e-5)
+    torch.testing.assert_close(norm(x, None), expected * norm.weight + norm.bias)
+    with pytest.raises(ValueError, match="groups must divide"):
+        build_norm(kind, C, layer_scale=True, groups=3)
+
+
+def test_running_nu_is_converted_between_the_two_backwards():
+    """The released code stores nu / (1 - alpha_bwd): a checkpoint of one
+    backward loaded under the other gets its nu on the right scale, and a
+    state dict from before the scale was recorded loads as it is."""
+    paper = build_norm("pn", C, alpha_bwd=0.8).double()
+    for step in range(3):
+        run(paper, *batch(150 + step))
+    state = paper.state_dict()
+    assert float(state["nu_scale"]) == 1.0 and state["running_nu"].abs().sum() > 0
+    released = build_norm("pn", C, alpha_bwd=0.8, backward="reference").double()
+    released.load_state_dict(state)
+    torch.testing.assert_close(released.running_nu, paper.running_nu / 0.2)
+    assert float(released.nu_scale) == pytest.approx(5.0)
+    back = build_norm("pn", C, alpha_bwd=0.8).double()
+    back.load_state_dict(released.state_dict())
+    torch.testing.assert_close(back.running_nu, paper.running_nu)
+    older = {k: v for k, v in state.items() if k != "nu_scale"}
+    as_saved = build_norm("pn", C, alpha_bwd=0.8, backward="reference").double()
+    as_saved.load_state_dict(older)
+    torch.testing.assert_close(as_saved.running_nu, paper.running_nu)
+
+
 def _exact(kind):
     """Norms (or phases) whose gradient is the exact one, for gradcheck."""
     if kind == "pn":  # PN during warmup is PN-V with a hand-written exact backward

@@ -123,7 +123,10 @@ def add_norm_args(parser, lm=False):
     parser.add_argument("--pn-eps", type=_positive, help="PN and PN-V epsilon (default: 1e-5)")
     parser.add_argument("--pn-group-scaling", action=argparse.BooleanOptionalAction,
                         help="per-token RMS scaling over groups = heads before PN, "
-                             "as in the authors' code (default: on)")
+                             "as in the authors' code (default: on); the pn-only spelling of --layer-scale")
+    parser.add_argument("--layer-scale", action=argparse.BooleanOptionalAction,
+                        help="the paper's layer scale (Appendix A): per-token RMS scaling over groups = "
+                             "heads before every bn, pn-v and pn (default: on for pn, off for bn and pn-v)")
     parser.add_argument("--pn-backward", choices=("paper", "reference"),
                         help="PN backward: Algorithm 2 of the paper, or the authors' "
                              "released code (default: paper)")
@@ -214,7 +217,7 @@ class PowerNormTransformerEncoder(TransformerEncoderBase):
     def __init__(self, cfg, dictionary, embed_tokens, return_fc=False):
         super().__init__(cfg, dictionary, embed_tokens, return_fc=return_fc)
         if self.layer_norm is not None:
-            self.layer_norm = encoder_norm(cfg)
+            self.layer_norm = encoder_norm(cfg, final=True)
 
     def build_encoder_layer(self, cfg):
         layer = PowerNormEncoderLayer(cfg, return_fc=self.return_fc)
@@ -235,7 +238,7 @@ class PowerNormTransformerDecoder(TransformerDecoderBase):
                  output_projection=None):
         super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn, output_projection)
         if self.layer_norm is not None:
-            self.layer_norm = decoder_norm(cfg)
+            self.layer_norm = decoder_norm(cfg, final=True)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
         layer = PowerNormDecoderLayer(cfg, no_encoder_attn)
@@ -282,6 +285,10 @@ def check_args(args):
             "--pn-backward reference reproduces the released code, which never synchronised "
             f"statistics across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
         )
+    if None not in (args.layer_scale, args.pn_group_scaling) and args.layer_scale != args.pn_group_scaling:
+        said = [f"--{'' if on else 'no-'}{flag}"
+                for flag, on in (("layer-scale", args.layer_scale), ("pn-group-scaling", args.pn_group_scaling))]
+        raise PowerNormConfigError(f"{said[0]} contradicts {said[1]}; use --layer-scale/--no-layer-scale alone")
     if "bn-original" in kinds and args.norm_sync not in (None, "none"):
         raise PowerNormConfigError(
             "bn-original reproduces the released code, which never synchronised statistics "
@@ -315,9 +322,11 @@ def small_init_(model):
                 nn.init.normal_(fc.weight, mean=0.0, std=std)
 
 
+#: entries a checkpoint from an older version may lack (the norm fills them in on load)
+_OPTIONAL_KEYS = frozenset({"nu_scale"})
 _STATE_KEYS = {}  # the state-dict entries of a norm -> the kinds that have exactly them
 for _kind in NORM_TYPES:
-    _STATE_KEYS.setdefault(frozenset(build_norm(_kind, 4).state_dict()), set()).add(_kind)
+    _STATE_KEYS.setdefault(frozenset(build_norm(_kind, 4).state_dict()) - _OPTIONAL_KEYS, set()).add(_kind)
 
 
 def check_norm_state(model, state_dict, flags):
@@ -331,7 +340,7 @@ def check_norm_state(model, state_dict, flags):
     for name, module in model.named_modules():
         if not isinstance(module, Norm):
             continue
-        keys = frozenset(k[len(name) + 1:] for k in state_dict if k.startswith(name + "."))
+        keys = frozenset(k[len(name) + 1:] for k in state_dict if k.startswith(name + ".")) - _OPTIONAL_KEYS
         part, kind = name.split(".")[0], norm_type_of(module)
         kinds = _STATE_KEYS.get(keys, {"unknown"})
         found.setdefault(part, set()).add(kind if kind in kinds else "|".join(sorted(kinds)))
@@ -370,7 +379,8 @@ def _powernorm_defaults(args):
     args.pn_alpha_bwd = getattr(args, "pn_alpha_bwd", 0.9)
     args.pn_warmup_updates = getattr(args, "pn_warmup_updates", getattr(args, "warmup_updates", 0))
     args.pn_eps = getattr(args, "pn_eps", 1e-5)
-    args.pn_group_scaling = getattr(args, "pn_group_scaling", True)
+    args.pn_group_scaling = getattr(args, "pn_group_scaling", None)  # see modules.layer_scale
+    args.layer_scale = getattr(args, "layer_scale", None)
     args.pn_backward = getattr(args, "pn_backward", "paper")
     args.norm_momentum = getattr(args, "norm_momentum", None)  # per kind, see norm_options
     for flag in SUBLAYER_FLAGS:

@@ -14,15 +14,31 @@ from fairseq.modules.transformer_layer import (
 from ..norms import build_norm
 
 
-def norm_options(cfg, kind: str, heads: int) -> dict:
-    """The constructor options of a norm of ``kind`` from the model's flags."""
+#: the released code builds each side's final norm without a warmup argument,
+#: so its PN gets NormSelect's default (fairseq/modules/norm_select.py there)
+RELEASED_FINAL_WARMUP = 1000
+
+
+def layer_scale(cfg, kind: str) -> bool:
+    """Whether a norm of ``kind`` gets the paper's layer scale (Appendix A):
+    ``--layer-scale`` for bn, pn-v and pn; when it is not given, on for pn
+    (``--pn-group-scaling``, default on) and off for bn and pn-v."""
+    if getattr(cfg, "layer_scale", None) is not None:
+        return cfg.layer_scale
+    return kind == "pn" and cfg.pn_group_scaling is not False
+
+
+def norm_options(cfg, kind: str, heads: int, final: bool = False) -> dict:
+    """The constructor options of a norm of ``kind`` from the model's flags;
+    ``final``: the norm after a side's last layer."""
     if kind == "pn":
+        reference = cfg.pn_backward == "reference"
         return dict(
             alpha_fwd=cfg.pn_alpha_fwd,
             alpha_bwd=cfg.pn_alpha_bwd,
-            warmup_updates=cfg.pn_warmup_updates,
+            warmup_updates=RELEASED_FINAL_WARMUP if final and reference else cfg.pn_warmup_updates,
             eps=cfg.pn_eps,
-            group_scaling=cfg.pn_group_scaling,
+            group_scaling=layer_scale(cfg, kind),
             groups=heads,
             backward=cfg.pn_backward,
             sync=cfg.norm_sync,
@@ -37,24 +53,24 @@ def norm_options(cfg, kind: str, heads: int) -> dict:
     # without --norm-momentum each class keeps its own default (bn-original: the released code's)
     momentum = {} if cfg.norm_momentum is None else dict(momentum=cfg.norm_momentum)
     if kind == "pn-v":
-        return dict(eps=cfg.pn_eps, sync=sync, **momentum)
+        return dict(eps=cfg.pn_eps, sync=sync, layer_scale=layer_scale(cfg, kind), groups=heads, **momentum)
     if kind == "bn":
-        return dict(sync=sync, **momentum)
+        return dict(sync=sync, layer_scale=layer_scale(cfg, kind), groups=heads, **momentum)
     if kind == "bn-original":  # it never synchronised
         return momentum
     return {}
 
 
-def encoder_norm(cfg, kind=None):
+def encoder_norm(cfg, kind=None, final=False):
     """A norm of the encoder: ``kind``, or ``--norm-type`` when None."""
     kind, heads = kind or cfg.norm_type, cfg.encoder.attention_heads
-    return build_norm(kind, cfg.encoder.embed_dim, **norm_options(cfg, kind, heads))
+    return build_norm(kind, cfg.encoder.embed_dim, **norm_options(cfg, kind, heads, final))
 
 
-def decoder_norm(cfg, kind=None):
+def decoder_norm(cfg, kind=None, final=False):
     """A norm of the decoder: ``kind``, or ``--decoder-norm-type`` when None."""
     kind, heads = kind or cfg.decoder_norm_type, cfg.decoder.attention_heads
-    return build_norm(kind, cfg.decoder.embed_dim, **norm_options(cfg, kind, heads))
+    return build_norm(kind, cfg.decoder.embed_dim, **norm_options(cfg, kind, heads, final))
 
 
 class PowerNormEncoderLayer(TransformerEncoderLayerBase):

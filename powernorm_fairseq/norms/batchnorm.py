@@ -23,16 +23,26 @@ from .stats import assign_if_finite, group_scale, real_tokens, stat_dtype, token
 class BatchStatNorm(Norm):
     """What BN and PN-V share: statistics of the batch's real tokens with the
     exact gradient in training, running statistics in eval. ``center`` says
-    whether the mean is removed (BN) or not (PN-V)."""
+    whether the mean is removed (BN) or not (PN-V).
+
+    ``layer_scale``: the paper's "layer-scale layer ... before the
+    normalization layer" (Appendix A), the authors' per-token RMS scaling of
+    each of ``groups`` channel groups (:func:`stats.group_scale`); the
+    statistics are then those of the scaled input, and the gradient flows
+    back through the scaling."""
 
     center = True
 
-    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch"):
+    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch",
+                 layer_scale: bool = False, groups: int = 1):
         super().__init__()
         if not 0.0 < momentum < 1.0:
             raise ValueError(f"momentum must be in (0, 1), got {momentum}")
+        if groups < 1 or dim % groups:
+            raise ValueError(f"groups must divide dim={dim}, got {groups}")
         sync_mod.active(sync)  # validates
         self.dim, self.momentum, self.eps, self.sync = dim, momentum, eps, sync
+        self.layer_scale, self.groups = layer_scale, groups
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
 
@@ -40,7 +50,7 @@ class BatchStatNorm(Norm):
         k = kernels.select(x) if self.training else None
         if k is not None:
             return self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
-        xf = upcast(x)
+        xf = self.scaled(upcast(x))
         weight, bias = self.weight.to(xf), self.bias.to(xf)
         if self.training and sync_mod.active(self.sync):
             mean, second = self.synced_stats(xf, pad_mask)
@@ -57,14 +67,21 @@ class BatchStatNorm(Norm):
         y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
         return (y * weight + bias).to(x.dtype)
 
+    def scaled(self, xf: Tensor) -> Tensor:
+        """The input the statistics are taken of: layer-scaled if asked."""
+        return group_scale(xf, self.groups) if self.layer_scale else xf
+
     def _fused(self, k, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         """Training on backend ``k``: a statistics pass, then one normalising
         pass; the exact gradient in two passes. Under ``--norm-sync`` the
         all-reduce sits between the statistics and the normalising kernels."""
         x2, keep, n = fused.rows(x, pad_mask)
-        shift = fused.a_real_row(x2, keep) if self.center else None
-        sums = fused.batch_sums(k, x2, keep, 0, shift)
-        plan = fused.Plan(k=k, groups=0, center=self.center, mode="exact", n=n)
+        groups = self.groups if self.layer_scale else 0  # the kernels scale each row in registers
+        shift = None
+        if self.center:  # a real row, as the kernels see it after the layer scale
+            shift = self.scaled(fused.a_real_row(x2, keep).view(1, 1, -1)).view(-1)
+        sums = fused.batch_sums(k, x2, keep, groups, shift)
+        plan = fused.Plan(k=k, groups=groups, center=self.center, mode="exact", n=n)
         if sync_mod.active(self.sync):
             N, g_mean, g_second = self._global_moments(sums, n, shift, x)
             if N == 0:  # every worker's batch is padding
@@ -108,7 +125,7 @@ class BatchStatNorm(Norm):
 
     def _with_running(self, x: Tensor) -> Tensor:
         """Normalised with the running statistics, as in eval."""
-        xf = upcast(x)
+        xf = self.scaled(upcast(x))
         mean, second = self.running(xf)
         y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
         return y * self.weight.to(xf) + self.bias.to(xf)
@@ -150,14 +167,16 @@ class BatchStatNorm(Norm):
         raise NotImplementedError
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, momentum={self.momentum}, eps={self.eps}, sync={self.sync!r}"
+        scale = f", layer_scale=True, groups={self.groups}" if self.layer_scale else ""
+        return f"{self.dim}, momentum={self.momentum}, eps={self.eps}, sync={self.sync!r}{scale}"
 
 
 class MaskedBatchNorm(BatchStatNorm):
     """BatchNorm whose batch is the set of real tokens of a (T, B, C) input."""
 
-    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch"):
-        super().__init__(dim, momentum, eps, sync)
+    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch",
+                 layer_scale: bool = False, groups: int = 1):
+        super().__init__(dim, momentum, eps, sync, layer_scale, groups)
         self.register_buffer("running_mean", torch.zeros(dim))
         self.register_buffer("running_var", torch.ones(dim))
 

@@ -15,6 +15,8 @@ model trained with it can be continued or compared exactly. Each departure
 from the paper is marked ``REFERENCE:`` below.
 """
 
+import logging
+import math
 from typing import Optional
 
 import torch
@@ -27,6 +29,8 @@ from .batchnorm import BatchStatNorm
 from .kernels import functions as fused
 from .stats import assign_if_finite, group_scale, real_tokens, stat_dtype, token_mean, update_nu, upcast
 
+logger = logging.getLogger(__name__)
+
 
 def _affine(xh: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return xh * weight.to(xh) + bias.to(xh)
@@ -37,8 +41,9 @@ class PowerNormV(BatchStatNorm):
 
     center = False
 
-    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch"):
-        super().__init__(dim, momentum, eps, sync)
+    def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch",
+                 layer_scale: bool = False, groups: int = 1):
+        super().__init__(dim, momentum, eps, sync, layer_scale, groups)
         self.register_buffer("running_psi2", torch.ones(dim))
 
     def running(self, like):
@@ -72,11 +77,13 @@ class PowerNormFunction(torch.autograd.Function):
         n, nu, rate = ctx.n, ctx.nu, 1.0 - ctx.alpha_bwd
         g = grad_y * weight  # dL/dxh
         if ctx.mode == "reference":
-            # REFERENCE: nu enters scaled by (1 - alpha_bwd) instead of its
-            # decay, is a plain running sum rather than Algorithm 2's
-            # exponential average, averages over every position including
-            # padding, and the result is divided by the *batch* psi_B even
-            # after warmup, where the forward pass used the running psi.
+            # REFERENCE: the released update nu += mean(g' * xh), g' = g -
+            # (1 - alpha_bwd) nu xh, is Algorithm 2 (Eq. 13) with nu stored
+            # as nu_paper / (1 - alpha_bwd). What differs from the paper:
+            # its means run over every position, padding included; the
+            # result is divided by the *batch* psi_B even after warmup, where
+            # the forward pass used the running psi; and during warmup this
+            # approximate backward runs instead of the exact one (Eq. 6).
             g = g - rate * nu * xh
             nu.add_((g * xh).mean(dim=(0, 1)))
             grad_x = g * inv_batch
@@ -86,15 +93,15 @@ class PowerNormFunction(torch.autograd.Function):
             local = torch.stack([g_xh.sum(dim=(0, 1)), masked(g_xh).sum(dim=(0, 1)), masked(xh * xh).sum(dim=(0, 1))])
             total = sync_mod.all_sum(local)
             N = ctx.n_global
-            gamma_t, lambda_t = total[1] / N, total[2] / N  # Algorithm 2 over the global batch
+            lambda_t, gamma_t = total[1] / N, total[2] / N  # Algorithm 2 over the global batch
             if ctx.mode == "exact":  # Eq. 6 over the global batch, or this worker's (running)
                 correction = total[0] / N if ctx.sync == "batch" else local[0] / max(n, 1)
             else:
                 correction = nu.clone()
         else:
             g_xh = g * xh
-            gamma_t = token_mean(g_xh, keep, n)  # Algorithm 2: Gamma_t
-            lambda_t = token_mean(xh * xh, keep, n)  # Algorithm 2: Lambda_t
+            gamma_t = token_mean(xh * xh, keep, n)  # Algorithm 2: Gamma_t = mean(xh^2)
+            lambda_t = token_mean(g_xh, keep, n)  # Algorithm 2: Lambda_t = mean(dL/dxh * xh)
             if ctx.mode == "exact":  # warmup: the exact gradient, Eq. 6
                 correction = g_xh.sum(dim=(0, 1)) / n
             else:  # Algorithm 2: dL/dxh' = dL/dxh - nu_{t-1} * xh
@@ -103,7 +110,7 @@ class PowerNormFunction(torch.autograd.Function):
             # the correction belongs to the real tokens, which alone make psi
             shift = correction * xh if keep is None else correction * xh * keep
             grad_x = (g - shift) * inv
-            update_nu(nu, rate, gamma_t, lambda_t)
+            update_nu(nu, rate, gamma_t=gamma_t, lambda_t=lambda_t)
         grad_weight = (grad_y * xh).sum(dim=(0, 1))
         grad_bias = grad_y.sum(dim=(0, 1))
         return grad_x, None, None, None, grad_weight, grad_bias, None, None, None, None, None, None
@@ -155,6 +162,8 @@ class PowerNorm(Norm):
         self.register_buffer("running_psi2", torch.ones(dim))
         self.register_buffer("running_nu", torch.zeros(dim))
         self.register_buffer("num_steps", torch.tensor(0, dtype=torch.long))
+        # running_nu is nu_paper times this: the released code stores nu / (1 - alpha_bwd)
+        self.register_buffer("nu_scale", torch.tensor(self._own_nu_scale()))
         self._steps = None  # num_steps on the host, so that a GPU run need not wait to read it
 
     def _next_step(self) -> int:
@@ -167,9 +176,22 @@ class PowerNorm(Norm):
         self._steps = k
         self.num_steps.fill_(k)
 
-    def _load_from_state_dict(self, *args, **kwargs):
+    def _own_nu_scale(self) -> float:
+        return 1.0 / (1.0 - self.alpha_bwd) if self.backward == "reference" else 1.0
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         self._steps = None
-        super()._load_from_state_dict(*args, **kwargs)
+        own, key, nu_key = self._own_nu_scale(), prefix + "nu_scale", prefix + "running_nu"
+        if key not in state_dict:  # saved before the scale was recorded: taken as this backward's
+            state_dict[key] = torch.tensor(own)
+        saved = float(state_dict[key])
+        if nu_key in state_dict and not math.isclose(saved, own, rel_tol=1e-6):
+            # nu from the other backward: the same estimate on another scale
+            state_dict[nu_key] = state_dict[nu_key] * (own / saved)
+            state_dict[key] = torch.tensor(own)
+            logger.info("%srunning_nu: converted from the %s backward's scale to the %s backward's",
+                        prefix, "paper" if saved == 1.0 else "reference", self.backward)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         syncing = self.training and sync_mod.active(self.sync)
@@ -184,7 +206,7 @@ class PowerNorm(Norm):
             all_padding = pad_mask is not None and bool(pad_mask.all())
         if not self.training or all_padding:
             # eval, or a training batch that is all padding: running psi^2, no update
-            return self._with_running_psi2(self._scaled(upcast(x))).to(x.dtype)
+            return self._with_running_psi2(self.scaled(upcast(x))).to(x.dtype)
 
         step = self._next_step()
         self._count_step(step)
@@ -200,7 +222,8 @@ class PowerNorm(Norm):
         self._update_psi2(psi2_batch, step, warm)
         return y.to(x.dtype)
 
-    def _scaled(self, xf):
+    def scaled(self, xf: Tensor) -> Tensor:
+        """The input psi^2 is taken of: group-scaled if asked."""
         return group_scale(xf, self.groups) if self.group_scaling else xf
 
     def _with_running_psi2(self, xs):
@@ -292,7 +315,7 @@ class PowerNorm(Norm):
             local = fused.batch_sums(k, x2, keep, groups)
             N, total = globally(local)
             if N == 0:  # every worker's batch is padding: as in eval, no update
-                return self._with_running_psi2(self._scaled(upcast(x)))
+                return self._with_running_psi2(self.scaled(upcast(x)))
             psi2_global = (total / N).to(sd)
             psi2 = psi2_global if self.sync == "batch" or n == 0 else (local[1] / n).to(sd)
             plan.inv = torch.rsqrt(psi2 + self.eps)
@@ -302,7 +325,7 @@ class PowerNorm(Norm):
             y = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
             N, total = globally(plan.stats)
             if N == 0:
-                return self._with_running_psi2(self._scaled(upcast(x)))
+                return self._with_running_psi2(self.scaled(upcast(x)))
             psi2_global = (total / N).to(sd)
         plan.n_global = N
         self._count_step(step)

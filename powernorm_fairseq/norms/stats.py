@@ -61,10 +61,11 @@ def assign_if_finite(buf: Tensor, new: Tensor, *checks: Optional[Tensor]):
 
 
 def update_nu(nu: Tensor, rate: float, gamma_t: Tensor, lambda_t: Tensor):
-    """Algorithm 2: nu_t = nu_{t-1} (1 - (1 - alpha_bwd) Lambda_t) + (1 - alpha_bwd) Gamma_t,
+    """Algorithm 2: nu_t = nu_{t-1} (1 - (1 - alpha_bwd) Gamma_t) + (1 - alpha_bwd) Lambda_t,
 
-    with Gamma_t = mean(dL/dxh * xh) and Lambda_t = mean(xh^2) over the real
-    tokens. Skipped when the gradient is not finite: a float16 loss-scale
-    overflow, whose step the optimizer skips too, must not leave inf/NaN in nu.
+    with, in the paper's names, Gamma_t = mean(xh^2) and Lambda_t =
+    mean(dL/dxh * xh) over the real tokens. Skipped when the gradient is not
+    finite: a float16 loss-scale overflow, whose step the optimizer skips too,
+    must not leave inf/NaN in nu.
     """
-    assign_if_finite(nu, nu * (1.0 - rate * lambda_t).to(nu) + (rate * gamma_t).to(nu), gamma_t, lambda_t)
+    assign_if_finite(nu, nu * (1.0 - rate * gamma_t).to(nu) + (rate * lambda_t).to(nu), gamma_t, lambda_t)

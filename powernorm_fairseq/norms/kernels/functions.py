@@ -105,9 +105,9 @@ class FusedChannelNorm(torch.autograd.Function):
                 if p.mode == "reference":
                     # mean over every position of g' * z = g * z - (1 - a) nu z^2
                     nu.add_(((weight.double() * sums[0] - B.double() * sums[4]) / x.size(0)).to(nu))
-                else:  # Algorithm 2 over the (global) batch: Gamma_t = sums[2] / N, Lambda_t = sums[3] / N
+                else:  # Algorithm 2 over the (global) batch: Lambda_t = sums[2] / N, Gamma_t = sums[3] / N
                     terms = p.reduce(sums[2:4])
-                    update_nu(nu, p.rate, terms[0] / n_all, terms[1] / n_all)
+                    update_nu(nu, p.rate, gamma_t=terms[1] / n_all, lambda_t=terms[0] / n_all)
         grad_weight, grad_bias = sums[0].to(weight.dtype), sums[1].to(weight.dtype)
         return grad_x, None, grad_weight, grad_bias, None
 
