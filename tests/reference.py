@@ -22,10 +22,15 @@ def rms_norm(x, g, eps=1e-5):
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * g
 
 
-def layer_norm_simple(x, eps=1e-5, detach=None):
-    """LN without gain and bias; ``detach`` in (None, "both", "mean", "var")."""
-    mu = x.sum(-1, keepdim=True) / x.shape[-1]
-    sigma = torch.sqrt(((x - mu) ** 2).sum(-1, keepdim=True) / x.shape[-1] + eps)
+def layer_norm_simple(x, eps=1e-5, detach=None, unbiased=False):
+    """LN without gain and bias; ``detach`` in (None, "both", "mean", "var");
+    ``unbiased``: divide by the unbiased std + eps (Xu et al.'s code)."""
+    n = x.shape[-1]
+    mu = x.sum(-1, keepdim=True) / n
+    if unbiased:
+        sigma = torch.sqrt(((x - mu) ** 2).sum(-1, keepdim=True) / (n - 1)) + eps
+    else:
+        sigma = torch.sqrt(((x - mu) ** 2).sum(-1, keepdim=True) / n + eps)
     if detach in ("both", "mean"):
         mu = mu.detach()
     if detach in ("both", "var"):

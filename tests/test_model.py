@@ -100,6 +100,14 @@ def test_layer_scale_flag(toy_data, kind):
             build(toy_data, "--norm-type", kind, "--no-layer-scale", "--pn-group-scaling")
 
 
+def test_layernorm_simple_std_flag(toy_data):
+    model, _ = build(toy_data, "--norm-type", "layernorm-simple", "--decoder-norm-type", "detachnorm",
+                     "--layernorm-simple-std", "unbiased")
+    assert {m.std for m in norms_of(model)} == {"unbiased"}
+    model, _ = build(toy_data, "--norm-type", "layernorm-simple")
+    assert {m.std for m in norms_of(model.encoder)} == {"biased"}
+
+
 def test_post_norm_placement(toy_data):
     model, task = build(toy_data, "--norm-placement", "post", "--norm-type", "bn")
     assert model.encoder.layer_norm is None and model.decoder.layer_norm is None

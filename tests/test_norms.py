@@ -385,13 +385,16 @@ def test_original_batch_norm_depends_on_padding_where_bn_does_not():
     ("rmsnorm", lambda n, x: ref.rms_norm(x, n.weight)),
     ("layernorm-simple", lambda n, x: ref.layer_norm_simple(x)),
     ("detachnorm", lambda n, x: ref.layer_norm_simple(x, detach="both")),
+    ("layernorm-simple:unbiased", lambda n, x: ref.layer_norm_simple(x, unbiased=True)),
+    ("detachnorm:unbiased", lambda n, x: ref.layer_norm_simple(x, detach="both", unbiased=True)),
     ("adanorm", lambda n, x: ref.ada_norm(x)),
     ("groupnorm", lambda n, x: ref.group_norm(x, 4, n.weight, n.bias)),
     ("none", lambda n, x: x * 1),
 ])
 def test_per_token_norms_match_references(kind, reference):
     """Outputs and input gradients, the detached factors included."""
-    norm = affine(build_norm(kind, C).double()).train()
+    kind, _, std = kind.partition(":")
+    norm = affine(build_norm(kind, C, **({"std": std} if std else {})).double()).train()
     x, pad, grad_y = batch(120)
     y, gx = run(norm, x, pad, grad_y)
     xr = x.clone().requires_grad_(True)
@@ -413,6 +416,8 @@ def test_detachnorm_options(detach):
     assert not torch.allclose(gx, gx_both)  # each option is its own gradient
     with pytest.raises(ValueError, match="detach must be one of both, mean, var"):
         build_norm("detachnorm", C, detach="std")
+    with pytest.raises(ValueError, match="std must be one of biased, unbiased"):
+        build_norm("layernorm-simple", C, std="sample")
 
 
 def test_adanorm_scale_and_rms_init():

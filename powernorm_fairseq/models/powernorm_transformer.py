@@ -137,6 +137,9 @@ def add_norm_args(parser, lm=False):
                         help="AdaNorm's C in z = C (1 - y/10) y (default: 1)")
     parser.add_argument("--detachnorm-detach", choices=("both", "mean", "var"),
                         help="what DetachNorm treats as constant in the backward pass (default: both)")
+    parser.add_argument("--layernorm-simple-std", choices=("biased", "unbiased"),
+                        help="the divisor of layernorm-simple and detachnorm: sqrt(biased var + eps), "
+                             "as LayerNorm, or unbiased std + eps, as Xu et al.'s code (default: biased)")
     parser.add_argument("--norm-groups", type=at_least(1, "--norm-groups"), metavar="G",
                         help="channel groups of groupnorm (default: the attention heads)")
     parser.add_argument("--norm-sync", choices=SYNC_MODES,
@@ -389,6 +392,7 @@ def _powernorm_defaults(args):
         setattr(args, name, ORIGINAL_SPELLINGS.get(value, value))
     args.adanorm_scale = getattr(args, "adanorm_scale", 1.0)
     args.detachnorm_detach = getattr(args, "detachnorm_detach", "both")
+    args.layernorm_simple_std = getattr(args, "layernorm_simple_std", "biased")
     args.norm_groups = getattr(args, "norm_groups", None)
     args.norm_sync = getattr(args, "norm_sync", None)
     args.norm_diagnostics = getattr(args, "norm_diagnostics", False)

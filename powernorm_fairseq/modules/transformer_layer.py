@@ -47,7 +47,9 @@ def norm_options(cfg, kind: str, heads: int, final: bool = False) -> dict:
     if kind == "adanorm":
         return dict(scale=cfg.adanorm_scale)
     if kind == "detachnorm":
-        return dict(detach=cfg.detachnorm_detach)
+        return dict(detach=cfg.detachnorm_detach, std=cfg.layernorm_simple_std)
+    if kind == "layernorm-simple":
+        return dict(std=cfg.layernorm_simple_std)
     if kind == "groupnorm":
         return dict(groups=cfg.norm_groups or heads)
     # without --norm-momentum each class keeps its own default (bn-original: the released code's)

@@ -35,42 +35,62 @@ class LayerNorm(Norm):
         return f"{self.dim}, eps={self.eps}"
 
 
-def _moments(xf: Tensor, eps: float):
+STDS = ("biased", "unbiased")
+
+
+def _moments(xf: Tensor, eps: float, std: str):
+    """Per-token mean and the divisor: sqrt(var + eps) with the biased variance
+    (torch's LayerNorm), or the unbiased std + eps (Xu et al.'s code)."""
     mean = xf.mean(dim=-1, keepdim=True)
+    if std == "unbiased":
+        return mean, xf.std(dim=-1, keepdim=True) + eps
     var = (xf - mean).pow(2).mean(dim=-1, keepdim=True)
     return mean, torch.sqrt(var + eps)
 
 
-class LayerNormSimple(Norm):
-    """LayerNorm-simple (Xu et al., 2019, Section 3): LN without gain and bias."""
+def _check_std(std: str):
+    if std not in STDS:
+        raise ValueError(f"std must be one of {', '.join(STDS)}, got {std!r}")
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+
+class LayerNormSimple(Norm):
+    """LayerNorm-simple (Xu et al., 2019, Section 3): LN without gain and bias.
+    ``std="unbiased"`` divides by the unbiased std + eps, as the authors' code
+    (lancopku/AdaNorm) does, instead of LayerNorm's sqrt(biased var + eps)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5, std: str = "biased"):
         super().__init__()
-        self.dim, self.eps = dim, eps
+        _check_std(std)
+        self.dim, self.eps, self.std = dim, eps, std
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        return F.layer_norm(upcast(x), (self.dim,), None, None, self.eps).to(x.dtype)
+        if self.std == "biased":
+            return F.layer_norm(upcast(x), (self.dim,), None, None, self.eps).to(x.dtype)
+        mean, std = _moments(upcast(x), self.eps, self.std)
+        return ((upcast(x) - mean) / std).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}"
+        return f"{self.dim}, eps={self.eps}, std={self.std!r}"
 
 
 class DetachNorm(Norm):
     """DetachNorm (Xu et al., 2019, Section 3): LayerNorm-simple whose mean and
     standard deviation are constants in the backward pass; ``detach`` picks
-    both (the paper's), only the mean, or only the variance."""
+    both (the paper's), only the mean, or only the variance; ``std`` as in
+    :class:`LayerNormSimple`."""
 
     DETACH = ("both", "mean", "var")
 
-    def __init__(self, dim: int, eps: float = 1e-5, detach: str = "both"):
+    def __init__(self, dim: int, eps: float = 1e-5, detach: str = "both", std: str = "biased"):
         super().__init__()
         if detach not in self.DETACH:
             raise ValueError(f"detach must be one of {', '.join(self.DETACH)}, got {detach!r}")
-        self.dim, self.eps, self.detach = dim, eps, detach
+        _check_std(std)
+        self.dim, self.eps, self.detach, self.std = dim, eps, detach, std
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
-        mean, std = _moments(xf, self.eps)
+        mean, std = _moments(xf, self.eps, self.std)
         if self.detach in ("both", "mean"):
             mean = mean.detach()
         if self.detach in ("both", "var"):
@@ -78,7 +98,7 @@ class DetachNorm(Norm):
         return ((xf - mean) / std).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}, detach={self.detach!r}"
+        return f"{self.dim}, eps={self.eps}, detach={self.detach!r}, std={self.std!r}"
 
 
 class AdaNorm(Norm):
