@@ -107,20 +107,16 @@ class BatchStatNorm(Norm):
         batches from this worker's shifted sums: the means and the sums of
         squared deviations are combined (Chan et al.'s pairwise formula), as
         the workers' shifts differ."""
-        cat = (lambda v: torch.cat([v, v.new_tensor([float(n)])]))
         if not self.center:
-            packed = sync_mod.all_sum(cat(sums[1]))
+            packed = sync_mod.all_sum(torch.cat([sums[1], sums.new_tensor([float(n)])]))
             N = int(packed[-1].item())
             return N, None, (packed[:-1] / max(N, 1)).to(stat_dtype(like))
         m = max(n, 1)
         local_mean = shift.double() + sums[0] / m
         local_m2 = sums[1] - sums[0] * sums[0] / m  # sum of squared deviations from local_mean
-        packed = sync_mod.all_sum(cat(local_mean * n))
-        N = int(packed[-1].item())
+        N, mean, m2 = sync_mod.combine(n, local_mean, local_m2)
         if N == 0:
             return 0, None, None
-        mean = packed[:-1] / N
-        m2 = sync_mod.all_sum(local_m2 + n * (local_mean - mean) ** 2)
         return N, mean.to(stat_dtype(like)), (m2 / N).clamp(min=0).to(stat_dtype(like))
 
     def _with_running(self, x: Tensor) -> Tensor:

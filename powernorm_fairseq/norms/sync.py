@@ -57,6 +57,20 @@ def all_sum(t: Tensor, differentiable: bool = False) -> Tensor:
     return out
 
 
+def combine(n: int, mean: Tensor, m2: Tensor):
+    """(N, mean, sum of squared deviations) of the union of the workers'
+    batches from each worker's count ``n``, ``mean`` and sum of squared
+    deviations from it ``m2`` (float64): the pairwise formula of Chan, Golub &
+    LeVeque (1983), which stays accurate where E[x^2] - mean^2 would cancel.
+    ``(0, None, None)`` when no worker has a real token."""
+    packed = all_sum(torch.cat([mean * n, mean.new_tensor([float(n)])]))
+    N = int(packed[-1].item())
+    if N == 0:
+        return 0, None, None
+    g_mean = packed[:-1] / N
+    return N, g_mean, all_sum(m2 + n * (mean - g_mean) ** 2)
+
+
 def moments(x: Tensor, keep: Optional[Tensor], center: bool):
     """Global (count, mean or None, second moment) of the real rows of ``x`` (T, B, C), float64, no grad.
 
@@ -64,17 +78,13 @@ def moments(x: Tensor, keep: Optional[Tensor], center: bool):
     """
     with torch.no_grad():
         xd = x.double()
-        if keep is not None:
-            xd = xd * keep.double()
-        C = x.size(-1)
-        n = float(keep.sum()) if keep is not None else float(x.size(0) * x.size(1))
-        packed = torch.cat([xd.sum(dim=(0, 1)), (xd * xd).sum(dim=(0, 1)),
-                            torch.tensor([n], dtype=torch.float64, device=x.device)])
-        packed = all_sum(packed)
-        N = int(packed[-1].item())
-        if N == 0:
-            return 0, None, None
-        s1, s2 = packed[:C] / N, packed[C:2 * C] / N
-        if center:
-            return N, s1, (s2 - s1 * s1).clamp(min=0)
-        return N, None, s2
+        kd = keep.double() if keep is not None else None
+        masked = (lambda v: v) if kd is None else (lambda v: v * kd)
+        n = int(kd.sum().item()) if kd is not None else x.size(0) * x.size(1)
+        if not center:
+            packed = all_sum(torch.cat([masked(xd * xd).sum(dim=(0, 1)), xd.new_tensor([float(n)])]))
+            N = int(packed[-1].item())
+            return (N, None, packed[:-1] / N) if N else (0, None, None)
+        mean = masked(xd).sum(dim=(0, 1)) / max(n, 1)  # this worker's, then its squared deviations
+        N, g_mean, m2 = combine(n, mean, masked((xd - mean) ** 2).sum(dim=(0, 1)))
+        return (N, g_mean, (m2 / N).clamp(min=0)) if N else (0, None, None)
