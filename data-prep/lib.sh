@@ -52,19 +52,76 @@ for line in sys.stdin: sys.stdout.write(line.lower())"' "$lang" "$WORKERS" "$out
   rm -f "$out.utf8"
 }
 
-# learn_bpe MERGES CODES TRAIN_SRC TRAIN_TGT: joint BPE (subword-nmt)
-learn_bpe() {
-  local merges=$1 codes=$2 src=$3 tgt=$4
-  [[ -s "$codes" ]] && return 0
-  subword-nmt learn-joint-bpe-and-vocab --input "$src" "$tgt" -s "$merges" \
-    -o "$codes.tmp" --write-vocabulary "$codes.vocab.src" "$codes.vocab.tgt" 2>/dev/null \
-    || { rm -f "$codes.tmp"; die "learning BPE failed"; }
-  mv "$codes.tmp" "$codes"
+# The subword step every translation recipe shares: --bpe METHOD (subword-nmt
+# or sentencepiece) and --bpe-size N (merges, or the sentencepiece vocabulary).
+SUBWORD_METHODS="subword-nmt sentencepiece"
+SPM_MODEL=spm.model  # the name of a sentencepiece model beside the binarized data
+
+# prepared OUT METHOD: whether OUT/bin is complete (said in one line); one
+# prepared with the other subword METHOD stops with what to do
+prepared() {
+  [[ -f "$1/bin/.done" ]] || return 1
+  local had=subword-nmt
+  [[ -f "$1/bin/$SPM_MODEL" ]] && had=sentencepiece
+  [[ "$had" == "$2" ]] || die "$1 was prepared with --bpe $had; add --force to prepare it again with --bpe $2"
+  log "$1 is already prepared (use --force to redo it)"
 }
 
-# apply_bpe CODES IN OUT
-apply_bpe() {
-  run_step "$3" subword-nmt apply-bpe -c "$1" --num-workers "$WORKERS" --input "$2"
+# subword_model DIR METHOD: where the recipes keep the subword model in DIR
+subword_model() {
+  if [[ "$2" == sentencepiece ]]; then echo "$1/$SPM_MODEL"; else echo "$1/bpe.codes"; fi
+}
+
+# check_subwords METHOD SIZE: one line naming the flag and what it takes
+check_subwords() {
+  [[ " $SUBWORD_METHODS " == *" $1 "* ]] || die "--bpe must be one of {${SUBWORD_METHODS// /,}}, got '$1'"
+  [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "--bpe-size must be a positive integer, got '$2'"
+}
+
+# learn_subwords METHOD SIZE MODEL TRAIN_SRC TRAIN_TGT: a joint subword model
+# of both sides' tokenized training text. subword-nmt: BPE codes with SIZE
+# merges on the concatenated text (fairseq's recipes). sentencepiece: a model
+# with a vocabulary of SIZE (the package's default unigram algorithm), trained
+# on the same tokenized text with identity normalization, so that decoding
+# (fairseq's --post-process sentencepiece) gives back exactly the tokenized
+# text the BLEU definitions score.
+learn_subwords() {
+  local method=$1 size=$2 model=$3 src=$4 tgt=$5
+  [[ -s "$model" ]] && return 0
+  run_step "$model.joint" cat "$src" "$tgt"
+  if [[ "$method" == subword-nmt ]]; then
+    run_step "$model" subword-nmt learn-bpe -s "$size" --input "$model.joint"
+  else
+    python - "$model" "$size" "$WORKERS" <<'PY' || die "learning the sentencepiece model failed"
+import os, sys, tempfile
+import sentencepiece as spm
+model, size, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with tempfile.TemporaryDirectory(dir=os.path.dirname(model) or ".") as tmp:
+    spm.SentencePieceTrainer.train(
+        input=model + ".joint", model_prefix=os.path.join(tmp, "spm"), vocab_size=size,
+        hard_vocab_limit=False, character_coverage=1.0, normalization_rule_name="identity",
+        input_sentence_size=2_000_000, shuffle_input_sentence=True, num_threads=workers,
+        minloglevel=2)
+    os.replace(os.path.join(tmp, "spm.vocab"), model + ".vocab")
+    os.replace(os.path.join(tmp, "spm.model"), model)
+PY
+  fi
+  rm -f "$model.joint"
+}
+
+# apply_subwords METHOD MODEL IN OUT
+apply_subwords() {
+  local method=$1 model=$2 in=$3 out=$4
+  if [[ "$method" == subword-nmt ]]; then
+    run_step "$out" subword-nmt apply-bpe -c "$model" --num-workers "$WORKERS" --input "$in"
+    return
+  fi
+  run_step "$out" python -c 'import sys
+import sentencepiece as spm
+sp = spm.SentencePieceProcessor(model_file=sys.argv[1])
+with open(sys.argv[2], encoding="utf-8") as f:
+    for line in f:
+        print(" ".join(sp.encode(line.rstrip("\n"), out_type=str)))' "$model" "$in"
 }
 
 # clean_corpus IN SRC TGT MIN MAX RATIO OUT [lowercase]: the rules of Moses'
@@ -92,13 +149,18 @@ PY
 }
 
 # preprocess DEST ARGS...: fairseq-preprocess ARGS into DEST, which appears
-# only when complete (DEST/.done)
+# only when complete (DEST/.done); the files named in BESIDE (an array, may be
+# unset) are copied into DEST with it
 preprocess() {
   local dest=$1; shift
   [[ -f "$dest/.done" ]] && return 0
   rm -rf "$dest.tmp"
   fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" >&2 \
     || { rm -rf "$dest.tmp"; die "fairseq-preprocess failed"; }
+  local file
+  for file in "${BESIDE[@]+"${BESIDE[@]}"}"; do
+    cp "$file" "$dest.tmp/" || { rm -rf "$dest.tmp"; die "copying $file failed"; }
+  done
   touch "$dest.tmp/.done"
   rm -rf "$dest"
   mv "$dest.tmp" "$dest"

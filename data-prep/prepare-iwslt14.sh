@@ -8,7 +8,7 @@ source "$HERE/lib.sh"
 
 URL="http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
 SRC=de TGT=en LANG_PAIR=de-en
-BPE_TOKENS=10000        # joint BPE merges, as fairseq's recipe
+BPE=subword-nmt BPE_SIZE=10000  # joint BPE merges, as fairseq's recipe
 CLEAN_RATIO=1.5 CLEAN_MIN=1 CLEAN_MAX=175
 VALID_EVERY=23          # valid = every 23rd line of the cleaned training data
 # test = these five sets, concatenated in this order
@@ -17,12 +17,16 @@ OUT=data-bin/iwslt14 ARCHIVE="" FORCE=""
 
 usage() {
   cat <<USAGE
-usage: data-prep/prepare-iwslt14.sh [--archive PATH] [--out DIR] [--force]
+usage: data-prep/prepare-iwslt14.sh [--archive PATH] [--out DIR] [--bpe METHOD] [--bpe-size N] [--force]
 
   --archive PATH   a local copy of de-en.tgz (default: download $URL)
   --out DIR        output directory (default: $OUT): DIR/bin is the binarized
                    data, DIR/raw the untokenized test references, DIR/tmp the
                    intermediate files
+  --bpe METHOD     subword-nmt | sentencepiece (default: $BPE); a sentencepiece
+                   model is saved as DIR/bin/$SPM_MODEL, beside the data
+  --bpe-size N     subword-nmt merges, or the sentencepiece vocabulary size
+                   (default: $BPE_SIZE)
   --force          prepare again even if DIR is complete
 USAGE
 }
@@ -31,14 +35,16 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --archive) ARCHIVE="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
+    --bpe) BPE="$2"; shift 2 ;;
+    --bpe-size) BPE_SIZE="$2"; shift 2 ;;
     --force) FORCE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option '$1'" ;;
   esac
 done
 
-if [[ -f "$OUT/bin/.done" && -z "$FORCE" ]]; then
-  log "$OUT is already prepared (use --force to redo it)"
+check_subwords "$BPE" "$BPE_SIZE"
+if [[ -z "$FORCE" ]] && prepared "$OUT" "$BPE"; then
   exit 0
 fi
 [[ -n "$FORCE" ]] && rm -rf "$OUT"
@@ -96,16 +102,17 @@ for l in $SRC $TGT; do
   run_step "$OUT/raw/test.$l" cat "${raw_files[@]}"
 done
 
-log "learning BPE with $BPE_TOKENS merges on the joint training text (subword-nmt)"
-run_step "$tmp/train.joint" cat "$tmp/train.$SRC" "$tmp/train.$TGT"
-run_step "$tmp/code" subword-nmt learn-bpe -s "$BPE_TOKENS" --input "$tmp/train.joint"
+log "learning joint subwords on the training text ($BPE, size $BPE_SIZE)"
+MODEL=$(subword_model "$tmp" "$BPE")
+learn_subwords "$BPE" "$BPE_SIZE" "$MODEL" "$tmp/train.$SRC" "$tmp/train.$TGT"
 mkdir -p "$tmp/bpe"
 for l in $SRC $TGT; do
   for split in train valid test; do
-    apply_bpe "$tmp/code" "$tmp/$split.$l" "$tmp/bpe/$split.$l"
+    apply_subwords "$BPE" "$MODEL" "$tmp/$split.$l" "$tmp/bpe/$split.$l"
   done
 done
 
 log "binarizing (fairseq-preprocess --joined-dictionary)"
+BESIDE=("$MODEL")
 binarize "$SRC" "$TGT" "$tmp/bpe" "$OUT/bin"
 log "done: $OUT/bin"

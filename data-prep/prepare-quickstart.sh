@@ -7,17 +7,21 @@ source "$HERE/lib.sh"
 
 SRC_DIR="$HERE/quickstart"
 OUT=data-bin/quickstart
-BPE_MERGES=4000  # ~100k tokens per side: a small vocabulary keeps every type frequent
+BPE=subword-nmt
+BPE_SIZE=4000  # ~100k tokens per side: a small vocabulary keeps every type frequent
 FORCE=""
 
 usage() {
   cat <<USAGE
-usage: data-prep/prepare-quickstart.sh [--src-dir DIR] [--out DIR] [--bpe-merges N] [--force]
+usage: data-prep/prepare-quickstart.sh [--src-dir DIR] [--out DIR] [--bpe METHOD] [--bpe-size N] [--force]
 
   --src-dir DIR     raw train/valid/test.{de,en} (default: data-prep/quickstart)
   --out DIR         where to write (default: data-bin/quickstart); the binarized
                     data goes to DIR/bin, intermediate files to DIR/tmp
-  --bpe-merges N    joint BPE merges (default: $BPE_MERGES)
+  --bpe METHOD      subword-nmt | sentencepiece (default: $BPE); a sentencepiece
+                    model is saved as DIR/bin/$SPM_MODEL, beside the data
+  --bpe-size N      subword-nmt merges, or the sentencepiece vocabulary size
+                    (default: $BPE_SIZE); --bpe-merges N is the same
   --force           redo everything even if DIR is already prepared
 USAGE
 }
@@ -26,21 +30,21 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --src-dir) SRC_DIR="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    --bpe-merges) BPE_MERGES="$2"; shift 2 ;;
+    --bpe) BPE="$2"; shift 2 ;;
+    --bpe-size|--bpe-merges) BPE_SIZE="$2"; shift 2 ;;
     --force) FORCE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option '$1'" ;;
   esac
 done
-[[ "$BPE_MERGES" =~ ^[1-9][0-9]*$ ]] || die "--bpe-merges must be a positive integer, got '$BPE_MERGES'"
+check_subwords "$BPE" "$BPE_SIZE"
 for split in train valid test; do
   for lang in de en; do
     [[ -s "$SRC_DIR/$split.$lang" ]] || die "missing or empty input file: $SRC_DIR/$split.$lang"
   done
 done
 
-if [[ -f "$OUT/bin/.done" && -z "$FORCE" ]]; then
-  log "$OUT is already prepared (use --force to redo it)"
+if [[ -z "$FORCE" ]] && prepared "$OUT" "$BPE"; then
   exit 0
 fi
 [[ -n "$FORCE" ]] && rm -rf "$OUT"
@@ -53,13 +57,15 @@ for split in train valid test; do
     tokenize "$lang" "$SRC_DIR/$split.$lang" "$OUT/tmp/$split.tok.$lang"
   done
 done
-log "learning joint BPE with $BPE_MERGES merges (subword-nmt)"
-learn_bpe "$BPE_MERGES" "$OUT/tmp/codes" "$OUT/tmp/train.tok.de" "$OUT/tmp/train.tok.en"
+log "learning joint subwords ($BPE, size $BPE_SIZE)"
+MODEL=$(subword_model "$OUT/tmp" "$BPE")
+learn_subwords "$BPE" "$BPE_SIZE" "$MODEL" "$OUT/tmp/train.tok.de" "$OUT/tmp/train.tok.en"
 for split in train valid test; do
   for lang in de en; do
-    apply_bpe "$OUT/tmp/codes" "$OUT/tmp/$split.tok.$lang" "$OUT/tmp/$split.$lang"
+    apply_subwords "$BPE" "$MODEL" "$OUT/tmp/$split.tok.$lang" "$OUT/tmp/$split.$lang"
   done
 done
 log "binarizing (fairseq-preprocess --joined-dictionary)"
+BESIDE=("$MODEL")
 binarize de en "$OUT/tmp" "$OUT/bin"
 log "done: $OUT/bin (raw references in $OUT/raw)"

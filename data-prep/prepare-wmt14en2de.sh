@@ -11,14 +11,15 @@ BASE_URL="http://statmt.org/wmt13"
 SRC=en TGT=de
 # 40,000 joint merges: the count of fairseq's prepare-wmt14en2de.sh, whose
 # output (a joined ~40k dictionary) the paper's authors trained on
-BPE_TOKENS=40000
+BPE=subword-nmt BPE_SIZE=40000
 CLEAN_RATIO=1.5 CLEAN_MIN=1 CLEAN_MAX=250
 NC=v12  # news-commentary release: v12 as fairseq's script and the authors; v9 is WMT14's own
 OUT=data-bin/wmt14 ARCHIVE_DIR="" FORCE=""
 
 usage() {
   cat <<USAGE
-usage: data-prep/prepare-wmt14en2de.sh [--archive-dir DIR] [--out DIR] [--news-commentary v9|v12] [--force]
+usage: data-prep/prepare-wmt14en2de.sh [--archive-dir DIR] [--out DIR] [--news-commentary v9|v12]
+                                       [--bpe METHOD] [--bpe-size N] [--force]
 
   --archive-dir DIR   local copies of training-parallel-europarl-v7.tgz,
                       training-parallel-commoncrawl.tgz, training-parallel-nc-<v>.tgz,
@@ -26,6 +27,10 @@ usage: data-prep/prepare-wmt14en2de.sh [--archive-dir DIR] [--out DIR] [--news-c
   --out DIR           output directory (default: $OUT): DIR/bin binarized, DIR/raw
                       untokenized test references, DIR/tmp intermediate files
   --news-commentary V v12 (default; fairseq's script, the authors' data) or v9 (WMT14's release)
+  --bpe METHOD         subword-nmt | sentencepiece (default: $BPE); a sentencepiece
+                      model is saved as DIR/bin/$SPM_MODEL, beside the data
+  --bpe-size N        subword-nmt merges, or the sentencepiece vocabulary size
+                      (default: $BPE_SIZE)
   --force             prepare again even if DIR is complete
 USAGE
 }
@@ -35,6 +40,8 @@ while [[ $# -gt 0 ]]; do
     --archive-dir) ARCHIVE_DIR="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --news-commentary) NC="$2"; shift 2 ;;
+    --bpe) BPE="$2"; shift 2 ;;
+    --bpe-size) BPE_SIZE="$2"; shift 2 ;;
     --force) FORCE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option '$1'" ;;
@@ -59,8 +66,8 @@ declare -A URLS=(
   [test-full.tgz]="http://statmt.org/wmt14/test-full.tgz"
 )
 
-if [[ -f "$OUT/bin/.done" && -z "$FORCE" ]]; then
-  log "$OUT is already prepared (use --force to redo it)"
+check_subwords "$BPE" "$BPE_SIZE"
+if [[ -z "$FORCE" ]] && prepared "$OUT" "$BPE"; then
   exit 0
 fi
 [[ -n "$FORCE" ]] && rm -rf "$OUT"
@@ -111,13 +118,13 @@ for l in $SRC $TGT; do
   done
 done
 
-log "learning joint BPE with $BPE_TOKENS merges (subword-nmt)"
-run_step "$tmp/train.joint" cat "$tmp/train.tok.$SRC" "$tmp/train.tok.$TGT"
-run_step "$tmp/code" subword-nmt learn-bpe -s "$BPE_TOKENS" --input "$tmp/train.joint"
+log "learning joint subwords ($BPE, size $BPE_SIZE)"
+MODEL=$(subword_model "$tmp" "$BPE")
+learn_subwords "$BPE" "$BPE_SIZE" "$MODEL" "$tmp/train.tok.$SRC" "$tmp/train.tok.$TGT"
 mkdir -p "$tmp/bpe"
 for l in $SRC $TGT; do
   for split in train valid test; do
-    apply_bpe "$tmp/code" "$tmp/$split.tok.$l" "$tmp/bpe/$split.bpe.$l"
+    apply_subwords "$BPE" "$MODEL" "$tmp/$split.tok.$l" "$tmp/bpe/$split.bpe.$l"
   done
   run_step "$tmp/bpe/valid.$l" cat "$tmp/bpe/valid.bpe.$l"
   run_step "$tmp/bpe/test.$l" cat "$tmp/bpe/test.bpe.$l"
@@ -127,5 +134,6 @@ log "cleaning the training data: length $CLEAN_MIN-$CLEAN_MAX, ratio $CLEAN_RATI
 clean_corpus "$tmp/bpe/train.bpe" "$SRC" "$TGT" "$CLEAN_MIN" "$CLEAN_MAX" "$CLEAN_RATIO" "$tmp/bpe/train"
 
 log "binarizing (fairseq-preprocess --joined-dictionary)"
+BESIDE=("$MODEL")
 binarize "$SRC" "$TGT" "$tmp/bpe" "$OUT/bin"
 log "done: $OUT/bin"

@@ -64,10 +64,15 @@ else
   powernorm-average --inputs "$SAVE_DIR" --num-epoch-checkpoints "$AVERAGE" --output "$CKPT"
 fi
 
+# the subwords are undone as the data was made: a sentencepiece model saved
+# beside the data (data-prep --bpe sentencepiece), else subword-nmt's "@@ "
+DECODE=(--remove-bpe)
+[[ -f "$DATA/spm.model" ]] && DECODE=(--post-process sentencepiece)
+
 OUT="$SAVE_DIR/generate-$SUBSET-$(basename "$CKPT" .pt).txt"
 fairseq-generate "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "$CKPT" \
   --gen-subset "$SUBSET" --source-lang "$SRC" --target-lang "$TGT" \
-  --beam "$BEAM" --lenpen "$LENPEN" --remove-bpe --batch-size 128 "${CPU[@]}" \
+  --beam "$BEAM" --lenpen "$LENPEN" "${DECODE[@]}" --batch-size 128 "${CPU[@]}" \
   --required-batch-size-multiple 1 > "$OUT.tmp"  # fairseq drops a last batch that is not a multiple
 mv "$OUT.tmp" "$OUT"
 grep '^H-' "$OUT" | sort -t- -k2 -n | cut -f3 > "$OUT.hyp"

@@ -229,6 +229,78 @@ def test_train_average_evaluate(iwslt, tmp_path):
     assert "2 checkpoint(s) averaged" in proc.stdout
 
 
+def test_sentencepiece_prepare_train_evaluate_interactive(iwslt, tmp_path):
+    """--bpe sentencepiece end to end: a joint model trained on the tokenized
+    training text and saved beside the data, the data encoded then binarized,
+    and generate, evaluate.sh and fairseq-interactive decoding it back to the
+    tokenized text the BLEU definitions score."""
+    archive, bpe_out, _ = iwslt
+    out = tmp_path / "spm"
+    sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, "--bpe", "sentencepiece",
+       "--bpe-size", "60")
+    model = out / "bin" / "spm.model"
+    assert model.exists() and (out / "bin" / ".done").exists()
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    assert 40 <= sp.get_piece_size() <= 60
+    encoded, tokenized = lines(out / "tmp" / "bpe" / "test.de"), lines(out / "tmp" / "test.de")
+    assert "\u2581" in encoded[0] and "@@" not in encoded[0]
+    assert [sp.decode(line.split()) for line in encoded] == tokenized  # identity normalization: lossless
+    assert lines(out / "tmp" / "test.en") == lines(bpe_out / "tmp" / "test.en")  # the same tokenized text
+
+    save = tmp_path / "run"
+    sh("scripts/train.sh", "--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0",
+       "--save-dir", save, "--", *TINY, "--max-epoch", "2", "--warmup-updates", "4", "--max-tokens", "1000",
+       "--tensorboard-logdir", "")
+    sh("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
+       "--average", "1", "--cpu")
+    generated = (save / "generate-test-checkpoint_last.txt").read_text(encoding="utf-8")
+    hyps = [l for l in generated.splitlines() if l.startswith(("H-", "T-"))]
+    assert len(hyps) == 40 and not [l for l in hyps if "\u2581" in l]
+    targets = sorted((int(l.split("\t")[0][2:]), l.split("\t")[1]) for l in hyps if l.startswith("T-"))
+    pairs = list(zip([t for _, t in targets], lines(out / "tmp" / "test.en"), strict=True))
+    for t, r in pairs:  # references decoded exactly up to a character the tiny training text never had
+        words = t.split()
+        known = next((i for i, w in enumerate(words) if "<unk>" in w), len(words))
+        assert known >= 5 and words[:known] == r.split()[:known] and (known < len(words) or t == r), (t, r)
+    assert json.loads((save / "bleu-test.json").read_text())["sentences"] == 20
+
+    proc = subprocess.run(
+        [str(BIN / "fairseq-interactive"), out / "bin", "--user-dir", ROOT / "powernorm_fairseq",
+         "--path", save / "checkpoint_last.pt", "-s", "de", "-t", "en", "--cpu", "--beam", "2",
+         "--bpe", "sentencepiece", "--sentencepiece-model", model],
+        input=tokenized[0] + "\n", capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    source = [l for l in proc.stdout.splitlines() if l.startswith("S-")]
+    assert source and "\u2581" in source[0]  # the input was encoded with the model
+    assert [l for l in proc.stdout.splitlines() if l.startswith("D-") and "\u2581" not in l]
+
+    bad = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, "--bpe", "wordpiece", check=False)
+    assert bad.returncode != 0 and bad.stderr.strip().endswith(
+        "--bpe must be one of {subword-nmt,sentencepiece}, got 'wordpiece'")
+    other = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, check=False)
+    assert other.returncode != 0 and "prepared with --bpe sentencepiece; add --force" in other.stderr
+
+
+def test_quickstart_preparation_with_either_subword_tool(tmp_path):
+    rng = random.Random(1)
+    src = tmp_path / "raw"
+    src.mkdir()
+    for split, n in (("train", 120), ("valid", 10), ("test", 10)):
+        pairs = [sentence(rng, rng.randrange(3, 12)) for _ in range(n)]
+        (src / f"{split}.de").write_text("".join(de + "\n" for de, _ in pairs))
+        (src / f"{split}.en").write_text("".join(en + "\n" for _, en in pairs))
+    for method, beside in (("subword-nmt", "bpe.codes"), ("sentencepiece", "spm.model")):
+        out = tmp_path / method
+        sh("data-prep/prepare-quickstart.sh", "--src-dir", src, "--out", out, "--bpe", method, "--bpe-size", "40")
+        assert (out / "bin" / ".done").exists() and (out / "bin" / beside).exists()
+        assert len(lines(out / "tmp" / "test.en")) == 10
+    bad = sh("data-prep/prepare-quickstart.sh", "--src-dir", src, "--out", tmp_path / "x", "--bpe-merges", "0",
+             check=False)
+    assert bad.returncode != 0 and bad.stderr.strip().endswith("--bpe-size must be a positive integer, got '0'")
+
+
 def test_train_script_options(tmp_path):
     dry = sh("scripts/train.sh", "--config", "configs/wmt14-pn.sh", "--gpus", "8", "--dry-run")
     cmd = dry.stdout
