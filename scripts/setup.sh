@@ -7,17 +7,24 @@ usage() {
   cat <<USAGE
 usage: scripts/setup.sh [--python PYTHON]
 
-Creates .venv in the repository root with torch 2.13.0 (CPU), the Python 3.11
-fork of fairseq 0.12 (fairseq-fixed 0.12.3.1, built here: about 3 minutes the
-first time) and this plugin in editable mode.
-  --python PYTHON   interpreter for the venv (default: python3, 3.11 needed)
+Creates .venv in the repository root with torch 2.13.0, the maintained fork
+of fairseq 0.12 (fairseq-fixed 0.12.3.1, built here: about 3 minutes the first
+time) and this plugin in editable mode.
+  --python PYTHON      interpreter for the venv: Python 3.11, 3.12 or 3.13
+                       (default: python3)
+  --torch-index URL    the package index torch comes from (default: pip's own).
+                       PyPI's torch for Linux x86_64 is a CUDA build; for the CPU
+                       build, or another CUDA version, name PyTorch's index, e.g.
+                       https://download.pytorch.org/whl/cpu or .../whl/cu128
 USAGE
 }
 
-PYTHON=python3
+PYTHON=python3 TORCH_INDEX=""
+SUPPORTED="3.11 3.12 3.13"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --python) PYTHON="$2"; shift 2 ;;
+    --torch-index) TORCH_INDEX="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "setup.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
@@ -30,7 +37,17 @@ VENV="$ROOT/.venv"
 STAMP="$VENV/.powernorm-setup"
 
 cd "$ROOT"
-want="$(cat scripts/setup.sh requirements.txt setup.py | sha256sum | cut -d' ' -f1)"
+fail() { echo "setup.sh: error: $*" >&2; exit 2; }
+have=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
+  || fail "--python: cannot run '$PYTHON'"
+[[ " $SUPPORTED " == *" $have "* ]] \
+  || fail "Python $have ($PYTHON) is not supported: use 3.11, 3.12 or 3.13 (--python PYTHON)"
+if [[ -x "$VENV/bin/python" ]]; then
+  venv_has=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  [[ "$venv_has" == "$have" ]] \
+    || fail ".venv has Python $venv_has, not $have ($PYTHON): remove .venv to rebuild it with $have"
+fi
+want="$(cat scripts/setup.sh requirements.txt setup.py | sha256sum | cut -d' ' -f1) $have $TORCH_INDEX"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
   exit 0  # up to date
 fi
@@ -38,7 +55,7 @@ fi
 [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 # torch first, pinned: anything unpinned later must find it satisfied
-"${pip[@]}" "$TORCH"
+"${pip[@]}" "$TORCH" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 "${pip[@]}" -r requirements.txt
 # fairseq without its declared deps (they include torchaudio, which pulls
 # another torch), built against the torch, numpy and Cython installed above
@@ -47,4 +64,9 @@ pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 "${pip[@]}" --no-deps -e .
 "$VENV/bin/python" -c "import torch, fairseq, powernorm_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 echo "$want" > "$STAMP"
-echo "setup.sh: environment ready in $VENV"
+built=$("$VENV/bin/python" -c "import torch; print(torch.__version__, 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU only')")
+echo "setup.sh: environment ready in $VENV (Python $have, torch $built)"
+if command -v nvidia-smi >/dev/null && [[ "$built" == *"CPU only"* ]]; then
+  echo "setup.sh: this machine has an NVIDIA GPU but the torch installed is CPU only; for a CUDA build run" \
+       "'rm -r .venv' and 'bash scripts/setup.sh --torch-index https://download.pytorch.org/whl/cu128'" >&2
+fi
