@@ -5,15 +5,25 @@ it registers the ``powernorm_transformer`` and ``powernorm_transformer_lm``
 models and their architectures.
 """
 
-from .checkpoints import allow_fairseq_checkpoints, atomic_checkpoint_copies, resume_with_the_same_batches
+from .checkpoints import (
+    allow_fairseq_checkpoints,
+    atomic_checkpoint_copies,
+    name_failed_saves,
+    name_unreadable_checkpoints,
+    resume_with_the_same_batches,
+)
 from .compat import bf16_without_tpu, numpy_compat_long
 from .errors import install_excepthook
+from .savedir import guard_training_runs
 from .shutdown import install as install_clean_exit
 
 __version__ = "0.1.0"
 
 allow_fairseq_checkpoints()
+name_unreadable_checkpoints()
+name_failed_saves()
 atomic_checkpoint_copies()
+guard_training_runs()
 resume_with_the_same_batches()
 install_excepthook()
 install_clean_exit()

@@ -32,6 +32,7 @@ import csv
 import json
 import logging
 import math
+import os
 import re
 import sys
 import warnings
@@ -40,7 +41,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoints import allow_fairseq_checkpoints
+from . import checkpoints
+from .errors import InputFileError
 from .files import atomic_path
 from .flags import at_least
 
@@ -166,13 +168,12 @@ def plot_statistics(rows, prefix, out, title, plt):
 
 
 def load_checkpoint(path):
-    allow_fairseq_checkpoints()
+    if not os.path.exists(path):
+        raise AnalyzeError(f"no such checkpoint: {path}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise AnalyzeError(f"no such checkpoint: {path}") from None
-    except Exception as err:
-        raise AnalyzeError(f"{path} is not a readable fairseq checkpoint ({type(err).__name__})") from None
+        return checkpoints.load(path)
+    except InputFileError as err:
+        raise AnalyzeError(str(err)) from None
 
 
 def checkpoint_info(state):

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoints import allow_fairseq_checkpoints
+from . import checkpoints
+from .errors import InputFileError
 from .files import atomic_path
 
 PATTERNS = {"epoch": re.compile(r"checkpoint(\d+)\.pt"), "update": re.compile(r"checkpoint_\d+_(\d+)\.pt")}
@@ -36,14 +37,43 @@ def last_checkpoints(directory, n, kind="epoch", upper_bound=None):
     return [path for _, path in sorted(found, reverse=True)[:n]]
 
 
+#: configuration entries that must agree for an average to be one model
+MODEL_SETTINGS = ("arch", "norm_type", "decoder_norm_type", "encoder_norm_self", "encoder_norm_ff",
+                  "decoder_norm_self", "decoder_norm_cross", "decoder_norm_ff", "norm_placement",
+                  "pn_group_scaling", "layer_scale", "pn_backward", "fixnorm")
+
+
+def model_settings(state) -> dict:
+    """The architecture and norm settings a checkpoint was trained with."""
+    cfg = (state.get("cfg") or {}).get("model") or state.get("args")
+    get = (lambda k: cfg.get(k)) if isinstance(cfg, dict) else (lambda k: getattr(cfg, k, None))
+    return {} if cfg is None else {k: get(k) for k in MODEL_SETTINGS}
+
+
 def average_checkpoints(paths):
-    """The newest checkpoint's state with the model entries averaged over ``paths``."""
-    allow_fairseq_checkpoints()
-    states = [torch.load(p, map_location="cpu", weights_only=True) for p in paths]
-    keys = list(states[0]["model"])
-    for path, state in zip(paths, states):
+    """The newest checkpoint's state with the model entries averaged over
+    ``paths``. Checkpoints of different models are refused in one line
+    (:class:`InputFileError`): the same file twice, another architecture or
+    other norm settings, other entries or other shapes."""
+    paths = [Path(p) for p in paths]
+    for i, path in enumerate(paths):
+        for earlier in paths[:i]:
+            if path.exists() and earlier.exists() and os.path.samefile(path, earlier):
+                raise InputFileError(f"{path}: given twice (as {earlier}); average distinct checkpoints")
+    states = [checkpoints.load(p) for p in paths]
+    first, keys = model_settings(states[0]), list(states[0]["model"])
+    for path, state in zip(paths[1:], states[1:]):
+        settings = model_settings(state)
+        differ = [f"{k}={settings.get(k)!r} (not {first.get(k)!r})" for k in MODEL_SETTINGS
+                  if settings.get(k) != first.get(k)]
+        if differ:
+            raise InputFileError(f"{path}: another model than {paths[0]}: {', '.join(differ)}")
         if list(state["model"]) != keys:
-            raise ValueError(f"{path} has other model entries than {paths[0]}")
+            raise InputFileError(f"{path}: other model entries than {paths[0]}")
+        for key in keys:
+            if state["model"][key].shape != states[0]["model"][key].shape:
+                raise InputFileError(f"{path}: {key} has shape {tuple(state['model'][key].shape)}, "
+                                     f"{tuple(states[0]['model'][key].shape)} in {paths[0]}")
     averaged = {}
     for key in keys:
         values = [s["model"][key] for s in states]
@@ -57,6 +87,8 @@ def average_checkpoints(paths):
 
 def save_atomically(state, output):
     output = Path(output)
+    if output.is_dir():
+        raise InputFileError(f"--output {output}: is a directory; name the checkpoint file to write")
     output.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(output) as tmp:
         torch.save(state, tmp)
@@ -96,7 +128,10 @@ def main(argv=None):
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
             parser.error(f"no such checkpoint: {', '.join(missing)}")
-    save_atomically(average_checkpoints(paths), args.output)
+    try:
+        save_atomically(average_checkpoints(paths), args.output)
+    except (InputFileError, OSError) as err:
+        parser.exit(2, f"{parser.prog}: error: {err}\n")
     names = ", ".join(p.name for p in paths)
     print(f"averaged {len(paths)} checkpoints ({names}): parameters and running statistics "
           f"-> {args.output}", file=sys.stderr)

@@ -8,18 +8,75 @@ writes keeps the safe loader on while ``fairseq-generate``,
 """
 
 import argparse
+import errno
 import os
+import pickle
 import shutil
+import zipfile
 
 import torch
 
+from .errors import InputFileError
 from .files import atomic_path
 
 SAFE_GLOBALS = [argparse.Namespace]
+#: what torch.load raises on a file that is no (complete) checkpoint
+UNREADABLE = (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, KeyError, ValueError, TypeError,
+              AttributeError, UnicodeDecodeError, zipfile.BadZipFile)
 
 
 def allow_fairseq_checkpoints():
     torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+
+def why_unreadable(path, exc: BaseException) -> str:
+    """One line naming ``path`` and what is wrong with it, for an exception of torch.load."""
+    if isinstance(exc, pickle.UnpicklingError) and "weights_only" in str(exc).lower().replace(" ", "_"):
+        return (f"{path}: refused: the checkpoint holds objects other than tensors and a configuration "
+                "(code that loading would run); only weights-only checkpoints are loaded")
+    return f"{path}: not a readable checkpoint (truncated, corrupt or another kind of file)"
+
+
+def load(path):
+    """A checkpoint's state, read on the CPU by torch's weights-only loader
+    with fairseq's configuration type allowed: whatever else a pickle holds
+    (code) is refused, as is a truncated or foreign file, in one line that
+    names the file (:class:`InputFileError`)."""
+    allow_fairseq_checkpoints()
+    if not os.path.exists(path):
+        raise InputFileError(f"{path}: no such checkpoint")
+    if os.path.isdir(path):
+        raise InputFileError(f"{path}: is a directory, not a checkpoint")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except UNREADABLE as exc:
+        raise InputFileError(why_unreadable(path, exc)) from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise InputFileError(f"{path}: not a fairseq checkpoint (no model state)")
+    return state
+
+
+def name_unreadable_checkpoints():
+    """fairseq's checkpoint reader (generate, interactive, eval-lm, resume,
+    --restore-file) with the one-line refusals of :func:`load`: a checkpoint
+    that holds code, or is truncated or no checkpoint at all, is named in
+    one line instead of a traceback that does not name it."""
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.load_checkpoint_to_cpu
+    if getattr(original, "names_files", False):
+        return
+
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        try:
+            return original(path, arg_overrides, load_on_all_ranks)
+        except UNREADABLE as exc:
+            if isinstance(exc, InputFileError):
+                raise
+            raise InputFileError(why_unreadable(path, exc)) from exc
+
+    load_checkpoint_to_cpu.names_files = True
+    checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
 
 def atomic_checkpoint_copies():
@@ -91,3 +148,36 @@ def resume_with_the_same_batches():
 
     get_batch_iterator.same_batches = True
     FairseqTask.get_batch_iterator = get_batch_iterator
+
+
+def name_failed_saves():
+    """A checkpoint fairseq cannot write (a full disk) ends the run in one line
+    naming the file, with its partial ``.tmp`` removed, instead of two retries
+    and their tracebacks: retrying a full disk only fills it again."""
+    from fairseq import checkpoint_utils
+
+    if getattr(checkpoint_utils.torch_persistent_save, "names_files", False):
+        return
+    persistent_save, retried_save = checkpoint_utils.torch_persistent_save, checkpoint_utils._torch_persistent_save
+
+    def once_if_full(obj, f):
+        try:
+            return torch.save(obj, f)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+        return retried_save(obj, f)
+
+    def torch_persistent_save(obj, filename, async_write=False):
+        try:
+            return persistent_save(obj, filename, async_write)
+        except OSError as exc:
+            for partial in (f"{filename}.tmp",):
+                if os.path.exists(partial):
+                    os.unlink(partial)
+            raise InputFileError(f"{filename}: could not be written ({exc.strerror or exc}); the checkpoints "
+                                 "saved before it are complete, and the next run resumes from the newest") from exc
+
+    torch_persistent_save.names_files = True
+    checkpoint_utils._torch_persistent_save = once_if_full
+    checkpoint_utils.torch_persistent_save = torch_persistent_save

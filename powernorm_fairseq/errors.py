@@ -8,6 +8,10 @@ class PowerNormConfigError(ValueError):
     """A flag value or combination this plugin cannot honour."""
 
 
+class InputFileError(PowerNormConfigError):
+    """A file a command cannot use; the message names it and what is wrong."""
+
+
 def _config_error(exc):
     """The PowerNormConfigError behind ``exc``, also when fairseq re-raised it
     as another exception (as it does when a checkpoint fails to load)."""

@@ -44,11 +44,20 @@ DATA="${DATA:-data-bin/$DATASET/bin}"
 [[ -f "$DATA/dict.txt" ]] || die "no binarized data in '$DATA' (pass --data)"
 CKPT="$SAVE_DIR/$CHECKPOINT"
 [[ -f "$CKPT" ]] || die "--checkpoint: no such file '$CKPT'"
+# through the plugin's weights-only reader: a checkpoint that holds code is refused, not run
 BLOCK=$(python -c "
-import sys, torch
-state = torch.load(sys.argv[1], map_location='cpu', weights_only=False)
+import sys
+from powernorm_fairseq.checkpoints import load
+from powernorm_fairseq.errors import InputFileError
+try:
+    state = load(sys.argv[1])
+except InputFileError as err:
+    sys.exit(str(err))
 model = state['cfg']['model'] if state.get('cfg') else state['args']
-print(model.tokens_per_sample)" "$CKPT" 2>/dev/null) || die "cannot read the training block size of '$CKPT'"
+get = model.get if isinstance(model, dict) else lambda key: getattr(model, key, None)
+print(get('tokens_per_sample') or sys.exit(sys.argv[1] + ': no training block size (tokens_per_sample) in it'))
+" "$CKPT" 2>&1) || die "$(tail -n 1 <<<"$BLOCK")"
+BLOCK=$(tail -n 1 <<<"$BLOCK")  # the number, after whatever the imports printed
 CONTEXT="${CONTEXT:-$(( BLOCK * 3 / 4 ))}"
 [[ "$CONTEXT" =~ ^[0-9]+$ && "$CONTEXT" -lt "$BLOCK" ]] \
   || die "--context-window must be an integer in [0, $BLOCK) for this model, got '$CONTEXT'"

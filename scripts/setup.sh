@@ -32,6 +32,7 @@ done
 
 TORCH=torch==2.13.0
 FAIRSEQ=fairseq-fixed==0.12.3.1
+TRITON=triton==3.9.0
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
 STAMP="$VENV/.powernorm-setup"
@@ -57,6 +58,11 @@ pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 # torch first, pinned: anything unpinned later must find it satisfied
 "${pip[@]}" "$TORCH" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
 "${pip[@]}" -r requirements.txt
+# triton runs the GPU kernels (powernorm_fairseq/norms/kernels/gpu.py). A CUDA
+# torch brings the triton it was built with, which must stay; a CPU torch has
+# none, and then this one runs the kernels in Triton's interpreter for the
+# tests and compiles them for a GPU.
+"$VENV/bin/python" -c "import triton" 2>/dev/null || "${pip[@]}" "$TRITON"
 # fairseq without its declared deps (they include torchaudio, which pulls
 # another torch), built against the torch, numpy and Cython installed above
 "$VENV/bin/python" -m pip uninstall -y -q ve-fairseq 2>/dev/null || true

@@ -181,7 +181,7 @@ def test_singular_values_of_a_known_matrix(tmp_path):
     (lambda d: ["--ablation", d / "bad.csv"], "is not a figure5.csv"),
     (lambda d: ["--logs", d / "plain.log"], "no log has diag/ metrics"),
     (lambda d: [], "nothing to analyze"),
-    (lambda d: ["--checkpoints", d / "bad.csv"], "is not a readable fairseq checkpoint"),
+    (lambda d: ["--checkpoints", d / "bad.csv"], "not a readable checkpoint"),
 ])
 def test_bad_input_fails_in_one_line_and_writes_nothing(tmp_path, make_args, message):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")

@@ -1,0 +1,126 @@
+"""One training per ``--save-dir``, started clean and resumed from what is complete.
+
+* **Lock.** A training holds an exclusive lock on its save directory for its
+  whole life (``flock`` on ``.powernorm-train.lock``, which names the holder's
+  pid). A second training on the same directory stops in one line that names
+  the directory and that process, instead of both writing the same files. The
+  kernel drops the lock when its holder dies, so a lock left by a killed run
+  never blocks the next one.
+* **Debris.** A kill or a full disk can leave partial files: fairseq's
+  ``checkpoint*.pt.tmp`` and the hidden ``.checkpoint*.pt.*`` of this plugin's
+  atomic copies. With the lock held (no other training writes there), they
+  are removed at start, and the log says which.
+* **Resume.** When ``checkpoint_last.pt`` is missing or unreadable but the
+  directory holds complete checkpoints, the newest readable one becomes
+  ``checkpoint_last.pt`` again (an atomic copy), so the run resumes from it,
+  and the log says which.
+"""
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+from .errors import InputFileError
+from .files import atomic_path
+
+logger = logging.getLogger(__name__)
+
+LOCK_NAME = ".powernorm-train.lock"
+DEBRIS = re.compile(r"checkpoint.*\.pt\.tmp|\.checkpoint.*\.pt\..+")
+CHECKPOINT = re.compile(r"checkpoint(\d+|_\d+_\d+|_best|_last)\.pt")
+_held = {}  # realpath of a save directory -> the open file whose lock this process holds
+
+
+def hold(save_dir) -> None:
+    """Take the save directory's lock for the rest of this process's life."""
+    key = os.path.realpath(save_dir)
+    if key in _held:
+        return
+    path = os.path.join(save_dir, LOCK_NAME)
+    lock = open(path, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EAGAIN, errno.EACCES):
+            lock.close()
+            raise
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise InputFileError(
+            f"--save-dir {save_dir}: in use by another training (pid {holder}); "
+            "wait for it to end, or pass another --save-dir") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    _held[key] = lock
+
+
+def clean_debris(save_dir) -> list:
+    """Remove the partial files an interrupted run left; their names."""
+    removed = []
+    for path in sorted(Path(save_dir).iterdir()):
+        if path.is_file() and DEBRIS.fullmatch(path.name):
+            path.unlink()
+            removed.append(path.name)
+    if removed:
+        logger.info("removed %d partial file(s) an interrupted run left in %s: %s",
+                    len(removed), save_dir, ", ".join(removed))
+    return removed
+
+
+def readable(path: Path) -> bool:
+    """Whether ``path`` looks like a complete checkpoint: torch's zip format
+    ends with a central directory that a truncated file lacks."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(name.endswith("data.pkl") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def recover_last(save_dir) -> str:
+    """Make ``checkpoint_last.pt`` the newest complete checkpoint when it is
+    missing or unreadable; the name of the one it was copied from, or ''."""
+    last = Path(save_dir) / "checkpoint_last.pt"
+    if last.exists() and readable(last):
+        return ""
+    candidates = [p for p in Path(save_dir).glob("checkpoint*.pt")
+                  if CHECKPOINT.fullmatch(p.name) and p.name != last.name]
+    for path in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
+        if readable(path):
+            with atomic_path(last) as tmp:
+                shutil.copyfile(path, tmp)
+            logger.warning("%s is %s: resuming from %s, the newest complete checkpoint",
+                           last, "unreadable" if last.exists() else "missing", path.name)
+            return path.name
+    return ""
+
+
+def guard_training_runs():
+    """Install the lock and the clean start into fairseq-train (see the module doc)."""
+    from fairseq import checkpoint_utils
+
+    if getattr(checkpoint_utils.verify_checkpoint_directory, "guarded", False):
+        return
+    verify, load = checkpoint_utils.verify_checkpoint_directory, checkpoint_utils.load_checkpoint
+
+    def verify_checkpoint_directory(save_dir):
+        verify(save_dir)  # creates it and checks that it is writable (the master worker only)
+        hold(save_dir)
+        clean_debris(save_dir)
+
+    def load_checkpoint(cfg, trainer, **passthrough_args):
+        if cfg.restore_file == "checkpoint_last.pt" and os.path.isdir(cfg.save_dir):
+            recover_last(cfg.save_dir)
+        return load(cfg, trainer, **passthrough_args)
+
+    verify_checkpoint_directory.guarded = True
+    checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory
+    checkpoint_utils.load_checkpoint = load_checkpoint
