@@ -13,6 +13,7 @@ from .checkpoints import (
     resume_with_the_same_batches,
 )
 from .compat import bf16_without_tpu, numpy_compat_long
+from .datafiles import check_binarized_data
 from .errors import install_excepthook
 from .savedir import guard_training_runs
 from .shutdown import install as install_clean_exit
@@ -24,6 +25,7 @@ name_unreadable_checkpoints()
 name_failed_saves()
 atomic_checkpoint_copies()
 guard_training_runs()
+check_binarized_data()
 resume_with_the_same_batches()
 install_excepthook()
 install_clean_exit()

@@ -31,9 +31,10 @@ def allow_fairseq_checkpoints():
 
 def why_unreadable(path, exc: BaseException) -> str:
     """One line naming ``path`` and what is wrong with it, for an exception of torch.load."""
-    if isinstance(exc, pickle.UnpicklingError) and "weights_only" in str(exc).lower().replace(" ", "_"):
-        return (f"{path}: refused: the checkpoint holds objects other than tensors and a configuration "
-                "(code that loading would run); only weights-only checkpoints are loaded")
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in text:
+        return (f"{path}: refused: it holds what the weights-only loader does not read (objects other "
+                "than tensors and a configuration, i.e. code that loading would run)")
     return f"{path}: not a readable checkpoint (truncated, corrupt or another kind of file)"
 
 
