@@ -13,7 +13,8 @@
 * **Resume.** When ``checkpoint_last.pt`` is missing or unreadable but the
   directory holds complete checkpoints, the newest readable one becomes
   ``checkpoint_last.pt`` again (an atomic copy), so the run resumes from it,
-  and the log says which.
+  and the log says which. A run resumed at ``--max-update`` ends there (fairseq
+  would train one update past it).
 """
 
 import errno
@@ -119,7 +120,12 @@ def guard_training_runs():
     def load_checkpoint(cfg, trainer, **passthrough_args):
         if cfg.restore_file == "checkpoint_last.pt" and os.path.isdir(cfg.save_dir):
             recover_last(cfg.save_dir)
-        return load(cfg, trainer, **passthrough_args)
+        loaded = load(cfg, trainer, **passthrough_args)
+        done, limit = trainer.get_num_updates(), trainer.cfg.optimization.max_update
+        if 0 < limit <= done:  # fairseq would train one more update before it checks
+            logger.info("the checkpoint has %d updates, --max-update is %d: nothing left to train", done, limit)
+            raise SystemExit(0)
+        return loaded
 
     verify_checkpoint_directory.guarded = True
     checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory

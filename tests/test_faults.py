@@ -235,30 +235,38 @@ def test_a_bad_binarized_file_is_named_in_one_line(data_copy, tmp_path, fault, n
 
 
 def test_kills_at_random_moments_lose_nothing_complete(toy_data, tmp_path):
-    """Fault injection on the save path: kill -9 a training at random moments,
-    several times; each rerun resumes from the newest complete checkpoint (or
-    starts afresh when there is none), and the last one finishes."""
+    """Fault injection on the save path: kill -9 a training at a random moment
+    around one of its saves, several times; each rerun resumes from the newest
+    complete checkpoint, and the last one finishes with nothing left over."""
     rng = random.Random(7)
     save = tmp_path / "run"
     flags = ("--save-interval-updates", "2", "--keep-interval-updates", "3")
-    for attempt in range(4):
-        proc = subprocess.Popen([str(BIN / "fairseq-train"), *map(str, train_args(toy_data, save, *flags,
-                                                                                    max_update=60))],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        time.sleep(rng.uniform(4, 14))
-        proc.send_signal(signal.SIGKILL)
-        log = proc.communicate()[0]
-        saved = [int(u) for u in re.findall(r"Saved checkpoint .*\(epoch \d+ @ (\d+) updates", log)]
-        resumed = re.search(r"Loaded checkpoint .* @ (\d+) updates\)", log)
-        if attempt and previous_saved:
-            assert resumed and int(resumed.group(1)) >= max(previous_saved), log[-3000:]
-        previous_saved = saved or (previous_saved if attempt else [])
-    final = cli("fairseq-train", *train_args(toy_data, save, *flags, max_update=60), check=False)
+    argv = [str(BIN / "fairseq-train"), *map(str, train_args(toy_data, save, *flags, max_update=200))]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # every log line out before the kill
+    saves = re.compile(r"Saved checkpoint .*\(epoch \d+ @ (\d+) updates")
+    loaded = re.compile(r"Loaded checkpoint .* @ (\d+) updates\)")
+    complete = 0  # updates of the newest checkpoint a run said it saved
+    for attempt in range(5):
+        log_path = tmp_path / f"attempt{attempt}.log"
+        with open(log_path, "w") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+            wanted, deadline = rng.randint(1, 4), time.time() + 300
+            while proc.poll() is None and len(saves.findall(log_path.read_text())) < wanted:
+                assert time.time() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0, 0.5))  # within or just after the next save
+            proc.kill()
+            proc.wait()
+        log = log_path.read_text()
+        if attempt:
+            resumed = loaded.search(log)
+            assert resumed and int(resumed.group(1)) >= complete, log[-3000:]
+        complete = max([complete, *map(int, saves.findall(log))])
+    assert complete > 0
+    final = cli("fairseq-train", *argv[1:], check=False)
     log = final.stdout + final.stderr
     assert final.returncode == 0, log[-3000:]
-    if previous_saved:
-        resumed = re.search(r"Loaded checkpoint .* @ (\d+) updates\)", log)
-        assert resumed and int(resumed.group(1)) >= max(previous_saved), log[-3000:]
+    assert int(loaded.search(log).group(1)) >= complete
     assert not [p.name for p in save.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".checkpoint")]
     state = torch.load(save / "checkpoint_last.pt", weights_only=True)
-    assert state["optimizer_history"][-1]["num_updates"] == 60
+    assert state["optimizer_history"][-1]["num_updates"] == 200
