@@ -308,6 +308,21 @@ def test_a_run_waiting_for_another_build_says_so_and_then_proceeds():
     assert proc.returncode == 0 and out.strip() == "loaded", err[-2000:]
 
 
+def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs_plain():
+    import fcntl
+
+    k = backend_or_fail("cpu")
+    norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm\n"
+                "print(build_norm('bn', 8).train()(torch.randn(3, 2, 8)).shape)\n")
+    with open(k.build_directory() / "powernorm-build.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a build that hangs
+        proc = subprocess.run([sys.executable, "-c", norm_run], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "POWERNORM_BUILD_WAIT": "2"})
+    assert proc.returncode == 0 and "torch.Size([3, 2, 8])" in proc.stdout, proc.stderr[-2000:]
+    assert "at most 2 s" in proc.stderr
+    assert "norms run on the plain PyTorch path (cpu kernels unavailable: TimeoutError" in proc.stderr
+
+
 @pytest.mark.parametrize("backend", kernels.BACKENDS)
 @pytest.mark.parametrize("mean", [100.0, 1000.0])
 def test_float32_bn_statistics_hold_off_centre(backend, mean):

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,6 +23,8 @@ NAME = "cpu"
 DTYPES = (torch.float32, torch.float64)  # half inputs are upcast by the caller
 
 _SOURCE = Path(__file__).parent / "csrc" / "norms.cpp"
+#: how long a process waits for another one's build of the kernels (a build takes about a minute)
+BUILD_WAIT_S = int(os.environ.get("POWERNORM_BUILD_WAIT", "600"))
 _module = None
 failure = None  # why the kernels could not be built, once tried
 
@@ -79,8 +82,16 @@ def _build_lock(build: Path):
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             logger.warning("powernorm_fairseq: waiting for another process to build the CPU kernels "
-                           "(lock %s)", held.name)
-            fcntl.flock(held, fcntl.LOCK_EX)
+                           "(lock %s, at most %d s)", held.name, BUILD_WAIT_S)
+            deadline = time.monotonic() + BUILD_WAIT_S
+            while True:  # bounded: past it the caller falls back to the plain path, with a warning
+                try:
+                    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"another process has held {held.name} for over {BUILD_WAIT_S} s")
+                    time.sleep(0.5)
         stale = build / "lock"
         if stale.exists():
             logger.warning("powernorm_fairseq: removing %s, left by a kernel build that was interrupted", stale)
