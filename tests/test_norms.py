@@ -207,6 +207,19 @@ def test_layer_scale_is_applied_before_the_batch_statistics(kind):
         build_norm(kind, C, layer_scale=True, groups=3)
 
 
+def test_reference_nu_is_the_papers_scaled_by_one_over_one_minus_alpha():
+    """Without padding or warmup the released update of nu is Algorithm 2's
+    (Eq. 13) on another scale: (1 - alpha_bwd) nu_reference = nu_paper."""
+    paper, released = (build_norm("pn", C, alpha_bwd=0.7, backward=b).double() for b in ("paper", "reference"))
+    no_pad = torch.zeros(B, T, dtype=torch.bool)
+    for step in range(6):
+        x, _, grad_y = batch(160 + step)
+        run(paper, x, no_pad, grad_y)
+        run(released, x, no_pad, grad_y)
+    assert paper.running_nu.abs().max() > 1e-3
+    torch.testing.assert_close(0.3 * released.running_nu, paper.running_nu, rtol=1e-12, atol=1e-15)
+
+
 def test_running_nu_is_converted_between_the_two_backwards():
     """The released code stores nu / (1 - alpha_bwd): a checkpoint of one
     backward loaded under the other gets its nu on the right scale, and a
