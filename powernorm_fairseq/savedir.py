@@ -105,21 +105,25 @@ def recover_last(save_dir) -> str:
 
 
 def guard_training_runs():
-    """Install the lock and the clean start into fairseq-train (see the module doc)."""
+    """Install the lock, the clean start and the recovery into fairseq-train
+    (see the module doc), where the trainer first reads the save directory:
+    after the flags, the data and the model were found good, so a run that
+    stops on those writes nothing."""
+    import torch.distributed as dist
     from fairseq import checkpoint_utils
 
-    if getattr(checkpoint_utils.verify_checkpoint_directory, "guarded", False):
+    if getattr(checkpoint_utils.load_checkpoint, "guarded", False):
         return
-    verify, load = checkpoint_utils.verify_checkpoint_directory, checkpoint_utils.load_checkpoint
-
-    def verify_checkpoint_directory(save_dir):
-        verify(save_dir)  # creates it and checks that it is writable (the master worker only)
-        hold(save_dir)
-        clean_debris(save_dir)
+    load = checkpoint_utils.load_checkpoint
 
     def load_checkpoint(cfg, trainer, **passthrough_args):
-        if cfg.restore_file == "checkpoint_last.pt" and os.path.isdir(cfg.save_dir):
-            recover_last(cfg.save_dir)
+        if trainer.is_data_parallel_master and os.path.isdir(cfg.save_dir):
+            hold(cfg.save_dir)
+            clean_debris(cfg.save_dir)
+            if cfg.restore_file == "checkpoint_last.pt":
+                recover_last(cfg.save_dir)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # every worker sees the recovered checkpoint_last.pt
         loaded = load(cfg, trainer, **passthrough_args)
         done, limit = trainer.get_num_updates(), trainer.cfg.optimization.max_update
         if 0 < limit <= done:  # fairseq would train one more update before it checks
@@ -127,6 +131,5 @@ def guard_training_runs():
             raise SystemExit(0)
         return loaded
 
-    verify_checkpoint_directory.guarded = True
-    checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory
+    load_checkpoint.guarded = True
     checkpoint_utils.load_checkpoint = load_checkpoint
