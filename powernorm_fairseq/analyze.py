@@ -31,7 +31,6 @@ import argparse
 import csv
 import json
 import logging
-import math
 import os
 import re
 import sys
@@ -44,7 +43,7 @@ import torch
 from . import checkpoints
 from .errors import InputFileError
 from .files import atomic_path
-from .flags import at_least
+from .flags import at_least, positive
 
 # a training-interval record: "... | train_inner | {json}" on the console, the
 # bare JSON in a --log-file (where epoch and valid records prefix their keys)
@@ -413,13 +412,6 @@ def pyplot():
     return plt
 
 
-def _positive_float(text):
-    value = float(text)
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="powernorm-analyze",
@@ -444,7 +436,7 @@ def main(argv=None):
                                  help="tokens per batch (default: 4096)")
     landscape_group.add_argument("--steps", type=at_least(1), default=8,
                                  help="step sizes lr*k/(steps+1), k=1..steps (default: 8)")
-    landscape_group.add_argument("--lr", type=_positive_float,
+    landscape_group.add_argument("--lr", type=positive,
                                  help="upper end of the step sizes (default: the checkpoint's --lr)")
     landscape_group.add_argument("--seed", type=int, default=1, help="batch order and fresh init (default: 1)")
     args = parser.parse_args(argv)

@@ -30,8 +30,8 @@ from functools import partial
 import torch
 from fairseq.logging import metrics
 
-from .norms import MaskedBatchNorm, OriginalBatchNorm, PowerNorm, PowerNormV, norm_type_of
-from .norms.stats import real_tokens, token_mean, upcast
+from .norms import NORMS, norm_type_of
+from .norms.stats import upcast
 
 PRIORITY = 100  # after fairseq's own metrics in every log line
 SUBLAYERS = {"self_attn_layer_norm": "attn", "encoder_attn_layer_norm": "cross", "final_layer_norm": "ffn"}
@@ -53,32 +53,10 @@ def batch_view(norm, x, pad_mask):
     """What the forward pass of ``norm`` is about to compute from ``x``.
 
     Returns ``(stats, xh_of)``: the batch and running statistics by metric
-    name, and a function giving x-hat, the normalised input before the affine
-    map, together with the statistics' names and their 1/sqrt(s + eps).
+    name, and the input x-hat is made of, its mean (or None) and the
+    1/sqrt(s + eps) it is divided by; each norm says (:meth:`Norm.diagnostics_view`).
     """
-    xf = upcast(x)
-    keep, n = real_tokens(xf, pad_mask)
-    if isinstance(norm, OriginalBatchNorm):  # its batch: every position, padding filled
-        xf, _ = norm.fill(xf, pad_mask)
-        keep, n = None, xf.size(0) * xf.size(1)
-    else:  # the input after the norm's layer scale, if any
-        xf = norm.scaled(xf)
-    if isinstance(norm, MaskedBatchNorm):
-        mean = token_mean(xf, keep, n)
-        var = token_mean((xf - mean) ** 2, keep, n)
-        inv = torch.rsqrt(var + norm.eps)
-        stats = {"mu": (mean, norm.running_mean.to(xf, copy=True)),
-                 "var": (var, norm.running_var.to(xf, copy=True))}
-        return stats, (xf, mean, inv)
-    psi2 = token_mean(xf * xf, keep, n)
-    running = norm.running_psi2.to(xf, copy=True)
-    stats = {"psi2": (psi2, running)}
-    if isinstance(norm, PowerNorm):
-        warm = int(norm.num_steps) + 1 <= norm.warmup_updates
-        inv = torch.rsqrt((psi2 if warm else running) + norm.eps)  # the scale the forward uses
-    else:
-        inv = torch.rsqrt(psi2 + norm.eps)
-    return stats, (xf, None, inv)
+    return norm.diagnostics_view(x, pad_mask)
 
 
 def gradient_terms(grad_y, weight, xf, mean, inv):
@@ -101,7 +79,7 @@ class NormDiagnostics:
     """Hooks that log statistics distances and gradient terms of a model's
     batch-statistic norms every ``interval`` updates (see the module doc)."""
 
-    PROBED = (MaskedBatchNorm, OriginalBatchNorm, PowerNormV, PowerNorm)
+    PROBED = tuple(cls for cls in NORMS.values() if cls.running_stats)
 
     def __init__(self, model, interval: int = 1):
         if interval < 1:

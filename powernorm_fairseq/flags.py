@@ -1,6 +1,7 @@
 """Argument types shared by the plugin's flags and its console scripts."""
 
 import argparse
+import math
 
 
 def at_least(minimum: int, flag: str = None):
@@ -9,6 +10,25 @@ def at_least(minimum: int, flag: str = None):
         value = int(text)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{flag + ' ' if flag else ''}must be >= {minimum}, got {text}")
+        return value
+
+    return parse
+
+
+def positive(text):
+    """A finite float > 0."""
+    value = float(text)
+    if not value > 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def fraction(flag: str):
+    """A float in (0, 1); the error names ``flag``."""
+    def parse(text):
+        value = float(text)
+        if not 0.0 < value < 1.0:
+            raise argparse.ArgumentTypeError(f"{flag} must be in (0, 1), got {text}")
         return value
 
     return parse

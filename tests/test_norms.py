@@ -5,10 +5,10 @@ import torch
 
 import reference as ref
 from conftest import backend_or_fail
-from powernorm_fairseq.norms import NORM_TYPES, build_norm, kernels
+from powernorm_fairseq.norms import NORM_TYPES, RUNNING_STAT_TYPES, build_norm, kernels
 
 T, B, C = 9, 4, 8
-BATCH_NORMS = ("bn", "pn", "pn-v", "bn-original")
+BATCH_NORMS = RUNNING_STAT_TYPES
 
 
 @pytest.fixture(autouse=True, params=kernels.BACKENDS)
@@ -50,6 +50,28 @@ def run(norm, x, pad, grad_y):
     y = norm(x, pad)
     y.backward(grad_y)
     return y.detach(), x.grad
+
+
+def test_registry_is_the_source_of_kinds_options_and_running_statistics():
+    """Each norm class declares its options from the flags and whether it keeps
+    running statistics; the model, the diagnostics and these tests derive from that."""
+    from argparse import Namespace
+
+    from powernorm_fairseq.diagnostics import NormDiagnostics
+    from powernorm_fairseq.models.powernorm_transformer import BATCH_NORMS
+    from powernorm_fairseq.modules.transformer_layer import norm_options
+
+    assert RUNNING_STAT_TYPES == ("bn", "pn", "pn-v", "bn-original") == BATCH_NORMS
+    assert {cls for cls in NormDiagnostics.PROBED} == {build_norm(k, C).__class__ for k in RUNNING_STAT_TYPES}
+    cfg = Namespace(norm_sync=None, norm_momentum=None, layer_scale=None, pn_group_scaling=None, pn_eps=1e-5,
+                    pn_alpha_fwd=0.9, pn_alpha_bwd=0.9, pn_warmup_updates=3, pn_backward="paper",
+                    adanorm_scale=1.0, detachnorm_detach="both", layernorm_simple_std="biased", norm_groups=None)
+    for kind in NORM_TYPES:  # every kind builds from its declared options
+        build_norm(kind, C, **norm_options(cfg, kind, heads=2))
+    assert norm_options(cfg, "groupnorm", heads=2) == {"groups": 2}
+    assert norm_options(cfg, "pn", heads=2)["group_scaling"] and not norm_options(cfg, "bn", heads=2)["layer_scale"]
+    with pytest.raises(ValueError, match="unknown norm type 'rms'"):
+        norm_options(cfg, "rms", heads=2)
 
 
 def test_registry_and_unknown_kind():

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..diagnostics import NormDiagnostics
 from ..errors import PowerNormConfigError
-from ..flags import at_least
+from ..flags import at_least, fraction, positive
 from ..modules import (
     FixNormEmbedding,
     PowerNormDecoderLayer,
@@ -35,10 +35,10 @@ from ..modules import (
     decoder_norm,
     encoder_norm,
 )
-from ..norms import NORM_TYPES, Norm, build_norm, norm_type_of, padding_mask
+from ..norms import NORM_TYPES, RUNNING_STAT_TYPES, Norm, build_norm, norm_type_of, padding_mask
 from ..norms.sync import MODES as SYNC_MODES
 
-BATCH_NORMS = ("bn", "pn", "pn-v", "bn-original")  # norms with running statistics
+BATCH_NORMS = RUNNING_STAT_TYPES  # norms with running statistics
 
 
 SUBLAYER_FLAGS = {
@@ -70,25 +70,6 @@ def all_kinds(args):
     return {args.norm_type, args.decoder_norm_type, *(k for k in subs if k)}
 
 
-def _fraction(flag):
-    def parse(text):
-        value = float(text)
-        if not 0.0 < value < 1.0:
-            raise argparse.ArgumentTypeError(f"{flag} must be in (0, 1), got {text}")
-        return value
-
-    return parse
-
-
-def _positive(text):
-    value = float(text)
-    if not value > 0.0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-
-
 def add_norm_args(parser, lm=False):
     """The norm flags of powernorm_transformer, or of the decoder-only
     powernorm_transformer_lm (``lm``: one side, so no decoder/encoder split)."""
@@ -114,13 +95,13 @@ def add_norm_args(parser, lm=False):
                         help="unit-length word embeddings times a learned scale (needs tied embeddings)")
     parser.add_argument("--small-init", action="store_true",
                         help="attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))")
-    parser.add_argument("--pn-alpha-fwd", type=_fraction("--pn-alpha-fwd"),
+    parser.add_argument("--pn-alpha-fwd", type=fraction("--pn-alpha-fwd"),
                         help="PN running psi^2 decay, in (0, 1) (default: 0.9)")
-    parser.add_argument("--pn-alpha-bwd", type=_fraction("--pn-alpha-bwd"),
+    parser.add_argument("--pn-alpha-bwd", type=fraction("--pn-alpha-bwd"),
                         help="PN running nu decay, in (0, 1) (default: 0.9)")
     parser.add_argument("--pn-warmup-updates", type=at_least(0),
                         help="PN forwards that use batch statistics (default: --warmup-updates)")
-    parser.add_argument("--pn-eps", type=_positive, help="PN and PN-V epsilon (default: 1e-5)")
+    parser.add_argument("--pn-eps", type=positive, help="PN and PN-V epsilon (default: 1e-5)")
     parser.add_argument("--pn-group-scaling", action=argparse.BooleanOptionalAction,
                         help="per-token RMS scaling over groups = heads before PN, "
                              "as in the authors' code (default: on); the pn-only spelling of --layer-scale")
@@ -130,10 +111,10 @@ def add_norm_args(parser, lm=False):
     parser.add_argument("--pn-backward", choices=("paper", "reference"),
                         help="PN backward: Algorithm 2 of the paper, or the authors' "
                              "released code (default: paper)")
-    parser.add_argument("--norm-momentum", type=_fraction("--norm-momentum"),
+    parser.add_argument("--norm-momentum", type=fraction("--norm-momentum"),
                         help="running-statistics momentum of bn, pn-v and bn-original "
                              "(default: 0.1; 0.05 for bn-original, as in the authors' code)")
-    parser.add_argument("--adanorm-scale", type=_positive, metavar="C",
+    parser.add_argument("--adanorm-scale", type=positive, metavar="C",
                         help="AdaNorm's C in z = C (1 - y/10) y (default: 1)")
     parser.add_argument("--detachnorm-detach", choices=("both", "mean", "var"),
                         help="what DetachNorm treats as constant in the backward pass (default: both)")

@@ -11,56 +11,16 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
-from ..norms import build_norm
-
-
-#: the released code builds each side's final norm without a warmup argument,
-#: so its PN gets NormSelect's default (fairseq/modules/norm_select.py there)
-RELEASED_FINAL_WARMUP = 1000
-
-
-def layer_scale(cfg, kind: str) -> bool:
-    """Whether a norm of ``kind`` gets the paper's layer scale (Appendix A):
-    ``--layer-scale`` for bn, pn-v and pn; when it is not given, on for pn
-    (``--pn-group-scaling``, default on) and off for bn and pn-v."""
-    if getattr(cfg, "layer_scale", None) is not None:
-        return cfg.layer_scale
-    return kind == "pn" and cfg.pn_group_scaling is not False
+from ..norms import NORMS, build_norm
 
 
 def norm_options(cfg, kind: str, heads: int, final: bool = False) -> dict:
-    """The constructor options of a norm of ``kind`` from the model's flags;
-    ``final``: the norm after a side's last layer."""
-    if kind == "pn":
-        reference = cfg.pn_backward == "reference"
-        return dict(
-            alpha_fwd=cfg.pn_alpha_fwd,
-            alpha_bwd=cfg.pn_alpha_bwd,
-            warmup_updates=RELEASED_FINAL_WARMUP if final and reference else cfg.pn_warmup_updates,
-            eps=cfg.pn_eps,
-            group_scaling=layer_scale(cfg, kind),
-            groups=heads,
-            backward=cfg.pn_backward,
-            sync=cfg.norm_sync,
-        )
-    sync = cfg.norm_sync or "batch"
-    if kind == "adanorm":
-        return dict(scale=cfg.adanorm_scale)
-    if kind == "detachnorm":
-        return dict(detach=cfg.detachnorm_detach, std=cfg.layernorm_simple_std)
-    if kind == "layernorm-simple":
-        return dict(std=cfg.layernorm_simple_std)
-    if kind == "groupnorm":
-        return dict(groups=cfg.norm_groups or heads)
-    # without --norm-momentum each class keeps its own default (bn-original: the released code's)
-    momentum = {} if cfg.norm_momentum is None else dict(momentum=cfg.norm_momentum)
-    if kind == "pn-v":
-        return dict(eps=cfg.pn_eps, sync=sync, layer_scale=layer_scale(cfg, kind), groups=heads, **momentum)
-    if kind == "bn":
-        return dict(sync=sync, layer_scale=layer_scale(cfg, kind), groups=heads, **momentum)
-    if kind == "bn-original":  # it never synchronised
-        return momentum
-    return {}
+    """The constructor options of a norm of ``kind`` from the model's flags,
+    as its class declares them (:meth:`Norm.options`); ``final``: the norm
+    after a side's last layer."""
+    if kind not in NORMS:
+        raise ValueError(f"unknown norm type {kind!r}; choose one of {', '.join(NORMS)}")
+    return NORMS[kind].options(cfg, heads, final)
 
 
 def encoder_norm(cfg, kind=None, final=False):

@@ -28,6 +28,8 @@ NORMS = {
     "none": NoNorm,
 }
 NORM_TYPES = tuple(NORMS)
+#: the kinds that keep running statistics of the batch
+RUNNING_STAT_TYPES = tuple(kind for kind, cls in NORMS.items() if cls.running_stats)
 
 
 def build_norm(kind: str, dim: int, **options) -> nn.Module:
@@ -45,4 +47,4 @@ def norm_type_of(module: nn.Module) -> str:
     raise TypeError(f"{type(module).__name__} is not a registered norm")
 
 
-__all__ = ["NORMS", "NORM_TYPES", "Norm", "build_norm", "norm_type_of", "padding_mask"]
+__all__ = ["NORMS", "NORM_TYPES", "RUNNING_STAT_TYPES", "Norm", "build_norm", "norm_type_of", "padding_mask"]

@@ -14,10 +14,30 @@ from torch import Tensor, nn
 
 
 class Norm(nn.Module):
-    """Base class: ``forward(x, pad_mask=None)`` over ``(T, B, C)``."""
+    """Base class: ``forward(x, pad_mask=None)`` over ``(T, B, C)``.
+
+    What the rest of the plugin needs to know of a norm, each class declares:
+    :meth:`options` (its constructor options from the model's flags),
+    ``running_stats`` (whether it keeps running statistics of the batch) and,
+    for those, :meth:`diagnostics_view` (what ``--norm-diagnostics`` measures).
+    """
 
     #: set by :func:`padding_mask` for calls that cannot pass the mask
     pad_mask: Optional[Tensor] = None
+    #: keeps running statistics of its training batches (eval uses them)
+    running_stats = False
+
+    @classmethod
+    def options(cls, cfg, heads: int, final: bool = False) -> dict:
+        """Constructor options from the model's flags ``cfg``; ``heads``: the
+        attention heads of its side; ``final``: the norm after the last layer."""
+        return {}
+
+    def diagnostics_view(self, x: Tensor, pad_mask: Optional[Tensor]):
+        """For a norm with running statistics: ``(stats, (xs, mean, inv))``,
+        the batch and running statistics by name and what gives x-hat, as the
+        coming training forward will compute them (see ``diagnostics``)."""
+        raise NotImplementedError
 
     def forward(self, x: Tensor, pad_mask: Optional[Tensor] = None) -> Tensor:
         if pad_mask is None:
@@ -46,6 +66,16 @@ class Norm(nn.Module):
             if buf.dtype in (torch.float16, torch.bfloat16):
                 self._buffers[name] = buf.to(dtype)
         return self
+
+
+def momentum_option(cfg) -> dict:
+    """``--norm-momentum`` if given: without it each class keeps its own default."""
+    return {} if cfg.norm_momentum is None else dict(momentum=cfg.norm_momentum)
+
+
+def layer_scale_option(cfg, default: bool) -> bool:
+    """``--layer-scale``/``--no-layer-scale`` if given, else the kind's ``default``."""
+    return default if getattr(cfg, "layer_scale", None) is None else cfg.layer_scale
 
 
 class NoNorm(Norm):

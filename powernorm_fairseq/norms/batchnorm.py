@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from . import kernels
 from . import sync as sync_mod
-from .base import Norm
+from .base import Norm, layer_scale_option, momentum_option
 from .kernels import functions as fused
 from .stats import assign_if_finite, group_scale, real_tokens, stat_dtype, token_mean, upcast
 
@@ -32,6 +32,7 @@ class BatchStatNorm(Norm):
     back through the scaling."""
 
     center = True
+    running_stats = True
 
     def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch",
                  layer_scale: bool = False, groups: int = 1):
@@ -45,6 +46,18 @@ class BatchStatNorm(Norm):
         self.layer_scale, self.groups = layer_scale, groups
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
+
+    @classmethod
+    def options(cls, cfg, heads, final=False):
+        # --layer-scale: off unless asked (the authors' BN had its own, bn-original's)
+        return dict(sync=cfg.norm_sync or "batch", layer_scale=layer_scale_option(cfg, False), groups=heads,
+                    **momentum_option(cfg))
+
+    def diagnostics_view(self, x, pad_mask):
+        xs = self.scaled(upcast(x))
+        keep, n = real_tokens(xs, pad_mask)
+        psi2 = token_mean(xs * xs, keep, n)
+        return {"psi2": (psi2, self.running(xs)[1].clone())}, (xs, None, torch.rsqrt(psi2 + self.eps))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         k = kernels.select(x) if self.training else None
@@ -179,6 +192,17 @@ class MaskedBatchNorm(BatchStatNorm):
     def running(self, like):
         return self.running_mean.to(like), self.running_var.to(like)
 
+    def diagnostics_view(self, x, pad_mask):
+        xs = self.scaled(upcast(x))
+        keep, n = real_tokens(xs, pad_mask)
+        return self._mean_var_view(xs, keep, n)
+
+    def _mean_var_view(self, xs, keep, n):
+        mean = token_mean(xs, keep, n)
+        var = token_mean((xs - mean) ** 2, keep, n)
+        stats = {"mu": (mean, self.running_mean.to(xs, copy=True)), "var": (var, self.running_var.to(xs, copy=True))}
+        return stats, (xs, mean, torch.rsqrt(var + self.eps))
+
     @torch.no_grad()
     def update_running(self, mean, var, n):
         # non-finite statistics (overflowed half-precision activations) leave both alone
@@ -211,6 +235,14 @@ class OriginalBatchNorm(MaskedBatchNorm):
                              f"use sync='none', got {sync!r}")
         super().__init__(dim, momentum, eps, sync)
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+
+    @classmethod
+    def options(cls, cfg, heads, final=False):
+        return momentum_option(cfg)  # never synchronised, its own layer scale
+
+    def diagnostics_view(self, x, pad_mask):
+        xs, _ = self.fill(upcast(x), pad_mask)  # its batch: every position, padding filled
+        return self._mean_var_view(xs, None, xs.size(0) * xs.size(1))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xs, n = self.fill(upcast(x), pad_mask)

@@ -63,6 +63,10 @@ class LayerNormSimple(Norm):
         _check_std(std)
         self.dim, self.eps, self.std = dim, eps, std
 
+    @classmethod
+    def options(cls, cfg, heads, final=False):
+        return dict(std=cfg.layernorm_simple_std)
+
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         if self.std == "biased":
             return F.layer_norm(upcast(x), (self.dim,), None, None, self.eps).to(x.dtype)
@@ -87,6 +91,10 @@ class DetachNorm(Norm):
             raise ValueError(f"detach must be one of {', '.join(self.DETACH)}, got {detach!r}")
         _check_std(std)
         self.dim, self.eps, self.detach, self.std = dim, eps, detach, std
+
+    @classmethod
+    def options(cls, cfg, heads, final=False):
+        return dict(detach=cfg.detachnorm_detach, std=cfg.layernorm_simple_std)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
@@ -114,6 +122,10 @@ class AdaNorm(Norm):
             raise ValueError(f"scale must be > 0, got {scale}")
         self.dim, self.eps, self.scale = dim, eps, scale
 
+    @classmethod
+    def options(cls, cfg, heads, final=False):
+        return dict(scale=cfg.adanorm_scale)
+
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)
         centred = xf - xf.mean(dim=-1, keepdim=True)
@@ -135,6 +147,10 @@ class GroupNorm(Norm):
         self.dim, self.groups, self.eps = dim, groups, eps
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
+
+    @classmethod
+    def options(cls, cfg, heads, final=False):
+        return dict(groups=cfg.norm_groups or heads)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xf = upcast(x)

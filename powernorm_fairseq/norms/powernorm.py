@@ -24,12 +24,16 @@ from torch import Tensor, nn
 
 from . import kernels
 from . import sync as sync_mod
-from .base import Norm
+from .base import Norm, layer_scale_option, momentum_option
 from .batchnorm import BatchStatNorm
 from .kernels import functions as fused
 from .stats import assign_if_finite, group_scale, real_tokens, stat_dtype, token_mean, update_nu, upcast
 
 logger = logging.getLogger(__name__)
+
+#: the released code builds each side's final norm without a warmup argument,
+#: so its PN gets NormSelect's default (fairseq/modules/norm_select.py there)
+RELEASED_FINAL_WARMUP = 1000
 
 
 def _affine(xh: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -45,6 +49,11 @@ class PowerNormV(BatchStatNorm):
                  layer_scale: bool = False, groups: int = 1):
         super().__init__(dim, momentum, eps, sync, layer_scale, groups)
         self.register_buffer("running_psi2", torch.ones(dim))
+
+    @classmethod
+    def options(cls, cfg, heads, final=False):
+        return dict(eps=cfg.pn_eps, sync=cfg.norm_sync or "batch", layer_scale=layer_scale_option(cfg, False),
+                    groups=heads, **momentum_option(cfg))
 
     def running(self, like):
         return None, self.running_psi2.to(like)
@@ -125,6 +134,8 @@ class PowerNorm(Norm):
     approximate backward starts from a current estimate.
     """
 
+    running_stats = True
+
     def __init__(
         self,
         dim: int,
@@ -175,6 +186,30 @@ class PowerNorm(Norm):
     def _count_step(self, k: int):
         self._steps = k
         self.num_steps.fill_(k)
+
+    @classmethod
+    def options(cls, cfg, heads, final=False):
+        reference = cfg.pn_backward == "reference"
+        return dict(
+            alpha_fwd=cfg.pn_alpha_fwd,
+            alpha_bwd=cfg.pn_alpha_bwd,
+            warmup_updates=RELEASED_FINAL_WARMUP if final and reference else cfg.pn_warmup_updates,
+            eps=cfg.pn_eps,
+            # the layer scale: on unless --no-layer-scale (or its pn-only spelling --no-pn-group-scaling)
+            group_scaling=layer_scale_option(cfg, cfg.pn_group_scaling is not False),
+            groups=heads,
+            backward=cfg.pn_backward,
+            sync=cfg.norm_sync,
+        )
+
+    def diagnostics_view(self, x, pad_mask):
+        xs = self.scaled(upcast(x))
+        keep, n = real_tokens(xs, pad_mask)
+        psi2 = token_mean(xs * xs, keep, n)
+        running = self.running_psi2.to(xs, copy=True)
+        warm = self._next_step() <= self.warmup_updates
+        inv = torch.rsqrt((psi2 if warm else running) + self.eps)  # the scale the forward uses
+        return {"psi2": (psi2, running)}, (xs, None, inv)
 
     def _own_nu_scale(self) -> float:
         return 1.0 / (1.0 - self.alpha_bwd) if self.backward == "reference" else 1.0
