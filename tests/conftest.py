@@ -112,3 +112,30 @@ def backend_or_fail(name):
     if not k.available():
         pytest.fail(f"the {name} kernels are unavailable: {k.failure}")
     return k
+
+
+#: what a test calls when it runs a command or trains in other processes
+SPAWNS = ("cli(", "sh(", "subprocess.", "Popen(", "two_workers(", "mp.spawn(", "_python(")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The second tier, ``slow``: tests that run commands, train in other
+    processes or prepare data with the recipes (seconds to minutes each).
+    ``scripts/test.sh --fast`` runs the rest, which take well under a second
+    each. A test is slow if its own code spawns (``SPAWNS``), if it uses the
+    recipes' prepared data, or if it is marked ``slow`` by hand."""
+    import inspect
+
+    def spawns(function):
+        return function is not None and any(call in inspect.getsource(function) for call in SPAWNS)
+
+    for item in items:
+        # the test's own code, and the fixtures of its module (the shared toy
+        # corpora of this file are binarized once per session, in seconds)
+        fixtures = [defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values()
+                    if defs[-1].func.__module__ == getattr(item.module, "__name__", None)]
+        slow = spawns(getattr(item, "function", None)) or any(spawns(f) for f in fixtures)
+        # gradcheck calls a kernel hundreds of times, slow under Triton's interpreter
+        slow |= item.name.startswith("test_gradcheck") and "triton" in item.name
+        if slow:
+            item.add_marker(pytest.mark.slow)
