@@ -14,7 +14,7 @@ from .checkpoints import (
 )
 from .compat import bf16_without_tpu, numpy_compat_long
 from .datafiles import check_binarized_data
-from .errors import install_excepthook
+from .errors import install_excepthook, one_line_usage_errors
 from .savedir import guard_training_runs
 from .shutdown import install as install_clean_exit
 
@@ -28,6 +28,7 @@ guard_training_runs()
 check_binarized_data()
 resume_with_the_same_batches()
 install_excepthook()
+one_line_usage_errors()
 install_clean_exit()
 numpy_compat_long()
 bf16_without_tpu()

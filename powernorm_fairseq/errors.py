@@ -60,6 +60,21 @@ def _excepthook(kind, value, traceback, _previous=sys.excepthook):
         _previous(kind, value, traceback)
 
 
+def _one_line_usage_error(self, message):
+    """argparse's error without the usage block before it (fairseq's is about
+    190 lines, which bury the one line that says what is wrong); ``--help``
+    still prints the usage."""
+    self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def one_line_usage_errors():
+    """A bad flag value or an unknown flag ends a command in argparse's one
+    error line, without the usage block (fairseq's and this plugin's parsers)."""
+    import argparse
+
+    argparse.ArgumentParser.error = _one_line_usage_error
+
+
 def install_excepthook():
     """Print :class:`PowerNormConfigError` as one line; leave the rest alone."""
     if sys.excepthook is not _excepthook:

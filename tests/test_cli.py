@@ -109,7 +109,8 @@ def test_interactive_translates(toy_data, tmp_path):
 def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)
     assert proc.returncode == 2
-    assert message in proc.stderr.strip().splitlines()[-1]
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]  # one line, no usage block
+    assert message in proc.stderr.strip()
     assert "Traceback" not in proc.stderr
     assert not list(tmp_path.iterdir())  # nothing written
 

@@ -296,6 +296,19 @@ def test_quickstart_preparation_with_either_subword_tool(tmp_path):
         sh("data-prep/prepare-quickstart.sh", "--src-dir", src, "--out", out, "--bpe", method, "--bpe-size", "40")
         assert (out / "bin" / ".done").exists() and (out / "bin" / beside).exists()
         assert len(lines(out / "tmp" / "test.en")) == 10
+    # the README's fairseq-interactive line on raw, untokenized text, with the codes kept beside the data
+    data, save = tmp_path / "subword-nmt" / "bin", tmp_path / "run"
+    sh("scripts/train.sh", "--dataset", "quickstart", "--data", data, "--norm", "pn", "--gpus", "0",
+       "--save-dir", save, "--", *TINY, "--max-epoch", "1", "--tensorboard-logdir", "")
+    proc = subprocess.run(
+        [str(BIN / "fairseq-interactive"), data, "--user-dir", ROOT / "powernorm_fairseq", "--path",
+         save / "checkpoint_last.pt", "-s", "de", "-t", "en", "--tokenizer", "moses", "--bpe", "subword_nmt",
+         "--bpe-codes", data / "bpe.codes", "--cpu"],
+        input="Das Haus ist groß.\n", capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    source = [line for line in proc.stdout.splitlines() if line.startswith("S-")]
+    assert source and source[0].split("\t")[1].endswith(" .")  # Moses split the full stop off
+    assert [line for line in proc.stdout.splitlines() if line.startswith("D-") and "@@" not in line]
     bad = sh("data-prep/prepare-quickstart.sh", "--src-dir", src, "--out", tmp_path / "x", "--bpe-merges", "0",
              check=False)
     assert bad.returncode != 0 and bad.stderr.strip().endswith("--bpe-size must be a positive integer, got '0'")
