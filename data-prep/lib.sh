@@ -37,6 +37,13 @@ if bad:
 PY
 }
 
+# segments XML OUT: the text of each <seg id=...> line of an IWSLT .xml or WMT
+# .sgm file, with ’ written as ' (as fairseq's preparation scripts do)
+segments() {
+  run_step "$2" bash -c \
+    'grep -a "<seg id" "$0" | sed -e "s/<seg id=\"[0-9]*\">\s*//g; s/\s*<\/seg>\s*//g" | sed -e "s/’/'"'"'/g"' "$1"
+}
+
 # tokenize LANG IN OUT [lowercase]: Moses tokenization (sacremoses, XML escaping
 # as Moses' tokenizer.perl does by default), optionally lowercased
 tokenize() {

@@ -85,9 +85,7 @@ clean_corpus "$tmp/train.tags.tok" "$SRC" "$TGT" "$CLEAN_MIN" "$CLEAN_MAX" "$CLE
 log "valid/test data: extract the <seg> lines, tokenize, lowercase"
 for l in $SRC $TGT; do
   for t in $TEST_SETS; do
-    run_step "$tmp/$t.raw.$l" bash -c \
-      'grep -a "<seg id" "$0" | sed -e "s/<seg id=\"[0-9]*\">\s*//g; s/\s*<\/seg>\s*//g" | sed -e "s/’/'"'"'/g"' \
-      "$orig/$t.$LANG_PAIR.$l.xml"
+    segments "$orig/$t.$LANG_PAIR.$l.xml" "$tmp/$t.raw.$l"
     tokenize "$l" "$tmp/$t.raw.$l" "$tmp/$t.$l" lowercase
   done
 done

@@ -108,9 +108,7 @@ log "valid = newstest2013, test = newstest2014"
 for l in $SRC $TGT; do
   run_step "$OUT/raw/valid.$l" cat "$orig/dev/newstest2013.$l"
   t=$([[ "$l" == "$SRC" ]] && echo src || echo ref)
-  run_step "$OUT/raw/test.$l" bash -c \
-    'grep -a "<seg id" "$0" | sed -e "s/<seg id=\"[0-9]*\">\s*//g; s/\s*<\/seg>\s*//g" | sed -e "s/’/'"'"'/g"' \
-    "$orig/test-full/newstest2014-deen-$t.$l.sgm"
+  segments "$orig/test-full/newstest2014-deen-$t.$l.sgm" "$OUT/raw/test.$l"
   for split in valid test; do
     run_step "$tmp/$split.tok.$l" bash -c \
       'sacremoses -q -l "$0" normalize -q -d -c < "$1" | sacremoses -q -l "$0" -j "$2" tokenize -a -x' \

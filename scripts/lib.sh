@@ -16,6 +16,33 @@ read_config() {
   done
 }
 
+# parse_run_options ARGS...: the options both training scripts take (see their
+# usage), into DATASET, DATA, NORM, PLACEMENT, SEED, GPUS, UPDATE_FREQ,
+# SAVE_DIR, DRY_RUN and EXTRA (what follows --); OWN_OPTIONS, an associative
+# array the caller declares, maps its own options to the variables they set
+parse_run_options() {
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --config) shift 2 ;;  # read by read_config, before
+      --dataset) DATASET="$2"; shift 2 ;;
+      --data) DATA="$2"; shift 2 ;;
+      --norm) NORM="$2"; shift 2 ;;
+      --placement) PLACEMENT="$2"; shift 2 ;;
+      --seed) SEED="$2"; shift 2 ;;
+      --gpus) GPUS="$2"; shift 2 ;;
+      --update-freq) UPDATE_FREQ="$2"; shift 2 ;;
+      --save-dir) SAVE_DIR="$2"; shift 2 ;;
+      --dry-run) DRY_RUN=1; shift ;;
+      -h|--help) usage; exit 0 ;;
+      --) shift; EXTRA+=("$@"); break ;;
+      *)
+        [[ -n "${OWN_OPTIONS[$1]+set}" ]] || { usage >&2; die "unknown option '$1'"; }
+        printf -v "${OWN_OPTIONS[$1]}" '%s' "$2"
+        shift 2 ;;
+    esac
+  done
+}
+
 # check_norm FLAG KIND: KIND is a norm of the plugin's registry (read once:
 # importing the plugin loads torch and fairseq)
 NORM_TYPES=""

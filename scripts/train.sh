@@ -32,24 +32,8 @@ die() { echo "train.sh: error: $*" >&2; exit 2; }
 DATASET=iwslt14 NORM=pn DECODER_NORM=ln PLACEMENT=pre SEED=1 GPUS="" UPDATE_FREQ=""
 DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
 read_config "$@"
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --config) shift 2 ;;
-    --dataset) DATASET="$2"; shift 2 ;;
-    --data) DATA="$2"; shift 2 ;;
-    --norm) NORM="$2"; shift 2 ;;
-    --decoder-norm) DECODER_NORM="$2"; shift 2 ;;
-    --placement) PLACEMENT="$2"; shift 2 ;;
-    --seed) SEED="$2"; shift 2 ;;
-    --gpus) GPUS="$2"; shift 2 ;;
-    --update-freq) UPDATE_FREQ="$2"; shift 2 ;;
-    --save-dir) SAVE_DIR="$2"; shift 2 ;;
-    --dry-run) DRY_RUN=1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    --) shift; EXTRA+=("$@"); break ;;
-    *) usage >&2; die "unknown option '$1'" ;;
-  esac
-done
+declare -A OWN_OPTIONS=([--decoder-norm]=DECODER_NORM)
+parse_run_options "$@"
 
 check_norm --norm "$NORM"
 check_norm --decoder-norm "$DECODER_NORM"
