@@ -58,7 +58,7 @@ def test_registry_is_the_source_of_kinds_options_and_running_statistics():
     from argparse import Namespace
 
     from powernorm_fairseq.diagnostics import NormDiagnostics
-    from powernorm_fairseq.models.powernorm_transformer import BATCH_NORMS
+    from powernorm_fairseq.models.options import BATCH_NORMS
     from powernorm_fairseq.modules.transformer_layer import norm_options
 
     assert RUNNING_STAT_TYPES == ("bn", "pn", "pn-v", "bn-original") == BATCH_NORMS

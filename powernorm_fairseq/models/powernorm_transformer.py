@@ -6,9 +6,6 @@ The encoder's norms follow ``--norm-type`` and the decoder's
 Nguyen & Salazar (2019), "Transformers without Tears".
 """
 
-import argparse
-import math
-
 import torch.nn.functional as F
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
@@ -22,12 +19,7 @@ from fairseq.models.transformer.transformer_legacy import (
     transformer_vaswani_wmt_en_de_big,
     transformer_wmt_en_de,
 )
-from fairseq.modules import MultiheadAttention
-from torch import nn
 
-from ..diagnostics import NormDiagnostics
-from ..errors import PowerNormConfigError
-from ..flags import at_least, fraction, positive
 from ..modules import (
     FixNormEmbedding,
     PowerNormDecoderLayer,
@@ -35,144 +27,9 @@ from ..modules import (
     decoder_norm,
     encoder_norm,
 )
-from ..norms import NORM_TYPES, RUNNING_STAT_TYPES, Norm, build_norm, norm_type_of, padding_mask
-from ..norms.sync import MODES as SYNC_MODES
-
-BATCH_NORMS = RUNNING_STAT_TYPES  # norms with running statistics
-
-
-SUBLAYER_FLAGS = {
-    "--encoder-norm-self": "every encoder self-attention sublayer",
-    "--encoder-norm-ff": "every encoder feed-forward sublayer",
-    "--decoder-norm-self": "every decoder self-attention sublayer",
-    "--decoder-norm-cross": "every decoder encoder-attention sublayer",
-    "--decoder-norm-ff": "every decoder feed-forward sublayer",
-}
-LM_SUBLAYER_FLAGS = ("--decoder-norm-self", "--decoder-norm-ff")
-#: the spellings of the authors' released code (its --encoder-norm-self etc.)
-ORIGINAL_SPELLINGS = {"layer": "ln", "batch": "bn", "power": "pn"}
-
-
-def _sublayer_kind(flag):
-    def parse(text):
-        kind = ORIGINAL_SPELLINGS.get(text, text)
-        if kind not in NORM_TYPES:
-            raise argparse.ArgumentTypeError(
-                f"invalid choice: {text!r} (choose from {', '.join(NORM_TYPES)}, or layer, batch, power)")
-        return kind
-
-    return parse
-
-
-def all_kinds(args):
-    """Every norm type the flags put in the model."""
-    subs = [getattr(args, f[2:].replace("-", "_"), None) for f in SUBLAYER_FLAGS]
-    return {args.norm_type, args.decoder_norm_type, *(k for k in subs if k)}
-
-
-def add_norm_args(parser, lm=False):
-    """The norm flags of powernorm_transformer, or of the decoder-only
-    powernorm_transformer_lm (``lm``: one side, so no decoder/encoder split)."""
-    # fmt: off
-    if lm:
-        parser.add_argument("--norm-type", choices=NORM_TYPES, metavar="{" + ",".join(NORM_TYPES) + "}",
-                            help="every norm of the language model (default: pn)")
-    else:
-        parser.add_argument("--norm-type", choices=NORM_TYPES, metavar="{" + ",".join(NORM_TYPES) + "}",
-                            help="every encoder norm: attention, FFN and the final norm (default: pn)")
-        parser.add_argument("--decoder-norm-type", choices=NORM_TYPES,
-                            metavar="{" + ",".join(NORM_TYPES) + "}",
-                            help="every decoder norm (default: ln, as in the paper)")
-    for flag, what in SUBLAYER_FLAGS.items():
-        if lm and flag not in LM_SUBLAYER_FLAGS:
-            continue
-        parser.add_argument(flag, type=_sublayer_kind(flag), metavar="{" + ",".join(NORM_TYPES) + "}",
-                            help=f"the norm of {what}, overriding the type of its side; also takes the "
-                                 "original code's layer, batch, power")
-    parser.add_argument("--norm-placement", choices=("pre", "post"),
-                        help="norm before each sublayer (pre) or after the residual sum (post); default: pre")
-    parser.add_argument("--fixnorm", action="store_true",
-                        help="unit-length word embeddings times a learned scale (needs tied embeddings)")
-    parser.add_argument("--small-init", action="store_true",
-                        help="attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))")
-    parser.add_argument("--pn-alpha-fwd", type=fraction("--pn-alpha-fwd"),
-                        help="PN running psi^2 decay, in (0, 1) (default: 0.9)")
-    parser.add_argument("--pn-alpha-bwd", type=fraction("--pn-alpha-bwd"),
-                        help="PN running nu decay, in (0, 1) (default: 0.9)")
-    parser.add_argument("--pn-warmup-updates", type=at_least(0),
-                        help="PN forwards that use batch statistics (default: --warmup-updates)")
-    parser.add_argument("--pn-eps", type=positive, help="PN and PN-V epsilon (default: 1e-5)")
-    parser.add_argument("--pn-group-scaling", action=argparse.BooleanOptionalAction,
-                        help="per-token RMS scaling over groups = heads before PN, "
-                             "as in the authors' code (default: on); the pn-only spelling of --layer-scale")
-    parser.add_argument("--layer-scale", action=argparse.BooleanOptionalAction,
-                        help="the paper's layer scale (Appendix A): per-token RMS scaling over groups = "
-                             "heads before every bn, pn-v and pn (default: on for pn, off for bn and pn-v)")
-    parser.add_argument("--pn-backward", choices=("paper", "reference"),
-                        help="PN backward: Algorithm 2 of the paper, or the authors' "
-                             "released code (default: paper)")
-    parser.add_argument("--norm-momentum", type=fraction("--norm-momentum"),
-                        help="running-statistics momentum of bn, pn-v and bn-original "
-                             "(default: 0.1; 0.05 for bn-original, as in the authors' code)")
-    parser.add_argument("--adanorm-scale", type=positive, metavar="C",
-                        help="AdaNorm's C in z = C (1 - y/10) y (default: 1)")
-    parser.add_argument("--detachnorm-detach", choices=("both", "mean", "var"),
-                        help="what DetachNorm treats as constant in the backward pass (default: both)")
-    parser.add_argument("--layernorm-simple-std", choices=("biased", "unbiased"),
-                        help="the divisor of layernorm-simple and detachnorm: sqrt(biased var + eps), "
-                             "as LayerNorm, or unbiased std + eps, as Xu et al.'s code (default: biased)")
-    parser.add_argument("--norm-groups", type=at_least(1, "--norm-groups"), metavar="G",
-                        help="channel groups of groupnorm (default: the attention heads)")
-    parser.add_argument("--norm-sync", choices=SYNC_MODES,
-                        help="statistics of bn, pn-v and pn across data-parallel workers: batch = "
-                             "normalise with the global batch (exact gradient through the all-reduce), "
-                             "running = per-worker batch, identical running statistics, none = per "
-                             "worker (default: batch; none with --pn-backward reference; "
-                             "bn-original is always none)")
-    parser.add_argument("--norm-diagnostics", action="store_true",
-                        help="log batch vs running statistics distances and the gradient terms "
-                             "of the statistics for every bn, bn-original, pn-v and pn layer (diag/... metrics)")
-    parser.add_argument("--norm-diagnostics-interval", type=at_least(1, "--norm-diagnostics-interval"), metavar="N",
-                        help="measure every N updates (default: 1)")
-    # fmt: on
-
-
-class PowerNormModelMixin:
-    """What the translation model and the language model add to their fairseq
-    parents: flag checks, SmallInit, diagnostics, FixNorm embeddings and a
-    one-line error for a checkpoint with other norms."""
-
-    #: the flag that sets the norms of each part, for check_norm_state's message
-    NORM_FLAGS = {"encoder": "--norm-type", "decoder": "--decoder-norm-type"}
-
-    @classmethod
-    def build_model(cls, args, task):
-        check_args(args)
-        model = super().build_model(args, task)
-        if args.small_init:
-            small_init_(model)
-        if args.norm_diagnostics:
-            model.norm_diagnostics = NormDiagnostics(model, args.norm_diagnostics_interval)
-        return model
-
-    norm_diagnostics = None
-
-    def set_num_updates(self, num_updates):
-        super().set_num_updates(num_updates)
-        if self.norm_diagnostics is not None:
-            self.norm_diagnostics.set_num_updates(num_updates)
-
-    @classmethod
-    def build_embedding(cls, cfg, dictionary, embed_dim, path=None):
-        if not getattr(cfg, "fixnorm", False):
-            return super().build_embedding(cfg, dictionary, embed_dim, path)
-        if path:
-            raise PowerNormConfigError("--fixnorm cannot start from pretrained embeddings (--*-embed-path)")
-        return FixNormEmbedding(len(dictionary), embed_dim, dictionary.pad())
-
-    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        check_norm_state(self, state_dict, self.NORM_FLAGS)
-        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+from ..norms import padding_mask
+from .mixin import PowerNormModelMixin
+from .options import add_norm_args, powernorm_defaults
 
 
 @register_model("powernorm_transformer")
@@ -246,162 +103,28 @@ class PowerNormTransformerDecoder(TransformerDecoderBase):
         return super().output_layer(features)
 
 
-def check_args(args):
-    """Reject flag combinations that would leave a norm the flags did not ask for."""
-    kinds = all_kinds(args)
-    if getattr(args, "layernorm_embedding", False):
-        raise PowerNormConfigError(
-            "--layernorm-embedding adds a LayerNorm that --norm-type does not control; "
-            "drop it (powernorm_transformer has no embedding norm)"
-        )
-    for flag in ("scale_attn", "scale_fc"):
-        if getattr(args, flag, False):
-            raise PowerNormConfigError(
-                f"--{flag.replace('_', '-')} adds a LayerNorm that --norm-type does not control; drop it"
-            )
-    if getattr(args, "checkpoint_activations", False) and any(k in BATCH_NORMS for k in kinds):
-        raise PowerNormConfigError(
-            "--checkpoint-activations recomputes forwards, which would update running "
-            "statistics twice; use --norm-type/--decoder-norm-type in {ln,scalenorm} or drop it"
-        )
-    if args.pn_backward == "reference" and args.norm_sync not in (None, "none") and "pn" in kinds:
-        raise PowerNormConfigError(
-            "--pn-backward reference reproduces the released code, which never synchronised "
-            f"statistics across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
-        )
-    if None not in (args.layer_scale, args.pn_group_scaling) and args.layer_scale != args.pn_group_scaling:
-        said = [f"--{'' if on else 'no-'}{flag}"
-                for flag, on in (("layer-scale", args.layer_scale), ("pn-group-scaling", args.pn_group_scaling))]
-        raise PowerNormConfigError(f"{said[0]} contradicts {said[1]}; use --layer-scale/--no-layer-scale alone")
-    if "bn-original" in kinds and args.norm_sync not in (None, "none"):
-        raise PowerNormConfigError(
-            "bn-original reproduces the released code, which never synchronised statistics "
-            f"across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
-        )
-    for side in ("encoder", "decoder"):
-        dim = getattr(args, f"{side}_embed_dim", None)  # a language model has no encoder
-        if dim and "groupnorm" in kinds and args.norm_groups and dim % args.norm_groups:
-            raise PowerNormConfigError(
-                f"--norm-groups {args.norm_groups} does not divide --{side}-embed-dim {dim}")
-    if args.fixnorm and getattr(args, "adaptive_input", False):
-        raise PowerNormConfigError("--fixnorm replaces the word embeddings, --adaptive-input too: drop one")
-    if args.fixnorm and not (getattr(args, "share_all_embeddings", False)
-                             or args.share_decoder_input_output_embed):
-        ties = "--share-all-embeddings or " if hasattr(args, "share_all_embeddings") else ""
-        raise PowerNormConfigError(f"--fixnorm needs tied embeddings: add {ties}--share-decoder-input-output-embed")
-
-
-def small_init_(model):
-    """SmallInit (Nguyen & Salazar, 2019, Section 2.4): Xavier normal with the
-    attention fan taken as d + 4d, and the FFN's true fan d + d_ff."""
-    for module in model.modules():
-        if isinstance(module, MultiheadAttention):
-            std = math.sqrt(2.0 / (5 * module.embed_dim))
-            for proj in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
-                nn.init.normal_(proj.weight, mean=0.0, std=std)
-        elif isinstance(module, (PowerNormEncoderLayer, PowerNormDecoderLayer)):
-            d, d_ff = module.fc1.in_features, module.fc1.out_features
-            std = math.sqrt(2.0 / (d + d_ff))
-            for fc in (module.fc1, module.fc2):
-                nn.init.normal_(fc.weight, mean=0.0, std=std)
-
-
-#: entries a checkpoint from an older version may lack (the norm fills them in on load)
-_OPTIONAL_KEYS = frozenset({"nu_scale"})
-_STATE_KEYS = {}  # the state-dict entries of a norm -> the kinds that have exactly them
-for _kind in NORM_TYPES:
-    _STATE_KEYS.setdefault(frozenset(build_norm(_kind, 4).state_dict()) - _OPTIONAL_KEYS, set()).add(_kind)
-
-
-def check_norm_state(model, state_dict, flags):
-    """Fail in one line when a checkpoint's norms are not the model's.
-
-    Kinds with the same entries (ln and groupnorm; the parameter-free ones)
-    cannot be told apart by a checkpoint and are accepted for one another.
-    ``flags`` names the flag that sets the norms of each part of the model.
-    """
-    found, wanted = {}, {}
-    for name, module in model.named_modules():
-        if not isinstance(module, Norm):
-            continue
-        keys = frozenset(k[len(name) + 1:] for k in state_dict if k.startswith(name + ".")) - _OPTIONAL_KEYS
-        part, kind = name.split(".")[0], norm_type_of(module)
-        kinds = _STATE_KEYS.get(keys, {"unknown"})
-        found.setdefault(part, set()).add(kind if kind in kinds else "|".join(sorted(kinds)))
-        wanted.setdefault(part, set()).add(kind)
-    if found != wanted:
-        have = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(found.items()))
-        need = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(wanted.items()))
-        fix = " ".join(
-            f"{flags.get(p, p)} {sorted(k)[0]}" for p, k in sorted(found.items())
-            if k != wanted.get(p) and len(k) == 1 and "unknown" not in k and "|" not in sorted(k)[0]
-        )
-        raise PowerNormConfigError(
-            f"checkpoint norms ({have}) do not match the model ({need})"
-            + (f"; pass {fix}" if fix else "")
-        )
-
-
-def _powernorm_defaults(args):
-    args.norm_type = getattr(args, "norm_type", "pn")
-    args.decoder_norm_type = getattr(args, "decoder_norm_type", "ln")
-    args.norm_placement = getattr(args, "norm_placement", "pre")
-    pre = args.norm_placement == "pre"
-    for side in ("encoder", "decoder"):
-        flag = f"{side}_normalize_before"
-        if getattr(args, flag, False) and not pre:
-            raise PowerNormConfigError(
-                f"--{flag.replace('_', '-')} contradicts --norm-placement post; "
-                "use --norm-placement {pre,post} alone"
-            )
-        setattr(args, flag, pre)
-    args.fixnorm = getattr(args, "fixnorm", False)
-    if args.fixnorm:  # the FixNorm length g replaces fairseq's sqrt(d) embedding scale
-        args.no_scale_embedding = True
-    args.small_init = getattr(args, "small_init", False)
-    args.pn_alpha_fwd = getattr(args, "pn_alpha_fwd", 0.9)
-    args.pn_alpha_bwd = getattr(args, "pn_alpha_bwd", 0.9)
-    args.pn_warmup_updates = getattr(args, "pn_warmup_updates", getattr(args, "warmup_updates", 0))
-    args.pn_eps = getattr(args, "pn_eps", 1e-5)
-    args.pn_group_scaling = getattr(args, "pn_group_scaling", None)  # see modules.layer_scale
-    args.layer_scale = getattr(args, "layer_scale", None)
-    args.pn_backward = getattr(args, "pn_backward", "paper")
-    args.norm_momentum = getattr(args, "norm_momentum", None)  # per kind, see norm_options
-    for flag in SUBLAYER_FLAGS:
-        name = flag[2:].replace("-", "_")
-        value = getattr(args, name, None)
-        setattr(args, name, ORIGINAL_SPELLINGS.get(value, value))
-    args.adanorm_scale = getattr(args, "adanorm_scale", 1.0)
-    args.detachnorm_detach = getattr(args, "detachnorm_detach", "both")
-    args.layernorm_simple_std = getattr(args, "layernorm_simple_std", "biased")
-    args.norm_groups = getattr(args, "norm_groups", None)
-    args.norm_sync = getattr(args, "norm_sync", None)
-    args.norm_diagnostics = getattr(args, "norm_diagnostics", False)
-    args.norm_diagnostics_interval = getattr(args, "norm_diagnostics_interval", 1)
-
-
 @register_model_architecture("powernorm_transformer", "powernorm_transformer")
 def powernorm_transformer(args):
-    _powernorm_defaults(args)
+    powernorm_defaults(args)
     transformer_wmt_en_de(args)
 
 
 @register_model_architecture("powernorm_transformer", "powernorm_transformer_iwslt_de_en")
 def powernorm_transformer_iwslt_de_en(args):
     """The paper's IWSLT14 "small": 6+6 layers, 512 embed, 1024 FFN, 4 heads."""
-    _powernorm_defaults(args)
+    powernorm_defaults(args)
     transformer_iwslt_de_en(args)
 
 
 @register_model_architecture("powernorm_transformer", "powernorm_transformer_wmt_en_de")
 def powernorm_transformer_wmt_en_de(args):
     """Transformer base."""
-    _powernorm_defaults(args)
+    powernorm_defaults(args)
     transformer_wmt_en_de(args)
 
 
 @register_model_architecture("powernorm_transformer", "powernorm_transformer_wmt_en_de_big")
 def powernorm_transformer_wmt_en_de_big(args):
     """Transformer big (Vaswani et al., 2017)."""
-    _powernorm_defaults(args)
+    powernorm_defaults(args)
     transformer_vaswani_wmt_en_de_big(args)

@@ -19,12 +19,9 @@ from fairseq.models.transformer_lm import (
     transformer_lm_baevski_wiki103,
 )
 
-from .powernorm_transformer import (
-    PowerNormModelMixin,
-    PowerNormTransformerDecoder,
-    _powernorm_defaults,
-    add_norm_args,
-)
+from .mixin import PowerNormModelMixin
+from .options import add_norm_args, powernorm_defaults
+from .powernorm_transformer import PowerNormTransformerDecoder
 
 
 class PowerNormLMDecoder(PowerNormTransformerDecoder):
@@ -56,7 +53,7 @@ class PowerNormTransformerLanguageModel(PowerNormModelMixin, TransformerLanguage
 
 
 def _lm_defaults(args, fairseq_arch):
-    _powernorm_defaults(args)
+    powernorm_defaults(args)
     args.decoder_norm_type = args.norm_type  # one side: --norm-type is every norm
     fairseq_arch(args)
     # fairseq's wiki103 architecture forces pre-norm; --norm-placement decides here

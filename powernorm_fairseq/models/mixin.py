@@ -1,0 +1,103 @@
+"""What the translation model and the language model add to their fairseq
+parents: flag checks, SmallInit, diagnostics, FixNorm embeddings and a
+one-line error for a checkpoint with other norms."""
+
+import math
+
+from fairseq.modules import MultiheadAttention
+from torch import nn
+
+from ..diagnostics import NormDiagnostics
+from ..errors import PowerNormConfigError
+from ..modules import FixNormEmbedding, PowerNormDecoderLayer, PowerNormEncoderLayer
+from ..norms import NORM_TYPES, Norm, build_norm, norm_type_of
+from .options import check_args
+
+
+class PowerNormModelMixin:
+    """What the translation model and the language model add to their fairseq
+    parents: flag checks, SmallInit, diagnostics, FixNorm embeddings and a
+    one-line error for a checkpoint with other norms."""
+
+    #: the flag that sets the norms of each part, for check_norm_state's message
+    NORM_FLAGS = {"encoder": "--norm-type", "decoder": "--decoder-norm-type"}
+
+    @classmethod
+    def build_model(cls, args, task):
+        check_args(args)
+        model = super().build_model(args, task)
+        if args.small_init:
+            small_init_(model)
+        if args.norm_diagnostics:
+            model.norm_diagnostics = NormDiagnostics(model, args.norm_diagnostics_interval)
+        return model
+
+    norm_diagnostics = None
+
+    def set_num_updates(self, num_updates):
+        super().set_num_updates(num_updates)
+        if self.norm_diagnostics is not None:
+            self.norm_diagnostics.set_num_updates(num_updates)
+
+    @classmethod
+    def build_embedding(cls, cfg, dictionary, embed_dim, path=None):
+        if not getattr(cfg, "fixnorm", False):
+            return super().build_embedding(cfg, dictionary, embed_dim, path)
+        if path:
+            raise PowerNormConfigError("--fixnorm cannot start from pretrained embeddings (--*-embed-path)")
+        return FixNormEmbedding(len(dictionary), embed_dim, dictionary.pad())
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        check_norm_state(self, state_dict, self.NORM_FLAGS)
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+def small_init_(model):
+    """SmallInit (Nguyen & Salazar, 2019, Section 2.4): Xavier normal with the
+    attention fan taken as d + 4d, and the FFN's true fan d + d_ff."""
+    for module in model.modules():
+        if isinstance(module, MultiheadAttention):
+            std = math.sqrt(2.0 / (5 * module.embed_dim))
+            for proj in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
+                nn.init.normal_(proj.weight, mean=0.0, std=std)
+        elif isinstance(module, (PowerNormEncoderLayer, PowerNormDecoderLayer)):
+            d, d_ff = module.fc1.in_features, module.fc1.out_features
+            std = math.sqrt(2.0 / (d + d_ff))
+            for fc in (module.fc1, module.fc2):
+                nn.init.normal_(fc.weight, mean=0.0, std=std)
+
+
+#: entries a checkpoint from an older version may lack (the norm fills them in on load)
+_OPTIONAL_KEYS = frozenset({"nu_scale"})
+_STATE_KEYS = {}  # the state-dict entries of a norm -> the kinds that have exactly them
+for _kind in NORM_TYPES:
+    _STATE_KEYS.setdefault(frozenset(build_norm(_kind, 4).state_dict()) - _OPTIONAL_KEYS, set()).add(_kind)
+
+
+def check_norm_state(model, state_dict, flags):
+    """Fail in one line when a checkpoint's norms are not the model's.
+
+    Kinds with the same entries (ln and groupnorm; the parameter-free ones)
+    cannot be told apart by a checkpoint and are accepted for one another.
+    ``flags`` names the flag that sets the norms of each part of the model.
+    """
+    found, wanted = {}, {}
+    for name, module in model.named_modules():
+        if not isinstance(module, Norm):
+            continue
+        keys = frozenset(k[len(name) + 1:] for k in state_dict if k.startswith(name + ".")) - _OPTIONAL_KEYS
+        part, kind = name.split(".")[0], norm_type_of(module)
+        kinds = _STATE_KEYS.get(keys, {"unknown"})
+        found.setdefault(part, set()).add(kind if kind in kinds else "|".join(sorted(kinds)))
+        wanted.setdefault(part, set()).add(kind)
+    if found != wanted:
+        have = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(found.items()))
+        need = ", ".join(f"{p} {'/'.join(sorted(k))}" for p, k in sorted(wanted.items()))
+        fix = " ".join(
+            f"{flags.get(p, p)} {sorted(k)[0]}" for p, k in sorted(found.items())
+            if k != wanted.get(p) and len(k) == 1 and "unknown" not in k and "|" not in sorted(k)[0]
+        )
+        raise PowerNormConfigError(
+            f"checkpoint norms ({have}) do not match the model ({need})"
+            + (f"; pass {fix}" if fix else "")
+        )
