@@ -17,6 +17,7 @@
   would train one update past it).
 """
 
+import atexit
 import errno
 import fcntl
 import logging
@@ -114,7 +115,13 @@ def guard_training_runs():
 
     if getattr(checkpoint_utils.load_checkpoint, "guarded", False):
         return
-    load = checkpoint_utils.load_checkpoint
+    load, verify = checkpoint_utils.load_checkpoint, checkpoint_utils.verify_checkpoint_directory
+
+    def verify_checkpoint_directory(save_dir):
+        created = not os.path.exists(save_dir)
+        verify(save_dir)  # fairseq creates it before it reads the data
+        if created:  # a run that stops before writing anything leaves no empty directory behind
+            atexit.register(_remove_if_empty, save_dir)
 
     def load_checkpoint(cfg, trainer, **passthrough_args):
         if trainer.is_data_parallel_master and os.path.isdir(cfg.save_dir):
@@ -133,3 +140,11 @@ def guard_training_runs():
 
     load_checkpoint.guarded = True
     checkpoint_utils.load_checkpoint = load_checkpoint
+    checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory
+
+
+def _remove_if_empty(directory):
+    try:
+        os.rmdir(directory)
+    except OSError:  # not empty (the run wrote something), or gone
+        pass

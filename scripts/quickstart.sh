@@ -30,15 +30,27 @@ bash "$ROOT/scripts/setup.sh"
 source "$ROOT/.venv/bin/activate"
 bash "$ROOT/data-prep/prepare-quickstart.sh" --out "$OUT/data"
 
+# one GPU when there is one, else the CPU
+DEVICE=$(python -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')")
+if [[ -n "$DEVICE" ]]; then
+  GPUS=1 CPU=() && echo "quickstart: training and translating on the GPU ($DEVICE)" >&2
+else
+  GPUS=0 CPU=(--cpu) && echo "quickstart: training and translating on the CPU (no GPU found)" >&2
+fi
+
 for norm in $NORMS; do
   run="$OUT/$norm-seed$SEED"
   if [[ -f "$run/checkpoint_last.pt" ]] && grep -q "done training" "$run/train.log" 2>/dev/null; then
-    echo "quickstart: $run already trained" >&2
+    echo "quickstart: $run already trained (remove it to train again)" >&2
   else
     bash "$ROOT/scripts/train.sh" --dataset quickstart --data "$OUT/data/bin" --norm "$norm" \
-      --seed "$SEED" --gpus 0 --save-dir "$run" -- --log-interval 20
+      --seed "$SEED" --gpus "$GPUS" --save-dir "$run" -- --log-interval 20
   fi
-  bash "$ROOT/scripts/evaluate.sh" --dataset quickstart --data "$OUT/data/bin" --save-dir "$run" --cpu
+  if [[ -f "$run/bleu-test.json" && "$run/bleu-test.json" -nt "$run/checkpoint_last.pt" ]]; then
+    echo "quickstart: $run already evaluated (remove $run/bleu-test.json to evaluate again)" >&2
+  else
+    bash "$ROOT/scripts/evaluate.sh" --dataset quickstart --data "$OUT/data/bin" --save-dir "$run" "${CPU[@]}"
+  fi
 done
 
 echo

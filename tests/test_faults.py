@@ -270,3 +270,10 @@ def test_kills_at_random_moments_lose_nothing_complete(toy_data, tmp_path):
     assert not [p.name for p in save.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".checkpoint")]
     state = torch.load(save / "checkpoint_last.pt", weights_only=True)
     assert state["optimizer_history"][-1]["num_updates"] == 200
+
+
+def test_a_run_on_a_missing_data_directory_leaves_no_save_directory(tmp_path):
+    save = tmp_path / "run"
+    proc = cli("fairseq-train", *train_args(tmp_path / "no-such-data", save, max_update=2), check=False)
+    one_line_error(proc, tmp_path / "no-such-data", "fairseq-train")
+    assert not save.exists()
