@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -288,6 +289,28 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_run():
         stale.unlink(missing_ok=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr[-2000:]
     assert f"removing {stale}, left by a kernel build that was interrupted" in proc.stderr
+
+
+def test_a_stale_lock_in_a_fresh_extensions_directory_and_the_norm_still_runs(tmp_path):
+    """A build killed before its first success: nothing built yet, torch's
+    ``lock`` left. The next run removes it, builds, and the norm runs on the kernels."""
+    k = backend_or_fail("cpu")
+    fresh = tmp_path / "torch_extensions"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(fresh)}
+    where = subprocess.run([sys.executable, "-c", "from powernorm_fairseq.norms.kernels import cpu\n"
+                            "print(cpu.build_directory())"], capture_output=True, text=True, env=env, check=True)
+    build = Path(where.stdout.strip())
+    assert str(build).startswith(str(fresh)) and k is not None
+    build.mkdir(parents=True)
+    (build / "lock").touch()
+    norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm, kernels\n"
+                "x = torch.randn(3, 2, 8)\n"
+                "build_norm('pn', 8).train()(x).sum().backward()\n"
+                "print(kernels.describe(x))\n")
+    proc = subprocess.run([sys.executable, "-c", norm_run], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "left by a kernel build that was interrupted" in proc.stderr and not (build / "lock").exists()
+    assert proc.stdout.strip().splitlines()[-1] == "cpu", proc.stderr[-2000:]  # built, and used
 
 
 def test_a_run_waiting_for_another_build_says_so_and_then_proceeds():
