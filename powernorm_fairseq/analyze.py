@@ -177,10 +177,7 @@ def load_checkpoint(path):
 
 def checkpoint_info(state):
     """(encoder norm type, number of updates) of a checkpoint's state."""
-    cfg = (state.get("cfg") or {}).get("model") or state.get("args")
-    kind = getattr(cfg, "norm_type", None) or (cfg.get("norm_type") if isinstance(cfg, dict) else None)
-    if kind is None:
-        kind = "ln (fairseq)"
+    kind = checkpoints.model_setting(state, "norm_type") or "ln (fairseq)"
     history = state.get("optimizer_history") or [{}]
     return kind, int(history[-1].get("num_updates", 0))
 

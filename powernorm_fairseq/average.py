@@ -45,9 +45,7 @@ MODEL_SETTINGS = ("arch", "norm_type", "decoder_norm_type", "encoder_norm_self",
 
 def model_settings(state) -> dict:
     """The architecture and norm settings a checkpoint was trained with."""
-    cfg = (state.get("cfg") or {}).get("model") or state.get("args")
-    get = (lambda k: cfg.get(k)) if isinstance(cfg, dict) else (lambda k: getattr(cfg, k, None))
-    return {} if cfg is None else {k: get(k) for k in MODEL_SETTINGS}
+    return {k: checkpoints.model_setting(state, k) for k in MODEL_SETTINGS}
 
 
 def average_checkpoints(paths):

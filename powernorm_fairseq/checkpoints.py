@@ -57,6 +57,13 @@ def load(path):
     return state
 
 
+def model_setting(state, key):
+    """A model flag of a checkpoint, or None: fairseq keeps the flags in
+    ``cfg.model`` (an ``argparse.Namespace`` or a dict), older versions in ``args``."""
+    cfg = (state.get("cfg") or {}).get("model") or state.get("args")
+    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+
+
 def name_unreadable_checkpoints():
     """fairseq's checkpoint reader (generate, interactive, eval-lm, resume,
     --restore-file) with the one-line refusals of :func:`load`: a checkpoint
@@ -173,9 +180,8 @@ def name_failed_saves():
         try:
             return persistent_save(obj, filename, async_write)
         except OSError as exc:
-            for partial in (f"{filename}.tmp",):
-                if os.path.exists(partial):
-                    os.unlink(partial)
+            if os.path.exists(f"{filename}.tmp"):
+                os.unlink(f"{filename}.tmp")
             raise InputFileError(f"{filename}: could not be written ({exc.strerror or exc}); the checkpoints "
                                  "saved before it are complete, and the next run resumes from the newest") from exc
 

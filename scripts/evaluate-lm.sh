@@ -47,15 +47,14 @@ CKPT="$SAVE_DIR/$CHECKPOINT"
 # through the plugin's weights-only reader: a checkpoint that holds code is refused, not run
 BLOCK=$(python -c "
 import sys
-from powernorm_fairseq.checkpoints import load
+from powernorm_fairseq.checkpoints import load, model_setting
 from powernorm_fairseq.errors import InputFileError
 try:
     state = load(sys.argv[1])
 except InputFileError as err:
     sys.exit(str(err))
-model = state['cfg']['model'] if state.get('cfg') else state['args']
-get = model.get if isinstance(model, dict) else lambda key: getattr(model, key, None)
-print(get('tokens_per_sample') or sys.exit(sys.argv[1] + ': no training block size (tokens_per_sample) in it'))
+block = model_setting(state, 'tokens_per_sample')
+print(block or sys.exit(sys.argv[1] + ': no training block size (tokens_per_sample) in it'))
 " "$CKPT" 2>&1) || die "$(tail -n 1 <<<"$BLOCK")"
 BLOCK=$(tail -n 1 <<<"$BLOCK")  # the number, after whatever the imports printed
 CONTEXT="${CONTEXT:-$(( BLOCK * 3 / 4 ))}"

@@ -121,9 +121,8 @@ class BatchStatNorm(Norm):
         squared deviations are combined (Chan et al.'s pairwise formula), as
         the workers' shifts differ."""
         if not self.center:
-            packed = sync_mod.all_sum(torch.cat([sums[1], sums.new_tensor([float(n)])]))
-            N = int(packed[-1].item())
-            return N, None, (packed[:-1] / max(N, 1)).to(stat_dtype(like))
+            N, total = sync_mod.sum_and_count(sums[1], n)
+            return N, None, (total / max(N, 1)).to(stat_dtype(like))
         m = max(n, 1)
         local_mean = shift.double() + sums[0] / m
         local_m2 = sums[1] - sums[0] * sums[0] / m  # sum of squared deviations from local_mean

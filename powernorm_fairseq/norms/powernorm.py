@@ -342,13 +342,9 @@ class PowerNorm(Norm):
                           reduce=sync_mod.all_sum, exact_global=self.sync == "batch")
         sd = stat_dtype(x)
 
-        def globally(sums):
-            packed = sync_mod.all_sum(torch.cat([sums[1], sums.new_tensor([float(n)])]))
-            return int(packed[-1].item()), packed[:-1]
-
         if warm:
             local = fused.batch_sums(k, x2, keep, groups)
-            N, total = globally(local)
+            N, total = sync_mod.sum_and_count(local[1], n)
             if N == 0:  # every worker's batch is padding: as in eval, no update
                 return self._with_running_psi2(self.scaled(upcast(x)))
             psi2_global = (total / N).to(sd)
@@ -358,7 +354,7 @@ class PowerNorm(Norm):
         else:
             plan.inv = torch.rsqrt(self.running_psi2.to(sd) + self.eps)
             y = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
-            N, total = globally(plan.stats)
+            N, total = sync_mod.sum_and_count(plan.stats[1], n)
             if N == 0:
                 return self._with_running_psi2(self.scaled(upcast(x)))
             psi2_global = (total / N).to(sd)

@@ -57,17 +57,23 @@ def all_sum(t: Tensor, differentiable: bool = False) -> Tensor:
     return out
 
 
+def sum_and_count(t: Tensor, n: int):
+    """(N, sum of ``t``) over the workers, with N the sum of their counts ``n``:
+    one all-reduce."""
+    packed = all_sum(torch.cat([t, t.new_tensor([float(n)])]))
+    return int(packed[-1].item()), packed[:-1]
+
+
 def combine(n: int, mean: Tensor, m2: Tensor):
     """(N, mean, sum of squared deviations) of the union of the workers'
     batches from each worker's count ``n``, ``mean`` and sum of squared
     deviations from it ``m2`` (float64): the pairwise formula of Chan, Golub &
     LeVeque (1983), which stays accurate where E[x^2] - mean^2 would cancel.
     ``(0, None, None)`` when no worker has a real token."""
-    packed = all_sum(torch.cat([mean * n, mean.new_tensor([float(n)])]))
-    N = int(packed[-1].item())
+    N, total = sum_and_count(mean * n, n)
     if N == 0:
         return 0, None, None
-    g_mean = packed[:-1] / N
+    g_mean = total / N
     return N, g_mean, all_sum(m2 + n * (mean - g_mean) ** 2)
 
 
@@ -82,9 +88,8 @@ def moments(x: Tensor, keep: Optional[Tensor], center: bool):
         masked = (lambda v: v) if kd is None else (lambda v: v * kd)
         n = int(kd.sum().item()) if kd is not None else x.size(0) * x.size(1)
         if not center:
-            packed = all_sum(torch.cat([masked(xd * xd).sum(dim=(0, 1)), xd.new_tensor([float(n)])]))
-            N = int(packed[-1].item())
-            return (N, None, packed[:-1] / N) if N else (0, None, None)
+            N, total = sum_and_count(masked(xd * xd).sum(dim=(0, 1)), n)
+            return (N, None, total / N) if N else (0, None, None)
         mean = masked(xd).sum(dim=(0, 1)) / max(n, 1)  # this worker's, then its squared deviations
         N, g_mean, m2 = combine(n, mean, masked((xd - mean) ** 2).sum(dim=(0, 1)))
         return (N, g_mean, (m2 / N).clamp(min=0)) if N else (0, None, None)
