@@ -318,6 +318,8 @@ class Probe:
 def landscape(paths, data, subset, batches, max_tokens, steps, lr, seed):
     from fairseq import checkpoint_utils
 
+    from .models import PowerNormTransformerModel  # noqa: F401 (registers the models the checkpoints name)
+
     rows, summary = [], []
     for path in paths:
         state = load_checkpoint(path)

@@ -22,17 +22,23 @@ def _config_error(exc):
     return None
 
 
+_fairseq_input_errors = False
+
+
 def _input_error(exc):
     """A message for mistakes in what a user gave a command, or None.
 
-    Besides this plugin's own errors: a missing file (a data directory
-    without its dictionary, a wrong --path), and fairseq's refusal of a
-    sentence longer than --max-source/target-positions, which already names
-    the flag that skips such sentences.
+    This plugin's own errors; with :func:`name_fairseq_input_errors` also a
+    missing file (a data directory without its dictionary, a wrong --path),
+    and fairseq's refusal of a sentence longer than
+    --max-source/target-positions, which already names the flag that skips
+    such sentences.
     """
     error = _config_error(exc)
     if error is not None:
         return str(error)
+    if not _fairseq_input_errors:
+        return None
     if isinstance(exc, FileNotFoundError) and exc.filename:
         return f"no such file: {exc.filename}"
     if any(fragment in str(exc) for fragment in FAIRSEQ_INPUT_ERRORS):
@@ -73,6 +79,12 @@ def one_line_usage_errors():
     import argparse
 
     argparse.ArgumentParser.error = _one_line_usage_error
+
+
+def name_fairseq_input_errors():
+    """fairseq's errors about a user's input (see :func:`_input_error`) in one line too."""
+    global _fairseq_input_errors
+    _fairseq_input_errors = True
 
 
 def install_excepthook():

@@ -1,5 +1,7 @@
+import json
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +11,10 @@ from pathlib import Path
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+
+from powernorm_fairseq.checkpoints import allow_fairseq_checkpoints  # noqa: E402
+
+allow_fairseq_checkpoints()  # torch.load(weights_only=True) of the checkpoints tests write
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `import reference`
 
@@ -21,6 +27,26 @@ TINY = [
     "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
     "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
 ]
+
+USER_DIR = ROOT / "powernorm_fairseq"
+
+
+def train_args(data, save_dir, *flags, max_update=40):
+    return [
+        data, "--user-dir", USER_DIR, "--arch", "powernorm_transformer_iwslt_de_en", *TINY,
+        "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+        "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "8",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--max-tokens", "600", "--max-update", max_update, "--save-dir", save_dir,
+        "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1",
+        "--seed", "1", "--num-workers", "0", *flags,
+    ]
+
+
+def losses(log):
+    """Training losses per update from fairseq's JSON log lines."""
+    rows = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
+    return [float(r["loss"]) for r in rows]
 
 
 def cli(tool, *args, check=True, cwd=ROOT, timeout=600):

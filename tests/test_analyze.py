@@ -8,7 +8,7 @@ import pytest
 import torch
 from matplotlib import image
 
-from conftest import cli
+from conftest import cli, train_args
 from powernorm_fairseq.analyze import (
     Probe,
     normalized_singular_values,
@@ -16,7 +16,6 @@ from powernorm_fairseq.analyze import (
     spectrum,
     training_batches,
 )
-from test_cli import train_args
 
 RUNS = {
     "ln": ["--norm-type", "ln", "--norm-diagnostics"],

@@ -1,6 +1,5 @@
 """End to end through the real fairseq commands with --user-dir powernorm_fairseq."""
 
-import json
 import math
 import re
 import subprocess
@@ -9,29 +8,7 @@ from statistics import mean
 import pytest
 import torch
 
-import powernorm_fairseq  # noqa: F401 (lets torch.load read fairseq checkpoints)
-from conftest import ROOT, TINY, cli
-
-USER_DIR = ROOT / "powernorm_fairseq"
-
-
-def train_args(data, save_dir, *flags, max_update=40):
-    return [
-        data, "--user-dir", USER_DIR, "--arch", "powernorm_transformer_iwslt_de_en", *TINY,
-        "--share-all-embeddings", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-        "--lr", "0.003", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "8",
-        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-        "--max-tokens", "600", "--max-update", max_update, "--save-dir", save_dir,
-        "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1",
-        "--seed", "1", "--num-workers", "0", *flags,
-    ]
-
-
-def losses(log):
-    """Training losses per update from fairseq's JSON log lines."""
-    rows = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
-    return [float(r["loss"]) for r in rows]
-
+from conftest import ROOT, USER_DIR, cli, losses, train_args
 
 @pytest.mark.parametrize("norm", ["ln", "bn", "pn", "pn-v", "scalenorm"])
 def test_train_then_generate(toy_data, tmp_path, norm):

@@ -147,7 +147,7 @@ def test_pn_measures_the_scale_its_forward_used(warmup):
 
 def test_layernorm_and_scalenorm_log_nothing():
     for kind in ("ln", "scalenorm"):
-        model, norm = nn.ModuleDict({"n": build_norm(kind, C)}).double(), None
+        model = nn.ModuleDict({"n": build_norm(kind, C)}).double()
         diag = NormDiagnostics(model)
         x, pad, grad_y = batch(4)
         assert logged(model["n"], x, pad, grad_y, diag) == {} and diag.handles == []

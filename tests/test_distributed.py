@@ -7,9 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import backend_or_fail, cli
+from conftest import backend_or_fail, train_args
 from powernorm_fairseq.norms import build_norm, kernels
-from test_cli import train_args
 
 T, C = 6, 8
 # three steps; per step the sentences each worker gets (worker 1 has no real

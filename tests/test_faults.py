@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN, ROOT, cli
-from test_cli import train_args
+from conftest import BIN, ROOT, cli, train_args
 
 USER_DIR = ROOT / "powernorm_fairseq"
 
@@ -148,10 +147,12 @@ def test_debris_is_removed_and_a_broken_last_checkpoint_is_replaced(toy_data, tm
 
 
 def test_a_full_disk_ends_a_save_in_one_line_with_no_partial_file(tmp_path, monkeypatch):
-    import powernorm_fairseq  # noqa: F401 (installs the save path)
     from fairseq import checkpoint_utils
 
+    from powernorm_fairseq.checkpoints import name_failed_saves
     from powernorm_fairseq.errors import InputFileError
+
+    name_failed_saves()
 
     calls = []
 

@@ -6,9 +6,8 @@ import re
 import pytest
 import torch
 
-from conftest import cli
+from conftest import cli, train_args
 from powernorm_fairseq.norms import build_norm
-from test_cli import train_args
 
 T, B, C = 7, 3, 16
 

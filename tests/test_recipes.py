@@ -37,10 +37,10 @@ def make_archive(path, n_train=300, dirty=False):
     root.mkdir()
     de, en = [], []
     for talk in range(3):  # the per-talk header lines of train.tags.*
-        de += [f"<url>http://www.ted.com/talks/{talk}.html</url>", f"<keywords>talks, science</keywords>",
+        de += [f"<url>http://www.ted.com/talks/{talk}.html</url>", "<keywords>talks, science</keywords>",
                f"<talkid>{talk}</talkid>", f"<title>Ein Vortrag {talk}</title>",
                f"<description>Eine Beschreibung {talk}</description>"]
-        en += [f"<url>http://www.ted.com/talks/{talk}.html</url>", f"<keywords>talks, science</keywords>",
+        en += [f"<url>http://www.ted.com/talks/{talk}.html</url>", "<keywords>talks, science</keywords>",
                f"<talkid>{talk}</talkid>", f"<title>A talk {talk}</title>",
                f"<description>A description {talk}</description>"]
         for _ in range(n_train // 3):

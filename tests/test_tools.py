@@ -103,7 +103,9 @@ def test_score_cli(tmp_path):
 def test_checkpoint_copies_are_atomic(tmp_path):
     from fairseq.file_io import PathManager
 
-    import powernorm_fairseq  # noqa: F401 (installs the atomic copy)
+    from powernorm_fairseq.checkpoints import atomic_checkpoint_copies
+
+    atomic_checkpoint_copies()
 
     src, dst = tmp_path / "checkpoint_best.pt", tmp_path / "checkpoint_last.pt"
     src.write_bytes(b"new" * 1000)
@@ -153,7 +155,8 @@ threads = lambda: len(os.listdir("/proc/self/task"))
 torch.ones(64, 64) @ torch.ones(64, 64)  # torch's own thread pools start here
 before = threads()
 atexit.register(lambda: print("at exit:", dist.is_initialized(), threads() - before))
-import powernorm_fairseq
+from powernorm_fairseq import patches
+patches.for_the_models()
 dist.init_process_group("gloo", init_method="file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
 t = torch.ones(3)
 dist.all_reduce(t)

@@ -7,6 +7,7 @@ import math
 from fairseq.modules import MultiheadAttention
 from torch import nn
 
+from .. import patches
 from ..diagnostics import NormDiagnostics
 from ..errors import PowerNormConfigError
 from ..modules import FixNormEmbedding, PowerNormDecoderLayer, PowerNormEncoderLayer
@@ -24,6 +25,7 @@ class PowerNormModelMixin:
 
     @classmethod
     def build_model(cls, args, task):
+        patches.for_the_models()  # also for generate, eval-lm and each distributed worker
         check_args(args)
         model = super().build_model(args, task)
         if args.small_init:

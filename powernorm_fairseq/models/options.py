@@ -8,6 +8,7 @@ them into its constructor options, :meth:`powernorm_fairseq.norms.Norm.options`)
 
 import argparse
 
+from .. import patches
 from ..errors import PowerNormConfigError
 from ..flags import at_least, fraction, positive
 from ..norms import NORM_TYPES, RUNNING_STAT_TYPES
@@ -158,6 +159,11 @@ def check_args(args):
 
 
 def powernorm_defaults(args):
+    """What every architecture of the plugin fills in. fairseq calls an
+    architecture once its flags are parsed, before it reads the data or the
+    save directory: the run of a plugin model gets ``patches.WITH_THE_MODELS``
+    here (fairseq calls every model's ``add_args`` at import, so that cannot)."""
+    patches.for_the_models()
     args.norm_type = getattr(args, "norm_type", "pn")
     args.decoder_norm_type = getattr(args, "decoder_norm_type", "ln")
     args.norm_placement = getattr(args, "norm_placement", "pre")

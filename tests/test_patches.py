@@ -1,0 +1,97 @@
+"""What importing the plugin changes, and when the changes to fairseq are installed."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, USER_DIR, cli, losses, train_args
+from powernorm_fairseq import patches
+
+
+def python(program):
+    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("module", ["powernorm_fairseq", "powernorm_fairseq.norms", "powernorm_fairseq.score",
+                                    "powernorm_fairseq.average", "powernorm_fairseq.analyze"])
+def test_the_norm_library_and_the_tools_import_without_fairseq(module):
+    out = python(f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'fairseq'))")
+    assert out.strip() == "[]"
+
+
+# what each patch replaces, as an expression evaluated after `import fairseq`
+PATCHED = {
+    "unreadable checkpoints": "fairseq.checkpoint_utils.load_checkpoint_to_cpu",
+    "one-line errors": "sys.excepthook",
+    "one-line usage errors": "argparse.ArgumentParser.error",
+    "fairseq's input errors": "getattr(sys.modules.get('powernorm_fairseq.errors'), '_fairseq_input_errors', False)",
+    "atomic copies": "fairseq.file_io.PathManager.copy",
+    "exact resume": "fairseq.tasks.FairseqTask.get_batch_iterator",
+    "failed saves": "fairseq.checkpoint_utils.torch_persistent_save",
+    "save-directory lock and debris": "fairseq.checkpoint_utils.load_checkpoint",
+    "binarized data": "fairseq.data.indexed_dataset.MMapIndexedDataset._do_init",
+    "shutdown": "getattr(getattr(sys.modules.get('powernorm_fairseq.shutdown'), 'install', None), 'done', False)",
+    "bf16 without a TPU": "fairseq.dataclass.utils.convert_namespace_to_omegaconf",
+    "weights-only checkpoints": "argparse.Namespace in torch.serialization.get_safe_globals()",
+}
+
+
+def test_fairseq_is_changed_only_where_the_models_ask():
+    """Under --user-dir the import registers the models and installs AT_IMPORT
+    (fairseq also calls every model's add_args then); the rest comes with a
+    plugin architecture, so a stock model's run is fairseq's own."""
+    names = [p.name for p in patches.AT_IMPORT + patches.WITH_THE_MODELS if p.name != "NumPy 2"]
+    assert sorted(names) == sorted(PATCHED)  # every patch but NumPy 2's (a no-op on NumPy 1) is checked
+    exprs = "[" + ", ".join(PATCHED[n] for n in names) + "]"
+    out = python(f"""
+import argparse, sys, torch
+import fairseq, fairseq.utils, fairseq.checkpoint_utils, fairseq.file_io, fairseq.tasks, fairseq.data.indexed_dataset
+import fairseq.dataclass.utils
+from fairseq.models import ARCH_MODEL_REGISTRY
+before = {exprs}
+fairseq.utils.import_user_module(argparse.Namespace(user_dir={str(USER_DIR)!r}))  # as --user-dir does
+registered = "powernorm_transformer_iwslt_de_en" in ARCH_MODEL_REGISTRY
+at_import = {exprs}
+from fairseq.models import ARCH_CONFIG_REGISTRY
+ARCH_CONFIG_REGISTRY["powernorm_transformer_iwslt_de_en"](argparse.Namespace())
+with_models = {exprs}
+print(registered)
+for name, b, i, m in zip({names!r}, before, at_import, with_models):
+    print(name, b is not i and b != i, b is not m and b != m)
+""")
+    lines = out.strip().splitlines()
+    assert lines[0] == "True"
+    changed = {line.rsplit(" ", 2)[0]: line.rsplit(" ", 2)[1:] for line in lines[1:]}
+    at_import = {p.name for p in patches.AT_IMPORT}
+    for name in names:
+        assert changed[name] == ["True" if name in at_import else "False", "True"], name
+
+
+def test_every_patch_names_a_test_that_exists():
+    for patch in patches.AT_IMPORT + patches.WITH_THE_MODELS:
+        file, function = patch.test.split("::")
+        assert re.search(rf"^def {function}\(", (ROOT / "tests" / file).read_text(), re.M), patch
+
+
+def test_a_stock_model_trains_as_without_the_plugin(toy_data, tmp_path):
+    """fairseq's own transformer with and without --user-dir: the same losses,
+    and none of the plugin's training guards (no save-directory lock)."""
+    def stock(save_dir, user_dir):
+        args = [str(a) for a in train_args(toy_data, save_dir, max_update=6)]
+        args[args.index("--arch") + 1] = "transformer"
+        if not user_dir:
+            i = args.index("--user-dir")
+            del args[i:i + 2]
+        assert ("--user-dir" in args) == user_dir and str(USER_DIR) in args or not user_dir
+        proc = cli("fairseq-train", *args)
+        return losses(proc.stdout + proc.stderr)
+
+    plain, plugin = stock(tmp_path / "plain", False), stock(tmp_path / "plugin", True)
+    assert len(plain) == 6 and plain == plugin
+    assert not (tmp_path / "plugin" / ".powernorm-train.lock").exists()
+    plugin_model = cli("fairseq-train", *train_args(toy_data, tmp_path / "model", max_update=1))
+    assert plugin_model.returncode == 0 and (tmp_path / "model" / ".powernorm-train.lock").exists()
