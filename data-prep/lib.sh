@@ -157,13 +157,19 @@ PY
 
 # preprocess DEST ARGS...: fairseq-preprocess ARGS into DEST, which appears
 # only when complete (DEST/.done); the files named in BESIDE (an array, may be
-# unset) are copied into DEST with it
+# unset) are copied into DEST with it. fairseq's log goes to
+# DEST/../preprocess.log (VERBOSE=1: also to the console)
 preprocess() {
   local dest=$1; shift
   [[ -f "$dest/.done" ]] && return 0
   rm -rf "$dest.tmp"
-  fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" >&2 \
-    || { rm -rf "$dest.tmp"; die "fairseq-preprocess failed"; }
+  local log; log="$(dirname "$dest")/preprocess.log"
+  log "  fairseq-preprocess log: $log"
+  if [[ -n "${VERBOSE:-}" ]]; then
+    fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" 2>&1 | tee -a "$log" >&2
+  else
+    fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" >> "$log" 2>&1
+  fi || { rm -rf "$dest.tmp"; tail -n 5 "$log" >&2; die "fairseq-preprocess failed (log: $log)"; }
   local file
   for file in "${BESIDE[@]+"${BESIDE[@]}"}"; do
     cp "$file" "$dest.tmp/" || { rm -rf "$dest.tmp"; die "copying $file failed"; }

@@ -20,6 +20,7 @@ usage: scripts/evaluate.sh --save-dir DIR [--dataset NAME] [options]
                      10 wmt14, 3 quickstart; 1 = checkpoint_last.pt alone)
   --subset NAME      test | valid (default: test)
   --cpu              generate on the CPU
+  --verbose          show fairseq-generate's log (always kept in DIR/generate.log)
 USAGE
 }
 
@@ -35,6 +36,7 @@ while [[ $# -gt 0 ]]; do
     --average) AVERAGE="$2"; shift 2 ;;
     --subset) SUBSET="$2"; shift 2 ;;
     --cpu) CPU=(--cpu); shift ;;
+    --verbose) export VERBOSE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown option '$1'" ;;
   esac
@@ -70,10 +72,17 @@ DECODE=(--remove-bpe)
 [[ -f "$DATA/spm.model" ]] && DECODE=(--post-process sentencepiece)
 
 OUT="$SAVE_DIR/generate-$SUBSET-$(basename "$CKPT" .pt).txt"
-fairseq-generate "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "$CKPT" \
-  --gen-subset "$SUBSET" --source-lang "$SRC" --target-lang "$TGT" \
-  --beam "$BEAM" --lenpen "$LENPEN" "${DECODE[@]}" --batch-size 128 "${CPU[@]}" \
-  --required-batch-size-multiple 1 > "$OUT.tmp"  # fairseq drops a last batch that is not a multiple
+LOG="$SAVE_DIR/generate.log"
+echo "evaluate.sh: translating $SUBSET with $(basename "$CKPT") (beam $BEAM, lenpen $LENPEN); log: $LOG" >&2
+generate=(fairseq-generate "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "$CKPT"
+  --gen-subset "$SUBSET" --source-lang "$SRC" --target-lang "$TGT"
+  --beam "$BEAM" --lenpen "$LENPEN" "${DECODE[@]}" --batch-size 128 "${CPU[@]}"
+  --required-batch-size-multiple 1)  # fairseq drops a last batch that is not a multiple
+if [[ -n "${VERBOSE:-}" ]]; then
+  "${generate[@]}" > "$OUT.tmp" 2> >(tee -a "$LOG" >&2)
+else
+  "${generate[@]}" > "$OUT.tmp" 2>> "$LOG" || { rm -f "$OUT.tmp"; die "fairseq-generate failed: $(tail -n 1 "$LOG")"; }
+fi
 mv "$OUT.tmp" "$OUT"
 grep '^H-' "$OUT" | sort -t- -k2 -n | cut -f3 > "$OUT.hyp"
 

@@ -18,7 +18,7 @@ read_config() {
 
 # parse_run_options ARGS...: the options both training scripts take (see their
 # usage), into DATASET, DATA, NORM, PLACEMENT, SEED, GPUS, UPDATE_FREQ,
-# SAVE_DIR, DRY_RUN and EXTRA (what follows --); OWN_OPTIONS, an associative
+# SAVE_DIR, DRY_RUN and EXTRA (what follows --), and --verbose into VERBOSE; OWN_OPTIONS, an associative
 # array the caller declares, maps its own options to the variables they set
 parse_run_options() {
   while [[ $# -gt 0 ]]; do
@@ -33,6 +33,7 @@ parse_run_options() {
       --update-freq) UPDATE_FREQ="$2"; shift 2 ;;
       --save-dir) SAVE_DIR="$2"; shift 2 ;;
       --dry-run) DRY_RUN=1; shift ;;
+      --verbose) export VERBOSE=1; shift ;;
       -h|--help) usage; exit 0 ;;
       --) shift; EXTRA+=("$@"); break ;;
       *)
@@ -81,7 +82,7 @@ devices() {
 }
 
 # launch SUMMARY CMD...: print CMD with --dry-run (DRY_RUN set); else keep it in
-# SAVE_DIR/command.txt and run it, its output also in SAVE_DIR/train.log
+# SAVE_DIR/command.txt and run it, its whole output in SAVE_DIR/train.log
 launch() {
   local summary=$1; shift
   if [[ -n "$DRY_RUN" ]]; then
@@ -91,5 +92,28 @@ launch() {
   mkdir -p "$SAVE_DIR"
   printf '%q ' "$@" > "$SAVE_DIR/command.txt"; echo >> "$SAVE_DIR/command.txt"
   echo "$summary, $WORKERS worker(s) x $MAX_TOKENS tokens x update-freq $UPDATE_FREQ -> $SAVE_DIR" >&2
-  "$@" 2>&1 | tee -a "$SAVE_DIR/train.log"
+  echo "  log: $SAVE_DIR/train.log" >&2
+  logged "$SAVE_DIR/train.log" "$@"
+}
+
+# logged LOG CMD...: run CMD, its output and errors appended to LOG; the
+# console gets one line per epoch and the plugin's own messages (VERBOSE=1:
+# the whole stream, as fairseq prints it). A failure shows its error line, or
+# the end of LOG, and LOG's path
+logged() {
+  local log=$1 status=0; shift
+  if [[ -n "${VERBOSE:-}" ]]; then
+    "$@" 2>&1 | tee -a "$log"
+    return
+  fi
+  "$@" 2>&1 | python -m powernorm_fairseq.progress --log "$log" --prefix "  " || status=$?
+  (( status == 0 )) && return 0
+  local last; last=$(tail -n 1 "$log")
+  if [[ "$last" == *": error: "* ]]; then
+    echo "$last" >&2
+  else
+    echo "$(basename "$1") failed (exit status $status); the end of $log:" >&2
+    tail -n 20 "$log" | sed 's/^/  /' >&2
+  fi
+  return "$status"
 }

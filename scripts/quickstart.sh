@@ -7,11 +7,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 usage() {
   cat <<USAGE
-usage: scripts/quickstart.sh [--out DIR] [--norms "pn ln"] [--seed N]
+usage: scripts/quickstart.sh [--out DIR] [--norms "pn ln"] [--seed N] [--verbose]
 
   --out DIR      where data, checkpoints and translations go (default: runs/quickstart)
   --norms LIST   encoder norms to compare (default: "pn ln")
   --seed N       random seed (default: 1)
+  --verbose      show fairseq's whole output (always kept in each run's
+                 train.log and generate.log, and in DIR/data/preprocess.log)
 USAGE
 }
 
@@ -21,6 +23,7 @@ while [[ $# -gt 0 ]]; do
     --out) OUT="$2"; shift 2 ;;
     --norms) NORMS="$2"; shift 2 ;;
     --seed) SEED="$2"; shift 2 ;;
+    --verbose) export VERBOSE=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; echo "quickstart.sh: error: unknown option '$1'" >&2; exit 2 ;;
   esac
@@ -66,5 +69,5 @@ for norm in norms:
 print(f"\nsacreBLEU signature: {r['sacrebleu_signature']}")
 PY
 echo
-echo "checkpoints and logs: $OUT/<norm>-seed$SEED/ (train.log, tensorboard/, averaged_last_3.pt)"
+echo "checkpoints and logs: $OUT/<norm>-seed$SEED/ (train.log, generate.log, tensorboard/, averaged_last_3.pt)"
 echo "translations:         $OUT/<norm>-seed$SEED/generate-test-averaged_last_3.txt (.hyp: hypotheses only)"

@@ -23,6 +23,7 @@ usage: scripts/train-lm.sh [--config FILE] [--dataset NAME] [--norm KIND] [optio
                        batch: 16,384 tokens on PTB, 32,768 on WikiText-103)
   --save-dir DIR       checkpoints and logs (default: checkpoints/lm-<dataset>-<norm>-<placement>-seed<N>)
   --dry-run            print the fairseq-train command and exit
+  --verbose            show fairseq's whole log (always kept in <save-dir>/train.log)
 Everything after -- goes to fairseq-train unchanged (and wins over the defaults).
 USAGE
 }

@@ -23,6 +23,7 @@ usage: scripts/train.sh [--config FILE] [--dataset NAME] [--norm KIND] [options]
                        batch: 4,096 tokens on IWSLT14, 131,072 on WMT14)
   --save-dir DIR       checkpoints and logs (default: checkpoints/<dataset>-<norm>-<placement>-seed<N>)
   --dry-run            print the fairseq-train command and exit
+  --verbose            show fairseq's whole log (always kept in <save-dir>/train.log)
 Everything after -- goes to fairseq-train unchanged (and wins over the defaults).
 USAGE
 }

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import re
 import subprocess
 import tarfile
 
@@ -213,15 +214,46 @@ def test_wmt14_preparation(tmp_path):
     assert proc.returncode != 0 and f"missing archive: {archives}/dev.tgz" in proc.stderr
 
 
+def epoch_records(log):
+    """{epoch: (train loss, valid loss)} from fairseq's end-of-epoch records,
+    in its simple or json log format."""
+    found = {}
+    for tag, body in re.findall(r"^\S+ \S+ \| INFO \| (train|valid) \| (.*)$", log, re.M):
+        row = ({k.removeprefix(f"{tag}_"): v for k, v in json.loads(body).items()} if body.startswith("{")
+               else dict(item.split(" ", 1) for item in body.split(" | ") if " " in item))
+        found.setdefault(int(row["epoch"]), {})[tag] = float(row["loss"])
+    return {epoch: (r["train"], r["valid"]) for epoch, r in found.items()}
+
+
+def console_epochs(text):
+    return {int(e): (float(t), float(v)) for e, t, v in
+            re.findall(r"^  epoch +(\d+) \| train loss ([\d.]+) \| valid loss ([\d.]+) \|", text, re.M)}
+
+
 def test_train_average_evaluate(iwslt, tmp_path):
+    """The recipes show a line per epoch, keep fairseq's whole log in the
+    run's train.log and generate.log, and show it all with --verbose."""
     _, out, _ = iwslt
     save = tmp_path / "run"
-    sh("scripts/train.sh", "--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0",
-       "--save-dir", save, "--", *TINY, "--max-epoch", "3", "--warmup-updates", "4", "--max-tokens", "1000",
-       "--tensorboard-logdir", "")
+    flags = ["--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0", "--save-dir", save]
+    fairseq_flags = [*TINY, "--warmup-updates", "4", "--max-tokens", "1000", "--tensorboard-logdir", ""]
+    quiet = sh("scripts/train.sh", *flags, "--", *fairseq_flags, "--max-epoch", "3")
     assert (save / "checkpoint3.pt").exists() and "done training" in (save / "train.log").read_text()
+    log = (save / "train.log").read_text()
+    assert console_epochs(quiet.stderr) == epoch_records(log) and sorted(epoch_records(log)) == [1, 2, 3]
+    assert "PowerNormTransformerEncoder(" in log and "PowerNormTransformerEncoder(" not in quiet.stderr + quiet.stdout
+    assert f"log: {save / 'train.log'}" in quiet.stderr and "| INFO |" not in quiet.stderr + quiet.stdout
+    more = sh("scripts/train.sh", *flags, "--", *fairseq_flags, "--max-epoch", "4", "--log-format", "json")
+    assert "resumed from" in more.stderr and "(epoch 4, " in more.stderr
+    assert console_epochs(more.stderr) == {4: epoch_records((save / "train.log").read_text())[4]}
+    verbose = sh("scripts/train.sh", *flags, "--verbose", "--", *fairseq_flags, "--max-epoch", "4")
+    assert "| INFO | fairseq_cli.train |" in verbose.stdout and "done training" in verbose.stdout
+    bad = sh("scripts/train.sh", *flags, "--", *fairseq_flags, "--pn-eps", "-1", check=False)
+    assert bad.returncode != 0 and bad.stderr.splitlines()[-1].startswith("fairseq-train: error: ")
+    assert "--pn-eps" in bad.stderr.splitlines()[-1]
     proc = sh("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
               "--average", "2", "--cpu")
+    assert "| INFO |" not in proc.stderr and "Translated 20 sentences" in (save / "generate.log").read_text()
     assert (save / "averaged_last_2.pt").exists()
     result = json.loads((save / "bleu-test.json").read_text())
     assert result["sentences"] == 20 and result["checkpoints_averaged"] == 2
