@@ -77,7 +77,7 @@ WITH_THE_MODELS = (
     Patch("shutdown",
           "loader threads and process groups end before interpreter exit, which otherwise aborts (status 134)",
           shutdown.install,
-          "test_tools.py::test_background_batch_loaders_stop_before_exit"),
+          "test_tools.py::test_process_groups_end_before_exit"),
     Patch("NumPy 2",
           "fairseq 0.12's datasets ask for np.compat.long, which NumPy 2 removed",
           compat.numpy_compat_long,

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,21 +101,31 @@ def test_score_cli(tmp_path):
     assert bad.returncode == 2 and "no complete H-/T- pairs" in bad.stderr
 
 
-def test_checkpoint_copies_are_atomic(tmp_path):
+def test_checkpoint_copies_are_atomic(tmp_path, monkeypatch):
+    """A copy interrupted half-way (fairseq copies checkpoint_last.pt and
+    _best.pt from the first file it saved) leaves the previous file whole."""
+    import shutil
+
     from fairseq.file_io import PathManager
 
     from powernorm_fairseq.checkpoints import atomic_checkpoint_copies
 
     atomic_checkpoint_copies()
-
     src, dst = tmp_path / "checkpoint_best.pt", tmp_path / "checkpoint_last.pt"
     src.write_bytes(b"new" * 1000)
     dst.write_bytes(b"old")
     assert PathManager.copy(str(src), str(dst), overwrite=True)
-    assert dst.read_bytes() == src.read_bytes()
-    with pytest.raises(IsADirectoryError):  # a copy that fails half-way
-        PathManager.copy(str(tmp_path), str(dst), overwrite=True)
-    assert dst.read_bytes() == src.read_bytes()  # the previous checkpoint_last.pt is intact
+    assert dst.read_bytes() == b"new" * 1000
+
+    def killed_half_way(a, b, **kwargs):
+        Path(b).write_bytes(Path(a).read_bytes()[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copyfile", killed_half_way)
+    src.write_bytes(b"newer" * 1000)
+    with pytest.raises(KeyboardInterrupt):
+        PathManager.copy(str(src), str(dst), overwrite=True)
+    assert dst.read_bytes() == b"new" * 1000  # the previous checkpoint_last.pt is whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_best.pt", "checkpoint_last.pt"]
 
 
