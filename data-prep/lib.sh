@@ -97,7 +97,10 @@ learn_subwords() {
   [[ -s "$model" ]] && return 0
   run_step "$model.joint" cat "$src" "$tgt"
   if [[ "$method" == subword-nmt ]]; then
-    run_step "$model" subword-nmt learn-bpe -s "$size" --input "$model.joint"
+    # its progress bar (tqdm) only with VERBOSE: the stage already has its line
+    local bar=(env TQDM_DISABLE=1)
+    [[ -n "${VERBOSE:-}" ]] && bar=()
+    run_step "$model" "${bar[@]+"${bar[@]}"}" subword-nmt learn-bpe -s "$size" --input "$model.joint"
   else
     python - "$model" "$size" "$WORKERS" <<'PY' || die "learning the sentencepiece model failed"
 import os, sys, tempfile
