@@ -86,7 +86,7 @@ def test_a_stock_model_trains_as_without_the_plugin(toy_data, tmp_path):
         if not user_dir:
             i = args.index("--user-dir")
             del args[i:i + 2]
-        assert ("--user-dir" in args) == user_dir and str(USER_DIR) in args or not user_dir
+        assert ("--user-dir" in args) == user_dir
         proc = cli("fairseq-train", *args)
         return losses(proc.stdout + proc.stderr)
 
