@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Set up .venv (idempotent) and run the test suite; extra arguments go to pytest.
-#   --fast   the first tier only: the tests that run no command and train in no
-#            other process (a few minutes); without it, both tiers
+# Set up .venv (idempotent) and run the test suite; other arguments go to pytest.
+#   --fast     the fast tier only: the tests that run in pytest's own process
+#              (about a minute); without it, both tiers
+#   -n N       N workers (default: one per CPU core, pytest-xdist); -n 0: one process
+#   -h, --help this text
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+args=() workers=(-n auto --dist loadgroup)
+for arg in "$@"; do
+  case "$arg" in
+    -h|--help) sed -n '2,6p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --fast) args+=(--tier fast) ;;
+    -n|-n[0-9]*|--numprocesses*) workers=(); args+=("$arg") ;;
+    *) args+=("$arg") ;;
+  esac
+done
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
-args=()
-for arg in "$@"; do
-  if [[ "$arg" == --fast ]]; then args+=(-m "not slow"); else args+=("$arg"); fi
-done
-exec "$ROOT/.venv/bin/python" -m pytest "${args[@]+"${args[@]}"}"
+exec "$ROOT/.venv/bin/python" -m pytest "${workers[@]+"${workers[@]}"}" "${args[@]+"${args[@]}"}"

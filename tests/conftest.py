@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import random
@@ -9,6 +10,9 @@ from pathlib import Path
 # The GPU kernels run on CPU tensors under Triton's interpreter, which has to
 # be chosen before triton is first imported.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tests' models are tiny: one thread each, and one worker per core (xdist),
+# rather than every process's thread pool competing for the same cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
@@ -49,12 +53,113 @@ def losses(log):
     return [float(r["loss"]) for r in rows]
 
 
-def cli(tool, *args, check=True, cwd=ROOT, timeout=600):
-    """Run a fairseq console script of this environment; return the process."""
-    proc = subprocess.run(
-        [str(BIN / tool), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
+class Command:
+    """A console script running in a fork of the suite's fork server
+    (``forkserver.py``): a process of its own, with the parts of
+    ``subprocess.Popen`` the tests use."""
+
+    def __init__(self, tool, args, cwd=ROOT, env=None, stdin=None, stdout=None, stderr=None):
+        import socket
+
+        self.args = [str(BIN / tool), *map(str, args)]
+        self.returncode = None
+        request = json.dumps({"tool": tool, "argv": self.args, "cwd": str(cwd),
+                              "env": {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}}).encode()
+        streams = [stdin or subprocess.DEVNULL, stdout, stderr]
+        self.stdout = None  # with stdout=subprocess.PIPE: the read end, as text
+        with contextlib.ExitStack() as opened:
+            fds = []
+            for i, stream in enumerate(streams):
+                if stream == subprocess.PIPE and i == 1:
+                    read, write = os.pipe()
+                    self.stdout = open(read, "r")
+                    stream = opened.enter_context(open(write, "wb"))
+                elif stream == subprocess.STDOUT and i == 2:
+                    stream = fds[1]
+                elif stream is None or stream == subprocess.DEVNULL:
+                    stream = opened.enter_context(open(os.devnull, "rb" if i == 0 else "wb"))
+                fds.append(stream if isinstance(stream, int) else stream.fileno())
+            self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._conn.connect(_fork_server())
+            socket.send_fds(self._conn, [len(request).to_bytes(8, "big")], fds)
+            self._conn.sendall(request)
+        self._buffer = b""
+        self.pid = self._reply()["pid"]
+
+    def _reply(self):
+        while b"\n" not in self._buffer:
+            chunk = self._conn.recv(4096)
+            if not chunk:
+                raise RuntimeError(f"the fork server lost {self.args[0]}: see its stderr above")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def poll(self):
+        return self.wait(timeout=0)
+
+    def _ended(self, timeout):
+        import select
+
+        return b"\n" in self._buffer or bool(select.select([self._conn], [], [], timeout)[0])
+
+    def wait(self, timeout=None):
+        if self.returncode is None:
+            if not self._ended(timeout):
+                if timeout == 0:
+                    return None
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = self._reply()["returncode"]
+            self._conn.close()
+        return self.returncode
+
+    def send_signal(self, sig):
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+
+_server = {}
+
+
+def _fork_server():
+    """The socket of this session's fork server, started on first use."""
+    if "path" not in _server:
+        import atexit
+        import tempfile
+
+        path = os.path.join(tempfile.mkdtemp(prefix="powernorm-forkserver-"), "socket")
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "forkserver.py"), path],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the fork server did not start (exit status {proc.wait()})")
+        atexit.register(proc.kill)
+        _server.update(path=path, proc=proc)
+    return _server["path"]
+
+
+def cli(tool, *args, check=True, cwd=ROOT, timeout=600, input=None, env=None):
+    """Run a console script of this environment (fairseq's or the plugin's) in
+    a process of its own; return it as ``subprocess.run`` would."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        stdin.write((input or "").encode())
+        stdin.seek(0)
+        command = Command(tool, args, cwd=cwd, env=env, stdin=stdin, stdout=out, stderr=err)
+        try:
+            command.wait(timeout)
+        except subprocess.TimeoutExpired:
+            command.kill()
+            raise
+        out.seek(0), err.seek(0)
+        proc = subprocess.CompletedProcess(command.args, command.returncode, out.read().decode(errors="replace"),
+                                           err.read().decode(errors="replace"))
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
@@ -91,18 +196,63 @@ def toy_corpus(n, seed):
     return src, tgt
 
 
+def preprocess(*args):
+    """fairseq-preprocess in this process (its CLI is driven by the recipes'
+    tests): the session's corpora are data, not what a test checks."""
+    from fairseq import options
+    from fairseq_cli.preprocess import main
+
+    main(options.get_preprocessing_parser().parse_args(list(map(str, args))))
+
+
+def once(tmp_path_factory, name, make):
+    """A directory ``name`` that ``make(path)`` fills once per test session,
+    whichever worker asks first; the others wait for it and share it."""
+    import shutil
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's directory, above each worker's own
+    path, made = base / name, base / f"{name}.made"
+    with FileLock(str(base / f"{name}.lock")):
+        if not made.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+            make(path)
+            made.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def toy_data(tmp_path_factory):
     """A binarized toy de-en corpus with a joined dictionary."""
-    root = tmp_path_factory.mktemp("toy")
+    return once(tmp_path_factory, "toy", _make_toy_data) / "bin"
+
+
+def _make_toy_data(root):
     for split, n, seed in (("train", 600, 1), ("valid", 40, 2), ("test", 27, 3)):
         src, tgt = toy_corpus(n, seed)
         (root / f"{split}.de").write_text("\n".join(src) + "\n")
         (root / f"{split}.en").write_text("\n".join(tgt) + "\n")
-    cli("fairseq-preprocess", "--source-lang", "de", "--target-lang", "en",
-        "--trainpref", root / "train", "--validpref", root / "valid", "--testpref", root / "test",
-        "--destdir", root / "bin", "--joined-dictionary", "--workers", "1")
-    return root / "bin"
+    preprocess("--source-lang", "de", "--target-lang", "en",
+               "--trainpref", root / "train", "--validpref", root / "valid", "--testpref", root / "test",
+               "--destdir", root / "bin", "--joined-dictionary", "--workers", "1")
+
+
+@pytest.fixture(scope="session")
+def trained(toy_data, tmp_path_factory):
+    """``trained(norm)``: the save directory of a tiny model trained once per
+    session through fairseq-train (40 updates, ``--norm-type norm``), with the
+    run's console in ``train.log``. Tests only read it; one that resumes
+    from it copies it first."""
+    def get(norm):
+        def make(save):
+            proc = cli("fairseq-train", *train_args(toy_data, save, "--norm-type", norm))
+            (save / "train.log").write_text(proc.stdout + proc.stderr)
+        return once(tmp_path_factory, f"trained-{norm}", make)
+    return get
 
 
 def lm_corpus(n, seed):
@@ -120,12 +270,14 @@ def lm_corpus(n, seed):
 @pytest.fixture(scope="session")
 def lm_data(tmp_path_factory):
     """A binarized toy language-modeling corpus (fairseq-preprocess --only-source)."""
-    root = tmp_path_factory.mktemp("lm")
+    return once(tmp_path_factory, "lm", _make_lm_data) / "bin"
+
+
+def _make_lm_data(root):
     for split, n, seed in (("train", 800, 4), ("valid", 40, 5), ("test", 40, 6)):
         (root / f"{split}.txt").write_text("\n".join(lm_corpus(n, seed)) + "\n")
-    cli("fairseq-preprocess", "--only-source", "--trainpref", root / "train.txt", "--validpref",
-        root / "valid.txt", "--testpref", root / "test.txt", "--destdir", root / "bin", "--workers", "1")
-    return root / "bin"
+    preprocess("--only-source", "--trainpref", root / "train.txt", "--validpref",
+               root / "valid.txt", "--testpref", root / "test.txt", "--destdir", root / "bin", "--workers", "1")
 
 
 def backend_or_fail(name):
@@ -140,28 +292,57 @@ def backend_or_fail(name):
     return k
 
 
-#: what a test calls when it runs a command or trains in other processes
-SPAWNS = ("cli(", "sh(", "subprocess.", "Popen(", "two_workers(", "mp.spawn(", "_python(")
+TIERS = ("fast", "slow")
+
+
+def tier(item):
+    """``fast`` or ``slow``, from the test's own marker or else its module's
+    ``pytestmark``; None when it declares neither."""
+    return next((m.name for m in item.iter_markers() if m.name in TIERS), None)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--tier", choices=TIERS, help="run the tests of one tier only (a test's own marker "
+                     "decides over its module's)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """The second tier, ``slow``: tests that run commands, train in other
-    processes or prepare data with the recipes (seconds to minutes each).
-    ``scripts/test.sh --fast`` runs the rest, which take well under a second
-    each. A test is slow if its own code spawns (``SPAWNS``), if it uses the
-    recipes' prepared data, or if it is marked ``slow`` by hand."""
-    import inspect
+    """Every test declares its tier: ``fast`` (in this process only, well
+    under a second each; ``scripts/test.sh --fast``) or ``slow`` (runs
+    commands, trains in other processes, prepares recipe data, or takes
+    seconds in this one). A test without one stops the run before it starts."""
+    missing = [item.nodeid for item in items if tier(item) is None]
+    if missing:
+        raise pytest.UsageError(
+            f"{len(missing)} test(s) declare no tier, e.g. {missing[0]}: give the module "
+            "`pytestmark = pytest.mark.fast` (or .slow), or the test @pytest.mark.fast or @pytest.mark.slow")
+    wanted = config.getoption("--tier")
+    if wanted:
+        config.hook.pytest_deselected(items=[item for item in items if tier(item) != wanted])
+        items[:] = [item for item in items if tier(item) == wanted]
 
-    def spawns(function):
-        return function is not None and any(call in inspect.getsource(function) for call in SPAWNS)
 
-    for item in items:
-        # the test's own code, and the fixtures of its module (the shared toy
-        # corpora of this file are binarized once per session, in seconds)
-        fixtures = [defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values()
-                    if defs[-1].func.__module__ == getattr(item.module, "__name__", None)]
-        slow = spawns(getattr(item, "function", None)) or any(spawns(f) for f in fixtures)
-        # gradcheck calls a kernel hundreds of times, slow under Triton's interpreter
-        slow |= item.name.startswith("test_gradcheck") and "triton" in item.name
-        if slow:
-            item.add_marker(pytest.mark.slow)
+@pytest.fixture(scope="session", autouse=True)
+def _cpu_kernels_built():
+    """The CPU kernels compile (a process per source) before the first test
+    runs, not inside whichever fast test uses them first."""
+    from powernorm_fairseq.norms.kernels import cpu
+
+    cpu.available()
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_process(request, monkeypatch):
+    """A test of the fast tier that starts a process fails, saying so."""
+    if tier(request.node) != "fast":
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+
+    import multiprocessing.util
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(Command, "__init__", refuse)

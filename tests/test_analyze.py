@@ -8,7 +8,7 @@ import pytest
 import torch
 from matplotlib import image
 
-from conftest import cli, train_args
+from conftest import Command, cli, once, train_args
 from powernorm_fairseq.analyze import (
     Probe,
     normalized_singular_values,
@@ -16,6 +16,8 @@ from powernorm_fairseq.analyze import (
     spectrum,
     training_batches,
 )
+
+pytestmark = pytest.mark.slow
 
 RUNS = {
     "ln": ["--norm-type", "ln", "--norm-diagnostics"],
@@ -28,20 +30,26 @@ RUNS = {
 LAYERS = {"enc0.attn", "enc0.ffn", "enc1.attn", "enc1.ffn", "enc.final"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(toy_data, tmp_path_factory):
-    """Short runs (16 updates, logged every 4) with a JSON --log-file each."""
-    root = tmp_path_factory.mktemp("runs")
-    for name, flags in RUNS.items():
+    """Short runs (16 updates, logged every 4) with a JSON --log-file each,
+    trained once for the session."""
+    return once(tmp_path_factory, "runs", lambda root: _train_runs(toy_data, root))
+
+
+def _train_runs(toy_data, root):
+    running = []
+    for name, flags in RUNS.items():  # side by side: each trains on one core
         (root / name).mkdir()
         args = train_args(toy_data, root / name, *flags, max_update=16)
         args[args.index("--log-interval") + 1] = "4"
         if name.endswith("simple"):  # the console saved, as scripts/train.sh does
-            proc = cli("fairseq-train", *args)
-            (root / name / "train.log").write_text(proc.stdout + proc.stderr)
+            with open(root / name / "train.log", "w") as log:
+                running.append(Command("fairseq-train", args, stdout=log, stderr=log))
         else:
-            cli("fairseq-train", *args, "--log-file", root / name / "train.log")
-    return root
+            running.append(Command("fairseq-train", [*args, "--log-file", root / name / "train.log"]))
+    for command in running:
+        assert command.wait(600) == 0, command.args
 
 
 def records(path):
@@ -153,6 +161,7 @@ def test_probe_gradient_predicts_the_loss_change(runs, toy_data):
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # restored
 
 
+@pytest.mark.fast
 def test_singular_values_of_a_known_matrix(tmp_path):
     g = torch.Generator().manual_seed(0)
     u, _ = torch.linalg.qr(torch.randn(40, 6, generator=g, dtype=torch.float64))

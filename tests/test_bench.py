@@ -5,10 +5,15 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 from powernorm_fairseq.norms import NORM_TYPES
 
+pytestmark = pytest.mark.fast
 
+
+@pytest.mark.slow
 def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     corpus = toy_data.parent  # raw train/valid/test.{de,en}
     proc = subprocess.run(
@@ -32,6 +37,7 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.slow
 def test_gpu_benchmark_refuses_a_machine_without_cuda(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--device", "cuda", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)

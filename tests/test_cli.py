@@ -2,37 +2,30 @@
 
 import math
 import re
+import shutil
 import subprocess
 from statistics import mean
 
 import pytest
 import torch
 
-from conftest import ROOT, USER_DIR, cli, losses, train_args
+from conftest import USER_DIR, Command, cli, losses, train_args
+
+pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("norm", ["ln", "bn", "pn", "pn-v", "scalenorm"])
-def test_train_then_generate(toy_data, tmp_path, norm):
-    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", norm))
-    curve = losses(proc.stdout + proc.stderr)
+def test_train_then_generate(toy_data, trained, norm):
+    save = trained(norm)
+    curve = losses((save / "train.log").read_text())
     assert len(curve) == 40
     assert mean(curve[-5:]) < mean(curve[:5]) - 1.0, curve  # bits per token
-    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
+    state = torch.load(save / "checkpoint_last.pt", weights_only=True)
     assert state["cfg"]["model"].norm_type == norm
-    gen = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
+    gen = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
               "--beam", "5", "--remove-bpe", "--batch-size", "8", "--required-batch-size-multiple", "1")
     hyps = [line for line in gen.stdout.splitlines() if line.startswith("H-")]
     assert len(hyps) == 27  # every test sentence, none dropped with a partial last batch
     assert "BLEU4" in gen.stdout
-
-
-def test_resume_continues_from_the_last_checkpoint(toy_data, tmp_path):
-    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=12))
-    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=20))
-    log = proc.stdout + proc.stderr
-    assert "Loaded checkpoint" in log and "@ 12 updates" in log
-    state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
-    assert state["extra_state"]["train_iterator"]["epoch"] >= 1
-    assert int(state["model"]["encoder.layer_norm.num_steps"]) == 20  # one PN step per update
 
 
 def test_resume_restores_every_norm_buffer(toy_data, tmp_path):
@@ -51,8 +44,8 @@ def test_resume_restores_every_norm_buffer(toy_data, tmp_path):
     assert int(saved["encoder.layer_norm.num_steps"]) == 7 and saved["encoder.layer_norm.running_nu"].abs().sum() > 0
 
 
-def test_resuming_with_other_norms_fails_in_one_line(toy_data, tmp_path):
-    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=2))
+def test_resuming_with_other_norms_fails_in_one_line(toy_data, trained, tmp_path):
+    shutil.copy(trained("pn") / "checkpoint_last.pt", tmp_path)
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "ln", max_update=4), check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
@@ -60,12 +53,10 @@ def test_resuming_with_other_norms_fails_in_one_line(toy_data, tmp_path):
     assert last.endswith("pass --norm-type pn")
 
 
-def test_interactive_translates(toy_data, tmp_path):
-    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=4))
-    proc = subprocess.run(
-        [str(ROOT / ".venv/bin/fairseq-interactive"), str(toy_data), "--user-dir", str(USER_DIR),
-         "--path", str(tmp_path / "checkpoint_last.pt"), "--source-lang", "de", "--target-lang", "en"],
-        input="haus katze\n", capture_output=True, text=True, cwd=ROOT, timeout=300)
+def test_interactive_translates(toy_data, trained):
+    proc = cli("fairseq-interactive", toy_data, "--user-dir", USER_DIR, "--path",
+               trained("pn") / "checkpoint_last.pt", "--source-lang", "de", "--target-lang", "en",
+               input="haus katze\n", timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(r"^H-0\t", proc.stdout, re.M)
 
@@ -137,10 +128,16 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(toy_data, tmp_path, nor
     straight = cli("fairseq-train", *train_args(toy_data, tmp_path / "a", *flags, max_update=26))
     cli("fairseq-train", *train_args(toy_data, tmp_path / "b", *flags, max_update=13))
     resumed = cli("fairseq-train", *train_args(toy_data, tmp_path / "b", *flags, max_update=26))
-    a, b = losses(straight.stdout + straight.stderr), losses(resumed.stdout + resumed.stderr)
+    log = resumed.stdout + resumed.stderr
+    assert "Loaded checkpoint" in log and "@ 13 updates" in log  # from the last checkpoint
+    a, b = losses(straight.stdout + straight.stderr), losses(log)
     assert len(a) == 26 and len(b) == 13 and a[13:] == b
+    state = torch.load(tmp_path / "b" / "checkpoint_last.pt", weights_only=True)
+    assert state["extra_state"]["train_iterator"]["epoch"] >= 1
+    if norm == "pn":
+        assert int(state["model"]["encoder.layer_norm.num_steps"]) == 26  # one PN step per update
     sa = torch.load(tmp_path / "a" / "checkpoint_last.pt", weights_only=True)["model"]
-    sb = torch.load(tmp_path / "b" / "checkpoint_last.pt", weights_only=True)["model"]
+    sb = state["model"]
     assert sa.keys() == sb.keys()
     different = [k for k in sa if not torch.equal(sa[k], sb[k])]
     assert not different, different
@@ -175,15 +172,10 @@ def test_sentences_longer_than_max_positions(toy_data, tmp_path):
 def test_ctrl_c_leaves_a_resumable_checkpoint(toy_data, tmp_path):
     import signal
 
-    from conftest import BIN
-
     args = train_args(toy_data, tmp_path, "--norm-type", "pn", "--save-interval-updates", "3", max_update=100000)
-    # SIGINT as a terminal leaves it: a test suite started in the background
-    # (`cmd &` in a non-interactive shell) inherits SIGINT ignored, and Python
-    # then never raises KeyboardInterrupt
-    proc = subprocess.Popen([str(BIN / "fairseq-train"), *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # the command takes SIGINT as an interpreter started from a terminal does
+    # (a suite started in the background inherits SIGINT ignored)
+    proc = Command("fairseq-train", args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seen = []
     try:
         for line in proc.stdout:  # interrupt right after the second checkpoint save starts
@@ -191,9 +183,11 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(toy_data, tmp_path):
             if sum("Saving checkpoint to" in l for l in seen) >= 2:
                 proc.send_signal(signal.SIGINT)
                 break
-        rest, _ = proc.communicate(timeout=120)
+        rest = proc.stdout.read()
+        proc.wait(timeout=120)
     finally:
         proc.kill()  # a run that ignored the interrupt must not outlive the test
+        proc.stdout.close()
     output = "".join(seen) + rest
     assert proc.returncode != 0 and "Traceback" not in output
     assert output.strip().splitlines()[-1].startswith("fairseq-train: interrupted;")
@@ -206,15 +200,14 @@ def test_ctrl_c_leaves_a_resumable_checkpoint(toy_data, tmp_path):
     assert f'"num_updates": "{done + 2}"' in resumed.stdout + resumed.stderr
 
 
-def test_checkpoint_without_user_dir(toy_data, tmp_path):
+def test_checkpoint_without_user_dir(toy_data, trained, tmp_path):
     """Stock fairseq cannot load a checkpoint of this model: torch's weights-only
     unpickler stops at the Namespace of every fairseq checkpoint, before any
-    model code; documented in the README's bad-input table."""
-    cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", max_update=1))
-    proc = cli("fairseq-generate", toy_data, "--path", tmp_path / "checkpoint_last.pt", "--batch-size", "8",
-               check=False, cwd=tmp_path)
+    model code; documented in docs/robustness.md."""
+    checkpoint = trained("pn") / "checkpoint_last.pt"
+    proc = cli("fairseq-generate", toy_data, "--path", checkpoint, "--batch-size", "8", check=False, cwd=tmp_path)
     assert proc.returncode != 0 and "argparse.Namespace" in proc.stderr
-    ok = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
+    ok = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", checkpoint,
              "--batch-size", "8", "--required-batch-size-multiple", "1")
     assert "BLEU4" in ok.stdout
 

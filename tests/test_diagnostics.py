@@ -11,6 +11,8 @@ import reference as ref
 from powernorm_fairseq.diagnostics import NormDiagnostics, short_name
 from powernorm_fairseq.norms import build_norm
 
+pytestmark = pytest.mark.fast
+
 T, B, C = 7, 3, 8
 
 

@@ -10,6 +10,8 @@ import torch.multiprocessing as mp
 from conftest import backend_or_fail, train_args
 from powernorm_fairseq.norms import build_norm, kernels
 
+pytestmark = pytest.mark.slow
+
 T, C = 6, 8
 # three steps; per step the sentences each worker gets (worker 1 has no real
 # tokens in step 1: its sentences are all padding), and the sentence lengths
@@ -134,6 +136,7 @@ def test_unsynchronised_workers_drift_apart(tmp_path):
     assert not torch.allclose(halves[0][0][2]["running_mean"], halves[1][0][2]["running_mean"])
 
 
+@pytest.mark.fast
 def test_reference_backward_refuses_sync():
     with pytest.raises(ValueError, match="use sync='none'"):
         build_norm("pn", C, backward="reference", sync="batch")
@@ -154,12 +157,13 @@ def test_two_worker_fairseq_train(toy_data, tmp_path, norm):
             "--ddp-backend", "legacy_ddp", "--distributed-init-method", f"tcp://127.0.0.1:{port}"]
     import subprocess
 
-    from conftest import BIN, ROOT
+    from conftest import Command
 
-    procs = [subprocess.Popen([str(BIN / "fairseq-train"), *map(str, args), "--distributed-rank", str(r)],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in (0, 1)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
+    procs = [Command("fairseq-train", [*args, "--distributed-rank", r], stdout=subprocess.PIPE,
+                     stderr=subprocess.STDOUT) for r in (0, 1)]
+    logs = [p.stdout.read() for p in procs]
+    for p in procs:
+        p.wait(timeout=300)
     assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     assert "distributed init (rank 1)" in logs[1] and "num_updates\": \"6\"" in logs[0]
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)

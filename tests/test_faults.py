@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN, ROOT, cli, train_args
+from conftest import BIN, ROOT, Command, cli, train_args
+
+pytestmark = pytest.mark.slow
 
 USER_DIR = ROOT / "powernorm_fairseq"
 
@@ -86,9 +88,8 @@ def test_every_command_that_loads_a_checkpoint_refuses_code(toy_data, lm_data, t
     runs = {
         "fairseq-generate": cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", bad, "--cpu",
                                 check=False),
-        "fairseq-interactive": subprocess.run(
-            [str(BIN / "fairseq-interactive"), str(toy_data), "--user-dir", str(USER_DIR), "--path", str(bad),
-             "-s", "de", "-t", "en", "--cpu"], input="haus\n", capture_output=True, text=True, timeout=300),
+        "fairseq-interactive": cli("fairseq-interactive", toy_data, "--user-dir", USER_DIR, "--path", bad,
+                                   "-s", "de", "-t", "en", "--cpu", input="haus\n", check=False),
         "fairseq-eval-lm": cli("fairseq-eval-lm", lm_data, "--user-dir", USER_DIR, "--path", bad, "--cpu",
                                check=False),
         "fairseq-train": cli("fairseq-train", *train_args(toy_data, tmp_path / "resume", "--restore-file", bad,
@@ -109,8 +110,7 @@ def test_every_command_that_loads_a_checkpoint_refuses_code(toy_data, lm_data, t
 
 def test_a_second_training_on_a_save_directory_stops_and_a_dead_ones_lock_does_not(toy_data, tmp_path):
     save = tmp_path / "run"
-    first = subprocess.Popen([str(BIN / "fairseq-train"), *map(str, train_args(toy_data, save, max_update=100000))],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+    first = Command("fairseq-train", train_args(toy_data, save, max_update=100000))
     try:
         lock = save / ".powernorm-train.lock"
         deadline = time.time() + 120
@@ -146,6 +146,7 @@ def test_debris_is_removed_and_a_broken_last_checkpoint_is_replaced(toy_data, tm
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask, name  # as fairseq's own files
 
 
+@pytest.mark.fast
 def test_a_full_disk_ends_a_save_in_one_line_with_no_partial_file(tmp_path, monkeypatch):
     from fairseq import checkpoint_utils
 
@@ -242,15 +243,15 @@ def test_kills_at_random_moments_lose_nothing_complete(toy_data, tmp_path):
     rng = random.Random(7)
     save = tmp_path / "run"
     flags = ("--save-interval-updates", "2", "--keep-interval-updates", "3")
-    argv = [str(BIN / "fairseq-train"), *map(str, train_args(toy_data, save, *flags, max_update=200))]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # every log line out before the kill
+    argv = train_args(toy_data, save, *flags, max_update=200)
+    env = {"PYTHONUNBUFFERED": "1"}  # every log line out before the kill
     saves = re.compile(r"Saved checkpoint .*\(epoch \d+ @ (\d+) updates")
     loaded = re.compile(r"Loaded checkpoint .* @ (\d+) updates\)")
     complete = 0  # updates of the newest checkpoint a run said it saved
     for attempt in range(5):
         log_path = tmp_path / f"attempt{attempt}.log"
         with open(log_path, "w") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+            proc = Command("fairseq-train", argv, stdout=out, stderr=subprocess.STDOUT, env=env)
             wanted, deadline = rng.randint(1, 4), time.time() + 300
             while proc.poll() is None and len(saves.findall(log_path.read_text())) < wanted:
                 assert time.time() < deadline, log_path.read_text()[-3000:]
@@ -264,7 +265,7 @@ def test_kills_at_random_moments_lose_nothing_complete(toy_data, tmp_path):
             assert resumed and int(resumed.group(1)) >= complete, log[-3000:]
         complete = max([complete, *map(int, saves.findall(log))])
     assert complete > 0
-    final = cli("fairseq-train", *argv[1:], check=False)
+    final = cli("fairseq-train", *argv, check=False)
     log = final.stdout + final.stderr
     assert final.returncode == 0, log[-3000:]
     assert int(loaded.search(log).group(1)) >= complete

@@ -20,6 +20,8 @@ from conftest import backend_or_fail
 from powernorm_fairseq.norms import build_norm, kernels
 from powernorm_fairseq.norms.kernels import gpu
 
+pytestmark = pytest.mark.fast
+
 # not powers of two, several column chunks, several programs, groups of 50 channels
 T, B, C = 23, 7, 200
 
@@ -154,6 +156,7 @@ def _python(code, **env):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**base, **env})
 
 
+@pytest.mark.slow
 def test_kernels_can_be_switched_off_and_a_run_says_which_backend_it_uses():
     code = ("import logging, torch\n"
             "logging.basicConfig(level=logging.INFO, format='%(message)s')\n"
@@ -174,12 +177,14 @@ def test_kernels_can_be_switched_off_and_a_run_says_which_backend_it_uses():
     ({"POWERNORM_BACKEND": "gpu"}, "POWERNORM_BACKEND='gpu': choose one of plain, cpu, triton"),
     ({"POWERNORM_BACKEND": "triton"}, "POWERNORM_BACKEND=triton: the triton kernels do not take cpu tensors"),
 ])
+@pytest.mark.slow
 def test_a_backend_that_cannot_run_fails_in_one_line(env, message):
     proc = _python("import torch\nfrom powernorm_fairseq.norms import build_norm\n"
                    "build_norm('bn', 8).train()(torch.randn(3, 2, 8))\n", **env)
     assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_triton_kernels_compile_for_a_gpu(tmp_path, monkeypatch):
     """Every Triton kernel, as the norms launched it in each dtype, compiles
     to a cubin for an H100 (sm_90): the interpreter alone would not catch
@@ -278,6 +283,7 @@ LOAD = ("from powernorm_fairseq.norms.kernels import cpu\n"
         "print('loaded')\n")
 
 
+@pytest.mark.slow
 def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_run():
     """torch's loader would wait forever for the ``lock`` file of a build that was killed."""
     k = backend_or_fail("cpu")
@@ -291,6 +297,7 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_run():
     assert f"removing {stale}, left by a kernel build that was interrupted" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_stale_lock_in_a_fresh_extensions_directory_and_the_norm_still_runs(tmp_path):
     """A build killed before its first success: nothing built yet, torch's
     ``lock`` left. The next run removes it, builds, and the norm runs on the kernels."""
@@ -313,6 +320,7 @@ def test_a_stale_lock_in_a_fresh_extensions_directory_and_the_norm_still_runs(tm
     assert proc.stdout.strip().splitlines()[-1] == "cpu", proc.stderr[-2000:]  # built, and used
 
 
+@pytest.mark.slow
 def test_a_run_waiting_for_another_build_says_so_and_then_proceeds():
     import fcntl
     import time
@@ -331,6 +339,7 @@ def test_a_run_waiting_for_another_build_says_so_and_then_proceeds():
     assert proc.returncode == 0 and out.strip() == "loaded", err[-2000:]
 
 
+@pytest.mark.slow
 def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs_plain():
     import fcntl
 

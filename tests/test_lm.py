@@ -12,6 +12,8 @@ from powernorm_fairseq.errors import PowerNormConfigError
 from powernorm_fairseq.models.powernorm_transformer_lm import powernorm_transformer_lm_wiki103
 from powernorm_fairseq.norms import Norm, norm_type_of
 
+pytestmark = pytest.mark.fast
+
 USER_DIR = ROOT / "powernorm_fairseq"
 TINY_LM = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
            "--decoder-attention-heads", "4"]
@@ -112,6 +114,7 @@ def perplexity(text):
 
 
 @pytest.mark.parametrize("norm", ["ln", "pn"])
+@pytest.mark.slow
 def test_train_and_evaluate_perplexity_through_the_cli(lm_data, tmp_path, norm):
     """fairseq-train then fairseq-eval-lm: the test-set perplexity is that of the
     reported loss and far below a uniform guess over the vocabulary."""

@@ -12,6 +12,8 @@ from powernorm_fairseq.modules import FixNormEmbedding
 from powernorm_fairseq.norms import NORM_TYPES, NORMS, Norm, norm_type_of
 from powernorm_fairseq.norms.powernorm import PowerNorm
 
+pytestmark = pytest.mark.fast
+
 
 def build(data, *flags, arch="powernorm_transformer_iwslt_de_en", seed=0):
     return build_model(data, "--arch", arch, "--optimizer", "adam", "--lr-scheduler", "inverse_sqrt",

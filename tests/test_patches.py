@@ -9,6 +9,8 @@ import pytest
 from conftest import ROOT, USER_DIR, cli, losses, train_args
 from powernorm_fairseq import patches
 
+pytestmark = pytest.mark.slow
+
 
 def python(program):
     proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -71,6 +73,7 @@ for name, b, i, m in zip({names!r}, before, at_import, with_models):
         assert changed[name] == ["True" if name in at_import else "False", "True"], name
 
 
+@pytest.mark.fast
 def test_every_patch_names_a_test_that_exists():
     for patch in patches.AT_IMPORT + patches.WITH_THE_MODELS:
         file, function = patch.test.split("::")

@@ -9,6 +9,8 @@ import torch
 from conftest import cli, train_args
 from powernorm_fairseq.norms import build_norm
 
+pytestmark = pytest.mark.fast
+
 T, B, C = 7, 3, 16
 
 
@@ -55,6 +57,7 @@ def test_non_finite_batches_leave_running_statistics_and_nu_alone():
     assert torch.equal(pn.running_nu, nu)
 
 
+@pytest.mark.slow
 def test_fp16_training_through_the_cli(toy_data, tmp_path):
     """fairseq's --fp16 on the CPU (fp16 matmuls exist there; flattened fp32
     master weights need CUDA, hence --fp16-no-flatten-grads)."""
@@ -69,6 +72,7 @@ def test_fp16_training_through_the_cli(toy_data, tmp_path):
             assert value.dtype == torch.float32 and torch.isfinite(value).all(), key
 
 
+@pytest.mark.slow
 def test_loss_scale_overflow_leaves_nu_alone_and_psi2_finite(toy_data, tmp_path):
     """fairseq's overflow handler calls .cuda() (trainer.py), so its path is
     replayed here: a float16 model, a loss scaled by 2^40 whose gradients
@@ -104,6 +108,7 @@ def _curve(log):
 
 
 @pytest.mark.parametrize("norm", ["bn", "pn-v", "pn"])
+@pytest.mark.slow
 def test_bf16_trains_through_fairseq_without_a_tpu(toy_data, tmp_path, norm):
     """fairseq 0.12 makes --bf16 imply --tpu and then dies without torch_xla;
     with the plugin, --bf16 is fairseq's own bfloat16 path on this device (the

@@ -9,7 +9,9 @@ import tarfile
 
 import pytest
 
-from conftest import BIN, ROOT, TINY
+from conftest import BIN, ROOT, TINY, cli, once
+
+pytestmark = pytest.mark.slow
 
 TEST_SETS = ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010",
              "IWSLT14.TED.tst2011", "IWSLT14.TED.tst2012"]
@@ -66,13 +68,14 @@ def make_archive(path, n_train=300, dirty=False):
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def iwslt(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("iwslt")
-    archive = make_archive(tmp / "de-en.tgz")
-    out = tmp / "prepared"
-    proc = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out)
-    return archive, out, proc
+    """The tiny archive prepared once for the session (its tests only read it)."""
+    def prepare(tmp):
+        sh("data-prep/prepare-iwslt14.sh", "--archive", make_archive(tmp / "de-en.tgz"), "--out", tmp / "prepared")
+
+    tmp = once(tmp_path_factory, "iwslt", prepare)
+    return tmp / "de-en.tgz", tmp / "prepared", None
 
 
 def lines(path):
@@ -298,11 +301,9 @@ def test_sentencepiece_prepare_train_evaluate_interactive(iwslt, tmp_path):
         assert known >= 5 and words[:known] == r.split()[:known] and (known < len(words) or t == r), (t, r)
     assert json.loads((save / "bleu-test.json").read_text())["sentences"] == 20
 
-    proc = subprocess.run(
-        [str(BIN / "fairseq-interactive"), out / "bin", "--user-dir", ROOT / "powernorm_fairseq",
-         "--path", save / "checkpoint_last.pt", "-s", "de", "-t", "en", "--cpu", "--beam", "2",
-         "--bpe", "sentencepiece", "--sentencepiece-model", model],
-        input=tokenized[0] + "\n", capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = cli("fairseq-interactive", out / "bin", "--user-dir", ROOT / "powernorm_fairseq",
+               "--path", save / "checkpoint_last.pt", "-s", "de", "-t", "en", "--cpu", "--beam", "2",
+               "--bpe", "sentencepiece", "--sentencepiece-model", model, input=tokenized[0] + "\n", check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     source = [l for l in proc.stdout.splitlines() if l.startswith("S-")]
     assert source and "\u2581" in source[0]  # the input was encoded with the model
@@ -332,11 +333,9 @@ def test_quickstart_preparation_with_either_subword_tool(tmp_path):
     data, save = tmp_path / "subword-nmt" / "bin", tmp_path / "run"
     sh("scripts/train.sh", "--dataset", "quickstart", "--data", data, "--norm", "pn", "--gpus", "0",
        "--save-dir", save, "--", *TINY, "--max-epoch", "1", "--tensorboard-logdir", "")
-    proc = subprocess.run(
-        [str(BIN / "fairseq-interactive"), data, "--user-dir", ROOT / "powernorm_fairseq", "--path",
-         save / "checkpoint_last.pt", "-s", "de", "-t", "en", "--tokenizer", "moses", "--bpe", "subword_nmt",
-         "--bpe-codes", data / "bpe.codes", "--cpu"],
-        input="Das Haus ist groß.\n", capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = cli("fairseq-interactive", data, "--user-dir", ROOT / "powernorm_fairseq", "--path",
+               save / "checkpoint_last.pt", "-s", "de", "-t", "en", "--tokenizer", "moses", "--bpe", "subword_nmt",
+               "--bpe-codes", data / "bpe.codes", "--cpu", input="Das Haus ist groß.\n", check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     source = [line for line in proc.stdout.splitlines() if line.startswith("S-")]
     assert source and source[0].split("\t")[1].endswith(" .")  # Moses split the full stop off

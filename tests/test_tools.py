@@ -14,6 +14,8 @@ from conftest import ROOT, cli
 from powernorm_fairseq.average import average_checkpoints, last_checkpoints
 from powernorm_fairseq.score import read_generate_output, score, split_compounds
 
+pytestmark = pytest.mark.fast
+
 
 def fake_checkpoint(path, value, steps):
     state = {
@@ -41,6 +43,7 @@ def test_average_parameters_and_running_statistics(tmp_path):
     assert avg["extra_state"]["epoch"] == 4
 
 
+@pytest.mark.slow
 def test_average_cli_writes_a_loadable_checkpoint(tmp_path):
     for epoch in (1, 2):
         fake_checkpoint(tmp_path / f"checkpoint{epoch}.pt", epoch, steps=epoch)
@@ -51,6 +54,7 @@ def test_average_cli_writes_a_loadable_checkpoint(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".avg.pt")]  # no temporary left
 
 
+@pytest.mark.slow
 def test_average_cli_errors(tmp_path):
     fake_checkpoint(tmp_path / "checkpoint1.pt", 1, steps=1)
     proc = cli("powernorm-average", "--inputs", tmp_path, "--num-epoch-checkpoints", "3",
@@ -88,6 +92,7 @@ def test_bleu_definitions():
     assert split_compounds("a-b-c d-e") == "a ##AT##-##AT## b-c d ##AT##-##AT## e"
 
 
+@pytest.mark.slow
 def test_score_cli(tmp_path):
     path = tmp_path / "gen.txt"
     path.write_text(GENERATE)
@@ -153,6 +158,7 @@ def test_background_batch_loaders_stop_before_exit():
     assert not any(t.is_alive() for t in threads)
 
 
+@pytest.mark.slow
 def test_process_groups_end_before_exit(tmp_path):
     """fairseq leaves the default group and its own cached group of all ranks
     open; the plugin destroys both at exit, and their worker threads end

@@ -56,15 +56,18 @@ def load():
 
 def build_directory() -> Path:
     """Where torch's loader builds and caches the kernels: under its own root,
-    one directory per source, so that two checkouts of different versions on
-    one machine never build into, or load from, each other's directory."""
+    one directory per source and environment, so that two checkouts (or two
+    virtual environments) on one machine never build into, or load from, each
+    other's directory. (With one directory, torch's loader sees another
+    environment's include paths in the build file and rebuilds, each in turn.)"""
     from torch.utils.cpp_extension import get_default_build_root
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     flavour = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
     source = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    environment = hashlib.sha256(f"{sys.prefix}\n{_SOURCE}".encode()).hexdigest()[:8]
     return (Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}"
-            / f"powernorm_fairseq_kernels-{source}")
+            / f"powernorm_fairseq_kernels-{source}-{environment}")
 
 
 @contextmanager

@@ -1,0 +1,126 @@
+"""A fork server for the console scripts the tests run.
+
+Every ``fairseq-train`` spends seconds importing torch, fairseq and what
+fairseq imports (scikit-learn among them) before it reads a flag: the same
+seconds in every one of the suite's many runs. This server imports torch and
+fairseq once. Each command is then a fork of it that runs the console script
+as the script itself does, ``sys.exit(main())`` at the top level of
+``__main__``, in a process of its own: its own pid, file descriptors,
+environment, working directory, signal dispositions, exit status, excepthook
+and interpreter exit. The plugin is never imported here; a command imports it
+through ``--user-dir`` as a fresh process would.
+
+One connection per command. The client sends an 8-byte length and a JSON
+request ``{"tool", "argv", "cwd", "env"}``, with its stdin, stdout and stderr
+as three file descriptors (SCM_RIGHTS); the server answers with a line
+``{"pid": ...}`` once the command runs, then ``{"returncode": ...}`` (negative
+for a signal, as ``subprocess`` reports it) once it has ended.
+
+    python tests/forkserver.py SOCKET     # prints "ready" when it accepts
+"""
+
+import io
+import json
+import os
+import signal
+import socket
+import sys
+
+
+def _receive(conn):
+    head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    while len(head) < 8:
+        head += conn.recv(8 - len(head))
+    size, body = int.from_bytes(head, "big"), b""
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise EOFError("the client went away mid-request")
+        body += chunk
+    return json.loads(body), fds
+
+
+def _send(conn, **message):
+    conn.sendall((json.dumps(message) + "\n").encode())
+
+
+def _stream(fd, mode, unbuffered):
+    """A fresh sys.stdin/stdout/stderr on ``fd``, buffered as the interpreter
+    would buffer it at start-up (line-buffered stderr and terminals; none at
+    all under PYTHONUNBUFFERED)."""
+    old = (sys.__stdin__, sys.__stdout__, sys.__stderr__)[fd]  # the encoding this interpreter chose
+    raw = io.FileIO(fd, mode, closefd=False)
+    if mode == "r":
+        return io.TextIOWrapper(io.BufferedReader(raw), encoding=old.encoding, errors=old.errors)
+    buffered = raw if unbuffered else io.BufferedWriter(raw)
+    return io.TextIOWrapper(buffered, encoding=old.encoding, errors=old.errors,
+                            line_buffering=fd == 2 or raw.isatty(), write_through=unbuffered)
+
+
+def _become(request, fds):
+    """In the command's process: take its descriptors, directory, environment
+    and signals, and return its console script's entry point."""
+    from importlib.metadata import entry_points
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as at an interpreter's start
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = sys.__stdin__ = _stream(0, "r", unbuffered)
+    sys.stdout = sys.__stdout__ = _stream(1, "w", unbuffered)
+    sys.stderr = sys.__stderr__ = _stream(2, "w", unbuffered)
+    sys.argv = list(request["argv"])
+    (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == request["tool"]]
+    return script.load()
+
+
+def serve(path):
+    """Accept commands on ``path`` forever; return only in a command's process,
+    with the entry point it is to run."""
+    import fairseq  # noqa: F401  (the imports every command shares)
+    import torch  # noqa: F401
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the server never waits: its children are reaped
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the suite ends it through its client
+    print("ready", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        try:
+            request, fds = _receive(conn)
+        except (EOFError, OSError, ValueError):
+            conn.close()
+            continue
+        if os.fork() == 0:  # the watcher: starts the command, waits for it, reports
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            pid = os.fork()
+            if pid == 0:
+                conn.close()
+                return _become(request, fds)
+            for fd in fds:
+                os.close(fd)
+            try:
+                _send(conn, pid=pid)
+                _, status = os.waitpid(pid, 0)
+                _send(conn, returncode=os.waitstatus_to_exitcode(status))
+            finally:
+                os._exit(0)
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+
+
+if __name__ == "__main__":
+    main = serve(sys.argv[1])
+    sys.exit(main())  # as a console script ends: the interpreter's own exit
