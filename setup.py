@@ -21,9 +21,9 @@ setup(
     install_requires=["sacrebleu>=2", "sacremoses", "subword-nmt"],
     entry_points={
         "console_scripts": [
-            "powernorm-average=powernorm_fairseq.average:main",
-            "powernorm-score=powernorm_fairseq.score:main",
-            "powernorm-analyze=powernorm_fairseq.analyze:main",
+            "powernorm-average=powernorm_fairseq.cli.average:main",
+            "powernorm-score=powernorm_fairseq.cli.score:main",
+            "powernorm-analyze=powernorm_fairseq.cli.analyze:main",
         ]
     },
 )

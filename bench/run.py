@@ -157,8 +157,8 @@ def run_training(cmd, cuda=False):
     code = ("import resource, sys\n"
             "import torch\n"
             "from fairseq_cli.train import cli_main\n"
-            # the plugin's clean exit also for stock runs (see powernorm_fairseq/shutdown.py)
-            "from powernorm_fairseq.shutdown import install\n"
+            # the plugin's clean exit also for stock runs (see powernorm_fairseq/patches/shutdown.py)
+            "from powernorm_fairseq.patches.shutdown import install\n"
             "install()\n"
             f"sys.argv = {cmd!r}\n"
             "try:\n    cli_main()\n"
@@ -332,12 +332,7 @@ def gpu_markdown(results):
 
 
 def gpu_plots(results, out):
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     if results.get("layers"):
         rows = results["layers"]
         panels = sorted({(r["dtype"], r["shape"]) for r in rows})
@@ -346,36 +341,61 @@ def gpu_plots(results, out):
             vals = [next(r["ratio_to_ln"] for r in rows if (r["dtype"], r["shape"], r["norm"]) == (dtype, shape, k))
                     for k in NORM_TYPES]
             ax.bar(range(len(NORM_TYPES)), vals, color="tab:blue")
-            for j, k in enumerate(NORM_TYPES):
-                if k in TARGETS["layers"]:
-                    ax.hlines(TARGETS["layers"][k], j - 0.4, j + 0.4, colors="red", linestyles="dashed")
-            ax.axhline(1.0, color="gray", linewidth=0.8)
+            _layer_targets(ax, 0.4, 0.4)
             ax.set_xticks(range(len(NORM_TYPES)), NORM_TYPES, rotation=60, fontsize=8)
             ax.set_title(f"{dtype}, {shape}")
-            ax.set_xlabel("norm type (red dashes: target)")
         axes[0][0].set_ylabel("forward + backward time / LayerNorm (ratio)")
         fig.suptitle(f"Norm layer cost on {results['device']}, 20% padding")
-        fig.tight_layout()
-        fig.savefig(out / "layers-cuda.png", dpi=120)
-        plt.close(fig)
+        _save(plt, fig, out / "layers-cuda.png")
     if results.get("train"):
         rows = results["train"]
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        labels = [f"{r['norm']}\n{r['max_tokens']}" for r in rows]
-        axes[0].bar(labels, [r["wps_ratio"] for r in rows], color="tab:blue")
-        axes[0].axhline(TARGETS["throughput"], color="red", linestyle="dashed", label="target for pn")
-        axes[0].set_ylabel("words/s / stock LN transformer (ratio)")
-        axes[0].set_title("fairseq-train --fp16 throughput")
-        axes[1].bar(labels, [r["mem_ratio"] for r in rows], color="tab:orange")
-        axes[1].axhline(TARGETS["memory"], color="red", linestyle="dashed", label="target for pn")
-        axes[1].set_ylabel("peak GPU memory / stock LN transformer (ratio)")
-        axes[1].set_title("peak GPU memory (max_memory_allocated)")
-        for ax in axes:
-            ax.set_xlabel("encoder norm, tokens per batch")
-            ax.legend(loc="lower right")
-        fig.tight_layout()
-        fig.savefig(out / "train-cuda.png", dpi=120)
-        plt.close(fig)
+        _speed_and_memory(plt, [f"{r['norm']}\n{r['max_tokens']}" for r in rows], rows, "mem_ratio",
+                          "fairseq-train --fp16 throughput", "peak GPU memory (max_memory_allocated)",
+                          "peak GPU memory", "encoder norm, tokens per batch", out / "train-cuda.png")
+
+
+def _pyplot():
+    import matplotlib
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt, fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _layer_targets(ax, left, right):
+    """Each norm's target as red dashes over its bars, and LayerNorm's 1.0."""
+    for j, k in enumerate(NORM_TYPES):
+        if k in TARGETS["layers"]:
+            ax.hlines(TARGETS["layers"][k], j - left, j + right, colors="red", linestyles="dashed")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xlabel("norm type (red dashes: target)")
+
+
+def _speed_and_memory(plt, labels, rows, memory_key, speed_title, memory_title, memory_name, xlabel, path,
+                      rotation=0):
+    """Words/s and peak memory of each run over the stock LN transformer's, side by side."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    axes[0].bar(labels, [r["wps_ratio"] for r in rows], color="tab:blue")
+    axes[0].axhline(TARGETS["throughput"], color="red", linestyle="dashed", label="target for pn")
+    axes[0].set_ylabel("words/s / stock LN transformer (ratio)")
+    axes[0].set_title(speed_title)
+    axes[1].bar(labels, [r[memory_key] for r in rows], color="tab:orange")
+    axes[1].axhline(TARGETS["memory"], color="red", linestyle="dashed", label="target for pn")
+    axes[1].set_ylabel(f"{memory_name} / stock LN transformer (ratio)")
+    axes[1].set_title(memory_title)
+    for ax in axes:
+        ax.set_xlabel(xlabel)
+        ax.legend(loc="lower right")
+        ax.tick_params(axis="x", rotation=rotation)
+    _save(plt, fig, path)
 
 
 def merge_rows(old, new, key):
@@ -463,12 +483,7 @@ def markdown(results):
 
 
 def plots(results, out):
-    import matplotlib
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     if "layers" in results:
         rows = [r for r in results["layers"] if r["dtype"] == "float32"]
         shapes = sorted({r["shape"] for r in rows})
@@ -477,37 +492,17 @@ def plots(results, out):
         for i, shape in enumerate(shapes):
             vals = [next(r["ratio_to_ln"] for r in rows if r["shape"] == shape and r["norm"] == k) for k in NORM_TYPES]
             ax.bar([j + i * width for j in range(len(NORM_TYPES))], vals, width, label=f"(T, B, C) = {shape}")
-        for j, k in enumerate(NORM_TYPES):
-            if k in TARGETS["layers"]:
-                ax.hlines(TARGETS["layers"][k], j - 0.1, j + 0.8, colors="red", linestyles="dashed")
-        ax.axhline(1.0, color="gray", linewidth=0.8)
+        _layer_targets(ax, 0.1, 0.8)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(NORM_TYPES))], NORM_TYPES)
         ax.set_ylabel("forward + backward time / LayerNorm (ratio)")
-        ax.set_xlabel("norm type (red dashes: target)")
         ax.set_title("Norm layer cost on the CPU, float32, 20% padding")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "layers.png", dpi=120)
-        plt.close(fig)
+        _save(plt, fig, out / "layers.png")
     if "throughput" in results:
         rows = results["throughput"]
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-        names = [r["variant"] for r in rows]
-        axes[0].bar(names, [r["wps_ratio"] for r in rows], color="tab:blue")
-        axes[0].axhline(TARGETS["throughput"], color="red", linestyle="dashed", label="target for pn")
-        axes[0].set_ylabel("words/s / stock LN transformer (ratio)")
-        axes[0].set_title("fairseq-train throughput")
-        axes[1].bar(names, [r["memory_ratio"] for r in rows], color="tab:orange")
-        axes[1].axhline(TARGETS["memory"], color="red", linestyle="dashed", label="target for pn")
-        axes[1].set_ylabel("peak memory / stock LN transformer (ratio)")
-        axes[1].set_title("fairseq-train peak memory (RSS)")
-        for ax in axes:
-            ax.set_xlabel("encoder norm (stock-ln: fairseq's transformer)")
-            ax.legend(loc="lower right")
-            ax.tick_params(axis="x", rotation=20)
-        fig.tight_layout()
-        fig.savefig(out / "throughput_memory.png", dpi=120)
-        plt.close(fig)
+        _speed_and_memory(plt, [r["variant"] for r in rows], rows, "memory_ratio", "fairseq-train throughput",
+                          "fairseq-train peak memory (RSS)", "peak memory",
+                          "encoder norm (stock-ln: fairseq's transformer)", out / "throughput_memory.png", 20)
     if "quality" in results:
         q = results["quality"]
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -522,12 +517,19 @@ def plots(results, out):
         ax.set_ylabel("sacreBLEU (detokenized)")
         ax.set_title(f"BLEU after {q['minutes']} CPU minutes per run")
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / "quality.png", dpi=120)
-        plt.close(fig)
+        _save(plt, fig, out / "quality.png")
 
 
-def main(argv=None):
+def norm_list(parser, flag, text):
+    """The norm types a comma-separated flag names, refused in one line if one is unknown."""
+    norms = text.split(",")
+    bad = set(norms) - set(NORM_TYPES)
+    if bad:
+        parser.error(f"{flag}: unknown {', '.join(sorted(bad))}; allowed: {', '.join(NORM_TYPES)}")
+    return norms
+
+
+def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sections", default="layers,throughput,quality",
                    help="comma-separated subset of layers,throughput,quality (memory comes with throughput)")
@@ -537,6 +539,8 @@ def main(argv=None):
                         "(e.g. ../shared/data/l10n-de-en; default: the shipped quickstart corpus)")
     p.add_argument("--seeds", default="1,2", help="seeds of the quality runs")
     p.add_argument("--quality-norms", default="ln,bn,pn-v,pn", help="encoder norms of the quality runs")
+    p.add_argument("--throughput-norms", default=",".join(NORM_TYPES),
+                   help="encoder norms of the throughput runs (each beside fairseq's stock transformer)")
     p.add_argument("--minutes", type=float, default=3.0, help="CPU minutes per quality run")
     p.add_argument("--reps", type=int, default=60, help="interleaved repetitions per layer timing")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the throughput runs")
@@ -549,6 +553,11 @@ def main(argv=None):
                    help="cuda: layer timings in float32/16/bfloat16 and fairseq-train --fp16 runs on the GPU, "
                         "written to results-cuda.{md,json} and *-cuda.png")
     p.add_argument("--tiny", action="store_true", help="tiny sizes, to check that every benchmark runs")
+    return p
+
+
+def main(argv=None):
+    p = parser()
     args = p.parse_args(argv)
 
     out = Path(args.out)
@@ -572,16 +581,13 @@ def main(argv=None):
     if "throughput" in sections or "quality" in sections:
         data = prepare(args.corpus, work / "data")
     if "throughput" in sections:
-        variants = ["stock-ln", *NORM_TYPES]
+        variants = ["stock-ln", *norm_list(p, "--throughput-norms", args.throughput_norms)]
         results["throughput"] = bench_throughput(data / "bin", work, variants, dims,
                                                  4 if args.tiny else args.updates or 60,
                                                  1 if args.tiny else args.rounds)
     if "quality" in sections:
         seeds = [int(s) for s in args.seeds.split(",")]
-        norms = args.quality_norms.split(",")
-        bad = set(norms) - set(NORM_TYPES)
-        if bad:
-            p.error(f"--quality-norms: unknown {', '.join(sorted(bad))}; allowed: {', '.join(NORM_TYPES)}")
+        norms = norm_list(p, "--quality-norms", args.quality_norms)
         minutes = 0.2 if args.tiny else args.minutes
         extra = ["--max-update", 5] if args.tiny else []  # tiny: whichever comes first
         runs, summary = bench_quality(args.corpus, work, norms, seeds, minutes, dims, extra)

@@ -47,8 +47,8 @@ CKPT="$SAVE_DIR/$CHECKPOINT"
 # through the plugin's weights-only reader: a checkpoint that holds code is refused, not run
 BLOCK=$(python -c "
 import sys
-from powernorm_fairseq.checkpoints import load, model_setting
-from powernorm_fairseq.errors import InputFileError
+from powernorm_fairseq.common.checkpoints import load, model_setting
+from powernorm_fairseq.common.errors import InputFileError
 try:
     state = load(sys.argv[1])
 except InputFileError as err:

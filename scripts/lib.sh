@@ -106,7 +106,7 @@ logged() {
     "$@" 2>&1 | tee -a "$log"
     return
   fi
-  "$@" 2>&1 | python -m powernorm_fairseq.progress --log "$log" --prefix "  " || status=$?
+  "$@" 2>&1 | python -m powernorm_fairseq.cli.progress --log "$log" --prefix "  " || status=$?
   (( status == 0 )) && return 0
   local last; last=$(tail -n 1 "$log")
   if [[ "$last" == *": error: "* ]]; then

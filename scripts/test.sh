@@ -6,7 +6,7 @@
 #   -h, --help this text
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-args=() workers=(-n auto --dist loadgroup)
+args=() workers=(-n auto --dist worksteal)
 for arg in "$@"; do
   case "$arg" in
     -h|--help) sed -n '2,6p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;

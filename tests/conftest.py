@@ -16,7 +16,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-from powernorm_fairseq.checkpoints import allow_fairseq_checkpoints  # noqa: E402
+from powernorm_fairseq.common.checkpoints import allow_fairseq_checkpoints  # noqa: E402
 
 allow_fairseq_checkpoints()  # torch.load(weights_only=True) of the checkpoints tests write
 

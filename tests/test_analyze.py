@@ -9,7 +9,7 @@ import torch
 from matplotlib import image
 
 from conftest import Command, cli, once, train_args
-from powernorm_fairseq.analyze import (
+from powernorm_fairseq.cli.analyze import (
     Probe,
     normalized_singular_values,
     read_diagnostics,

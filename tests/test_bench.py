@@ -15,17 +15,20 @@ pytestmark = pytest.mark.fast
 
 @pytest.mark.slow
 def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
+    """Every section at its smallest: the throughput runs for PN only (each
+    norm trains through fairseq-train in test_cli.py; the default list of
+    runs is checked below)."""
     corpus = toy_data.parent  # raw train/valid/test.{de,en}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "run.py"), "--tiny", "--out", str(tmp_path),
-         "--corpus", str(corpus), "--seeds", "1", "--quality-norms", "ln,pn"],
+         "--corpus", str(corpus), "--seeds", "1", "--quality-norms", "ln,pn", "--throughput-norms", "pn"],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     layers = results["layers"]
     assert {(r["norm"], r["dtype"]) for r in layers} == {(k, d) for k in NORM_TYPES for d in ("float32", "bfloat16")}
     assert all(r["ratio_to_ln"] > 0 and r["gbps"] > 0 for r in layers)
-    assert [r["variant"] for r in results["throughput"]] == ["stock-ln", *NORM_TYPES]
+    assert [r["variant"] for r in results["throughput"]] == ["stock-ln", "pn"]
     assert all(r["wps"] > 0 and r["peak_mib"] > 100 for r in results["throughput"])
     assert [r["norm"] for r in results["quality"]["summary"]] == ["ln", "pn"]
     assert all(r["updates"] > 0 for r in results["quality"]["runs"])
@@ -35,6 +38,17 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     for png in ("layers.png", "throughput_memory.png", "quality.png"):
         data = (tmp_path / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+@pytest.mark.fast
+def test_the_throughput_section_runs_every_norm_by_default():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import run as bench
+
+    p = bench.parser()
+    assert bench.norm_list(p, "--throughput-norms", p.parse_args([]).throughput_norms) == list(NORM_TYPES)
+    with pytest.raises(SystemExit):
+        bench.norm_list(p, "--throughput-norms", "pn,layer")
 
 
 @pytest.mark.slow

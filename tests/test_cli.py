@@ -122,7 +122,7 @@ def test_fixnorm_scalenorm_post_norm_row_trains(toy_data, tmp_path):
 def test_resume_is_bit_identical_to_an_uninterrupted_run(toy_data, tmp_path, norm):
     """Stopped at update 13 (in epoch 2) and resumed: the same losses, running
     statistics, nu, warmup counter and weights as one run to update 26. (Without
-    powernorm_fairseq.checkpoints.resume_with_the_same_batches this fails for
+    powernorm_fairseq.patches.checkpoints.resume_with_the_same_batches this fails for
     stock LN too: fairseq rebuilds the batches with another seed on resume.)"""
     flags = ["--norm-type", norm, "--pn-warmup-updates", "6", "--dropout", "0.1"]
     straight = cli("fairseq-train", *train_args(toy_data, tmp_path / "a", *flags, max_update=26))

@@ -8,7 +8,7 @@ from fairseq.logging import metrics
 from torch import nn
 
 import reference as ref
-from powernorm_fairseq.diagnostics import NormDiagnostics, short_name
+from powernorm_fairseq.models.diagnostics import NormDiagnostics, short_name
 from powernorm_fairseq.norms import build_norm
 
 pytestmark = pytest.mark.fast

@@ -150,8 +150,8 @@ def test_debris_is_removed_and_a_broken_last_checkpoint_is_replaced(toy_data, tm
 def test_a_full_disk_ends_a_save_in_one_line_with_no_partial_file(tmp_path, monkeypatch):
     from fairseq import checkpoint_utils
 
-    from powernorm_fairseq.checkpoints import name_failed_saves
-    from powernorm_fairseq.errors import InputFileError
+    from powernorm_fairseq.common.errors import InputFileError
+    from powernorm_fairseq.patches.checkpoints import name_failed_saves
 
     name_failed_saves()
 

@@ -388,3 +388,22 @@ def test_float32_bn_statistics_hold_off_centre(backend, mean):
     real = ~pad.t()
     assert scaled_error(y32[real], y64[real]) <= 2 * scaled_error(t32, t64)
     assert scaled_error(g32[real], g64[real]) <= 2 * scaled_error(tg32, tg64)
+
+
+def test_every_backend_keeps_the_contract():
+    """The CPU module (as compiled) and the GPU backend take the contract's
+    arguments by name; a backend that drifts is refused, naming the function."""
+    import types
+
+    from powernorm_fairseq.norms.kernels import contract, cpu
+
+    k = backend_or_fail("cpu")
+    contract.check(cpu.load(), "compiled cpu")
+    contract.check(k, "cpu")
+    contract.check(gpu, "triton", {**contract.CONTRACT, **contract.GPU_ONLY})
+    assert contract.argument_names(cpu.load().backward) == contract.CONTRACT["backward"]
+    drifted = types.SimpleNamespace(**{name: getattr(k, name) for name in contract.CONTRACT})
+    drifted.backward = lambda x, keep, scale, grad_y, weight, mean, inv_fwd, inv_bwd, B, A, groups, \
+        correct_pads, want_gx, want_sums: None  # A and B swapped
+    with pytest.raises(TypeError, match=r"the drifted kernels' backward takes .*'B', 'A'.* the contract"):
+        contract.check(drifted, "drifted")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ROOT, build_model, cli, sample
-from powernorm_fairseq.errors import PowerNormConfigError
+from powernorm_fairseq.common.errors import PowerNormConfigError
 from powernorm_fairseq.models.powernorm_transformer_lm import powernorm_transformer_lm_wiki103
 from powernorm_fairseq.norms import Norm, norm_type_of
 

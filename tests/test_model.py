@@ -7,7 +7,7 @@ import torch
 from fairseq import options
 
 from conftest import TINY, build_model, sample
-from powernorm_fairseq.errors import PowerNormConfigError
+from powernorm_fairseq.common.errors import PowerNormConfigError
 from powernorm_fairseq.modules import FixNormEmbedding
 from powernorm_fairseq.norms import NORM_TYPES, NORMS, Norm, norm_type_of
 from powernorm_fairseq.norms.powernorm import PowerNorm

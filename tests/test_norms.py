@@ -10,7 +10,6 @@ from powernorm_fairseq.norms import NORM_TYPES, RUNNING_STAT_TYPES, build_norm, 
 pytestmark = pytest.mark.fast
 
 T, B, C = 9, 4, 8
-BATCH_NORMS = RUNNING_STAT_TYPES
 
 
 @pytest.fixture(autouse=True, params=kernels.BACKENDS)
@@ -59,11 +58,10 @@ def test_registry_is_the_source_of_kinds_options_and_running_statistics():
     running statistics; the model, the diagnostics and these tests derive from that."""
     from argparse import Namespace
 
-    from powernorm_fairseq.diagnostics import NormDiagnostics
-    from powernorm_fairseq.models.options import BATCH_NORMS
+    from powernorm_fairseq.models.diagnostics import NormDiagnostics
     from powernorm_fairseq.modules.transformer_layer import norm_options
 
-    assert RUNNING_STAT_TYPES == ("bn", "pn", "pn-v", "bn-original") == BATCH_NORMS
+    assert RUNNING_STAT_TYPES == ("bn", "pn", "pn-v", "bn-original")
     assert {cls for cls in NormDiagnostics.PROBED} == {build_norm(k, C).__class__ for k in RUNNING_STAT_TYPES}
     cfg = Namespace(norm_sync=None, norm_momentum=None, layer_scale=None, pn_group_scaling=None, pn_eps=1e-5,
                     pn_alpha_fwd=0.9, pn_alpha_bwd=0.9, pn_warmup_updates=3, pn_backward="paper",
@@ -289,7 +287,7 @@ def test_padding_changes_nothing_for_real_tokens(kind):
         torch.testing.assert_close(s0[key], s1[key])
 
 
-@pytest.mark.parametrize("kind", BATCH_NORMS)
+@pytest.mark.parametrize("kind", RUNNING_STAT_TYPES)
 def test_state_dict_round_trip_and_eval_uses_running_stats(kind):
     norm = affine(build_norm(kind, C).double()).train()
     for step in range(3):
@@ -307,7 +305,7 @@ def test_state_dict_round_trip_and_eval_uses_running_stats(kind):
     torch.testing.assert_close(norm(x[:, :1], pad[:1]), y[:, :1])
 
 
-@pytest.mark.parametrize("kind", BATCH_NORMS)
+@pytest.mark.parametrize("kind", RUNNING_STAT_TYPES)
 def test_all_padding_batch_leaves_state_and_gives_no_nan(kind):
     norm = build_norm(kind, C).train()
     run(norm, *batch(100, dtype=torch.float32))
@@ -334,7 +332,7 @@ def test_half_precision_input_keeps_float32_statistics(kind):
 
 
 
-@pytest.mark.parametrize("kind", BATCH_NORMS)
+@pytest.mark.parametrize("kind", RUNNING_STAT_TYPES)
 def test_batch_of_one_token(kind):
     """One real token: finite output and gradient; BN's output is its bias (the
     token is its own mean) and its running variance keeps its value (one token

@@ -18,8 +18,8 @@ def python(program):
     return proc.stdout
 
 
-@pytest.mark.parametrize("module", ["powernorm_fairseq", "powernorm_fairseq.norms", "powernorm_fairseq.score",
-                                    "powernorm_fairseq.average", "powernorm_fairseq.analyze"])
+@pytest.mark.parametrize("module", ["powernorm_fairseq", "powernorm_fairseq.norms", "powernorm_fairseq.cli.score",
+                                    "powernorm_fairseq.cli.average", "powernorm_fairseq.cli.analyze"])
 def test_the_norm_library_and_the_tools_import_without_fairseq(module):
     out = python(f"import sys, {module}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'fairseq'))")
     assert out.strip() == "[]"
@@ -30,13 +30,13 @@ PATCHED = {
     "unreadable checkpoints": "fairseq.checkpoint_utils.load_checkpoint_to_cpu",
     "one-line errors": "sys.excepthook",
     "one-line usage errors": "argparse.ArgumentParser.error",
-    "fairseq's input errors": "getattr(sys.modules.get('powernorm_fairseq.errors'), '_fairseq_input_errors', False)",
+    "fairseq's input errors": "getattr(sys.modules.get('powernorm_fairseq.patches.errors'), 'name_fairseq_input_errors', None).installed",
     "atomic copies": "fairseq.file_io.PathManager.copy",
     "exact resume": "fairseq.tasks.FairseqTask.get_batch_iterator",
     "failed saves": "fairseq.checkpoint_utils.torch_persistent_save",
     "save-directory lock and debris": "fairseq.checkpoint_utils.load_checkpoint",
     "binarized data": "fairseq.data.indexed_dataset.MMapIndexedDataset._do_init",
-    "shutdown": "getattr(getattr(sys.modules.get('powernorm_fairseq.shutdown'), 'install', None), 'done', False)",
+    "shutdown": "getattr(sys.modules.get('powernorm_fairseq.patches.shutdown'), 'install', None).installed",
     "bf16 without a TPU": "fairseq.dataclass.utils.convert_namespace_to_omegaconf",
     "weights-only checkpoints": "argparse.Namespace in torch.serialization.get_safe_globals()",
 }
@@ -98,3 +98,23 @@ def test_a_stock_model_trains_as_without_the_plugin(toy_data, tmp_path):
     assert not (tmp_path / "plugin" / ".powernorm-train.lock").exists()
     plugin_model = cli("fairseq-train", *train_args(toy_data, tmp_path / "model", max_update=1))
     assert plugin_model.returncode == 0 and (tmp_path / "model" / ".powernorm-train.lock").exists()
+
+
+@pytest.mark.fast
+def test_every_patch_installs_once():
+    """One mechanism marks every installer done: a second call changes nothing
+    (fairseq calls the architectures and build_model many times)."""
+    from fairseq.file_io import PathManager
+
+    from powernorm_fairseq.patches.base import installs_once
+
+    assert all(getattr(p.install, "installed", None) is not None for p in patches.AT_IMPORT + patches.WITH_THE_MODELS
+               if p.name != "weights-only checkpoints")  # add_safe_globals is idempotent itself
+    patches.checkpoints.atomic_checkpoint_copies()
+    copy = PathManager.copy
+    patches.checkpoints.atomic_checkpoint_copies()
+    assert PathManager.copy is copy and patches.checkpoints.atomic_checkpoint_copies.installed
+    calls = []
+    counted = installs_once(lambda: calls.append(1))
+    counted(), counted()
+    assert calls == [1] and counted.installed

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conftest import ROOT, cli
-from powernorm_fairseq.average import average_checkpoints, last_checkpoints
-from powernorm_fairseq.score import read_generate_output, score, split_compounds
+from powernorm_fairseq.cli.average import average_checkpoints, last_checkpoints
+from powernorm_fairseq.cli.score import read_generate_output, score, split_compounds
 
 pytestmark = pytest.mark.fast
 
@@ -113,7 +113,7 @@ def test_checkpoint_copies_are_atomic(tmp_path, monkeypatch):
 
     from fairseq.file_io import PathManager
 
-    from powernorm_fairseq.checkpoints import atomic_checkpoint_copies
+    from powernorm_fairseq.patches.checkpoints import atomic_checkpoint_copies
 
     atomic_checkpoint_copies()
     src, dst = tmp_path / "checkpoint_best.pt", tmp_path / "checkpoint_last.pt"
@@ -141,7 +141,7 @@ def test_background_batch_loaders_stop_before_exit():
     import torch
     from fairseq.data.iterators import BackgroundConsumer, BufferedIterator
 
-    from powernorm_fairseq.shutdown import stop_background_loaders
+    from powernorm_fairseq.patches.shutdown import stop_background_loaders
 
     class Endless:
         def __len__(self):

@@ -8,10 +8,10 @@ from fairseq.modules import MultiheadAttention
 from torch import nn
 
 from .. import patches
-from ..diagnostics import NormDiagnostics
-from ..errors import PowerNormConfigError
+from ..common.errors import PowerNormConfigError
 from ..modules import FixNormEmbedding, PowerNormDecoderLayer, PowerNormEncoderLayer
 from ..norms import NORM_TYPES, Norm, build_norm, norm_type_of
+from .diagnostics import NormDiagnostics
 from .options import check_args
 
 

@@ -9,12 +9,11 @@ them into its constructor options, :meth:`powernorm_fairseq.norms.Norm.options`)
 import argparse
 
 from .. import patches
-from ..errors import PowerNormConfigError
-from ..flags import at_least, fraction, positive
+from ..common.errors import PowerNormConfigError
+from ..common.flags import at_least, fraction, positive
 from ..norms import NORM_TYPES, RUNNING_STAT_TYPES
 from ..norms.sync import MODES as SYNC_MODES
 
-BATCH_NORMS = RUNNING_STAT_TYPES  # norms with running statistics
 
 
 SUBLAYER_FLAGS = {
@@ -29,15 +28,13 @@ LM_SUBLAYER_FLAGS = ("--decoder-norm-self", "--decoder-norm-ff")
 ORIGINAL_SPELLINGS = {"layer": "ln", "batch": "bn", "power": "pn"}
 
 
-def _sublayer_kind(flag):
-    def parse(text):
-        kind = ORIGINAL_SPELLINGS.get(text, text)
-        if kind not in NORM_TYPES:
-            raise argparse.ArgumentTypeError(
-                f"invalid choice: {text!r} (choose from {', '.join(NORM_TYPES)}, or layer, batch, power)")
-        return kind
-
-    return parse
+def _sublayer_kind(text):
+    """A norm type, or the released code's spelling of one."""
+    kind = ORIGINAL_SPELLINGS.get(text, text)
+    if kind not in NORM_TYPES:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {text!r} (choose from {', '.join(NORM_TYPES)}, or layer, batch, power)")
+    return kind
 
 
 def all_kinds(args):
@@ -62,7 +59,7 @@ def add_norm_args(parser, lm=False):
     for flag, what in SUBLAYER_FLAGS.items():
         if lm and flag not in LM_SUBLAYER_FLAGS:
             continue
-        parser.add_argument(flag, type=_sublayer_kind(flag), metavar="{" + ",".join(NORM_TYPES) + "}",
+        parser.add_argument(flag, type=_sublayer_kind, metavar="{" + ",".join(NORM_TYPES) + "}",
                             help=f"the norm of {what}, overriding the type of its side; also takes the "
                                  "original code's layer, batch, power")
     parser.add_argument("--norm-placement", choices=("pre", "post"),
@@ -126,7 +123,7 @@ def check_args(args):
             raise PowerNormConfigError(
                 f"--{flag.replace('_', '-')} adds a LayerNorm that --norm-type does not control; drop it"
             )
-    if getattr(args, "checkpoint_activations", False) and any(k in BATCH_NORMS for k in kinds):
+    if getattr(args, "checkpoint_activations", False) and any(k in RUNNING_STAT_TYPES for k in kinds):
         raise PowerNormConfigError(
             "--checkpoint-activations recomputes forwards, which would update running "
             "statistics twice; use --norm-type/--decoder-norm-type in {ln,scalenorm} or drop it"

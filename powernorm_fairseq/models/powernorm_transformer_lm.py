@@ -7,10 +7,10 @@ override one kind of sublayer. The other norm flags are those of
 ``powernorm_transformer``.
 """
 
-from unittest import mock
+import types
 
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models import register_model, register_model_architecture, transformer_lm
+from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerConfig
 from fairseq.models.transformer_lm import (
     TransformerLanguageModel,
@@ -34,8 +34,24 @@ class PowerNormLMDecoder(PowerNormTransformerDecoder):
                          no_encoder_attn, output_projection)
 
 
+def _building(decoder_class):
+    """fairseq's ``TransformerLanguageModel.build_model``, its code unchanged,
+    with the name ``TransformerDecoder`` in it bound to ``decoder_class``:
+    fairseq's method names its decoder class directly and has no hook for it
+    (``TransformerModel.build_decoder`` has no counterpart in the language
+    model). Nothing of fairseq's is modified, and the embeddings, adaptive
+    input and checks stay fairseq's own."""
+    build = TransformerLanguageModel.build_model.__func__
+    names = {**build.__globals__, "TransformerDecoder": decoder_class}
+    return types.FunctionType(build.__code__, names, build.__name__, build.__defaults__, build.__closure__)
+
+
+class _WithOurDecoder(TransformerLanguageModel):
+    build_model = classmethod(_building(PowerNormLMDecoder))
+
+
 @register_model("powernorm_transformer_lm")
-class PowerNormTransformerLanguageModel(PowerNormModelMixin, TransformerLanguageModel):
+class PowerNormTransformerLanguageModel(PowerNormModelMixin, _WithOurDecoder):
     """fairseq's ``TransformerLanguageModel`` with the norms of the PowerNorm paper."""
 
     NORM_FLAGS = {"decoder": "--norm-type"}
@@ -44,12 +60,6 @@ class PowerNormTransformerLanguageModel(PowerNormModelMixin, TransformerLanguage
     def add_args(cls, parser):
         gen_parser_from_dataclass(parser, TransformerLanguageModelConfig(), delete_default=True)
         add_norm_args(parser, lm=True)
-
-    @classmethod
-    def build_model(cls, args, task):
-        # fairseq's build_model names its decoder class directly: build ours in its place
-        with mock.patch.object(transformer_lm, "TransformerDecoder", PowerNormLMDecoder):
-            return super().build_model(args, task)
 
 
 def _lm_defaults(args, fairseq_arch):

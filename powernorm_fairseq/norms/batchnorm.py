@@ -64,11 +64,8 @@ class BatchStatNorm(Norm):
         if k is not None:
             return self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
         xf = self.scaled(upcast(x))
-        weight, bias = self.weight.to(xf), self.bias.to(xf)
         if self.training and sync_mod.active(self.sync):
-            mean, second = self.synced_stats(xf, pad_mask)
-            y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
-            return (y * weight + bias).to(x.dtype)
+            return self._normalized(xf, *self.synced_stats(xf, pad_mask)).to(x.dtype)
         keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
         if n == 0:  # eval, or a training batch that is all padding
             mean, second = self.running(xf)
@@ -77,8 +74,13 @@ class BatchStatNorm(Norm):
             centred = xf - mean if self.center else xf
             second = token_mean(centred * centred, keep, n)
             self.update_running(mean, second, n)
+        return self._normalized(xf, mean, second).to(x.dtype)
+
+    def _normalized(self, xf: Tensor, mean: Optional[Tensor], second: Tensor) -> Tensor:
+        """gamma * (xf - mean) / sqrt(var + eps) + beta (Eq. 3's forward; no
+        mean and second = psi^2 for PN-V, Eq. 6's)."""
         y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
-        return (y * weight + bias).to(x.dtype)
+        return y * self.weight.to(xf) + self.bias.to(xf)
 
     def scaled(self, xf: Tensor) -> Tensor:
         """The input the statistics are taken of: layer-scaled if asked."""
@@ -94,7 +96,7 @@ class BatchStatNorm(Norm):
         if self.center:  # a real row, as the kernels see it after the layer scale
             shift = self.scaled(fused.a_real_row(x2, keep).view(1, 1, -1)).view(-1)
         sums = fused.batch_sums(k, x2, keep, groups, shift)
-        plan = fused.Plan(k=k, groups=groups, center=self.center, mode="exact", n=n)
+        synced = {}  # --norm-sync batch: the global batch's statistics and exact gradient
         if sync_mod.active(self.sync):
             N, g_mean, g_second = self._global_moments(sums, n, shift, x)
             if N == 0:  # every worker's batch is padding
@@ -102,7 +104,7 @@ class BatchStatNorm(Norm):
             self.update_running(g_mean, g_second, N)
             if self.sync == "batch":  # the global batch, and the exact gradient of its statistics
                 mean, second = g_mean, g_second
-                plan.reduce, plan.n_global = sync_mod.all_sum, N
+                synced = dict(reduce=sync_mod.all_sum, n_global=N)
             elif n == 0:
                 return self._with_running(x)
             else:  # running: this worker's batch and gradient; the buffers above are global
@@ -112,8 +114,10 @@ class BatchStatNorm(Norm):
         else:
             mean, second = fused.moments(sums, n, self.center, x, shift)
             self.update_running(mean, second, n)
-        plan.mean, plan.inv = mean, torch.rsqrt(second + self.eps)
-        return fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan).view_as(x)
+        plan = fused.Plan(k=k, groups=groups, center=self.center, mode="exact", n=n, mean=mean,
+                          inv=torch.rsqrt(second + self.eps), **synced)
+        y, _ = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
+        return y.view_as(x)
 
     def _global_moments(self, sums: Tensor, n: int, shift: Optional[Tensor], like: Tensor):
         """(N, mean or None, variance or psi^2) of the union of the workers'
@@ -134,9 +138,7 @@ class BatchStatNorm(Norm):
     def _with_running(self, x: Tensor) -> Tensor:
         """Normalised with the running statistics, as in eval."""
         xf = self.scaled(upcast(x))
-        mean, second = self.running(xf)
-        y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
-        return y * self.weight.to(xf) + self.bias.to(xf)
+        return self._normalized(xf, *self.running(xf))
 
     def synced_stats(self, xf: Tensor, pad_mask: Optional[Tensor]):
         """(mean or None, variance or psi^2) to normalise with under ``--norm-sync``."""

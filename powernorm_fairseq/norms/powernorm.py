@@ -15,6 +15,7 @@ model trained with it can be continued or compared exactly. Each departure
 from the paper is marked ``REFERENCE:`` below.
 """
 
+import functools
 import logging
 import math
 from typing import Optional
@@ -245,15 +246,12 @@ class PowerNorm(Norm):
 
         step = self._next_step()
         self._count_step(step)
-        warm = step <= self.warmup_updates
-        if self.backward == "reference":
-            mode, batch_scale = "reference", warm
-        else:
-            mode, batch_scale = ("exact" if warm else "paper"), warm
+        warm = step <= self.warmup_updates  # batch statistics in the forward (PN-V) while warm
+        mode = "reference" if self.backward == "reference" else "exact" if warm else "paper"
         if k is not None:
-            y, psi2_batch = self._fused(k, xk, pad_mask, mode, batch_scale)
+            y, psi2_batch = self._fused(k, xk, pad_mask, mode, warm)
         else:
-            y, psi2_batch = self._plain(xk, pad_mask, mode, batch_scale)
+            y, psi2_batch = self._plain(xk, pad_mask, mode, warm)
         self._update_psi2(psi2_batch, step, warm)
         return y.to(x.dtype)
 
@@ -312,18 +310,16 @@ class PowerNorm(Norm):
         during warmup a statistics pass first, and the exact gradient in two."""
         x2, keep, n = fused.rows(x, pad_mask)
         groups = self.groups if self.group_scaling else 0
-        plan = fused.Plan(k=k, groups=groups, center=False, mode=mode, n=n, nu=self.running_nu,
-                          rate=1.0 - self.alpha_bwd, collect_stats=not batch_scale)
         if batch_scale:
             _, psi2_batch = fused.moments(fused.batch_sums(k, x2, keep, groups), n, False, x)
-            plan.inv = torch.rsqrt(psi2_batch + self.eps)
+            inv = torch.rsqrt(psi2_batch + self.eps)
         else:
-            plan.inv = torch.rsqrt(self.running_psi2.to(stat_dtype(x)) + self.eps)
-        y = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
-        if not batch_scale:
-            _, psi2_batch = fused.moments(plan.stats, n, False, x)
-        if mode == "reference":
-            plan.inv_bwd = torch.rsqrt(psi2_batch + self.eps)
+            inv = torch.rsqrt(self.running_psi2.to(stat_dtype(x)) + self.eps)
+        plan = fused.Plan(k=k, groups=groups, center=False, mode=mode, n=n, inv=inv, nu=self.running_nu,
+                          rate=1.0 - self.alpha_bwd, collect_stats=not batch_scale, eps=self.eps)
+        y, stats = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
+        if not batch_scale:  # psi_B^2, summed by the forward kernel
+            _, psi2_batch = fused.moments(stats, n, False, x)
         return y.view_as(x), psi2_batch
 
     def _fused_synced(self, k, x, pad_mask):
@@ -337,11 +333,10 @@ class PowerNorm(Norm):
         groups = self.groups if self.group_scaling else 0
         step = self._next_step()
         warm = step <= self.warmup_updates
-        plan = fused.Plan(k=k, groups=groups, center=False, mode="exact" if warm else "paper", n=n,
-                          nu=self.running_nu, rate=1.0 - self.alpha_bwd, collect_stats=not warm,
-                          reduce=sync_mod.all_sum, exact_global=self.sync == "batch")
         sd = stat_dtype(x)
-
+        plan = functools.partial(fused.Plan, k=k, groups=groups, center=False, mode="exact" if warm else "paper",
+                                 n=n, nu=self.running_nu, rate=1.0 - self.alpha_bwd, collect_stats=not warm,
+                                 reduce=sync_mod.all_sum, exact_global=self.sync == "batch")
         if warm:
             local = fused.batch_sums(k, x2, keep, groups)
             N, total = sync_mod.sum_and_count(local[1], n)
@@ -349,16 +344,15 @@ class PowerNorm(Norm):
                 return self._with_running_psi2(self.scaled(upcast(x)))
             psi2_global = (total / N).to(sd)
             psi2 = psi2_global if self.sync == "batch" or n == 0 else (local[1] / n).to(sd)
-            plan.inv = torch.rsqrt(psi2 + self.eps)
-            y = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
-        else:
-            plan.inv = torch.rsqrt(self.running_psi2.to(sd) + self.eps)
-            y = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
-            N, total = sync_mod.sum_and_count(plan.stats[1], n)
+            y, _ = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias,
+                                                plan(inv=torch.rsqrt(psi2 + self.eps), n_global=N))
+        else:  # the global count is summed again in the backward, with Algorithm 2's sums
+            inv = torch.rsqrt(self.running_psi2.to(sd) + self.eps)
+            y, stats = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan(inv=inv))
+            N, total = sync_mod.sum_and_count(stats[1], n)
             if N == 0:
                 return self._with_running_psi2(self.scaled(upcast(x)))
             psi2_global = (total / N).to(sd)
-        plan.n_global = N
         self._count_step(step)
         self._update_psi2(psi2_global, step, warm)
         return y.view_as(x)

@@ -6,16 +6,16 @@ present the norms run their plain PyTorch path instead, and the dispatch
 (``kernels/__init__.py``) says so.
 """
 
-import fcntl
 import hashlib
 import logging
 import os
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from . import contract
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ def load():
                 build_directory=str(build),
                 verbose=False,
             )
+        contract.check(_module, "compiled cpu")
     except Exception as err:  # no compiler, no ninja, a build error: the caller falls back, loudly
         text = str(err).strip()
         failure = f"{type(err).__name__}: {text.splitlines()[-1] if text else err}"
@@ -76,30 +77,31 @@ def _build_lock(build: Path):
 
     torch's loader guards a build with a file (``lock``) that a killed build
     leaves behind, and the next process then waits for it forever. Processes
-    here first take an flock, which the system releases when its holder
-    exits, and say in one line when they wait for one. Holding it, a ``lock``
-    file can only be one left by a build that was killed: it is removed.
+    here first take a file lock (``filelock``: an flock, which the system
+    releases when its holder exits), and say in one line when they wait for
+    one. Holding it, a ``lock`` file can only be one left by a build that was
+    killed: it is removed.
     """
-    with open(build / "powernorm-build.flock", "a") as held:
-        try:
-            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.warning("powernorm_fairseq: waiting for another process to build the CPU kernels "
-                           "(lock %s, at most %d s)", held.name, BUILD_WAIT_S)
-            deadline = time.monotonic() + BUILD_WAIT_S
-            while True:  # bounded: past it the caller falls back to the plain path, with a warning
-                try:
-                    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"another process has held {held.name} for over {BUILD_WAIT_S} s")
-                    time.sleep(0.5)
+    from filelock import FileLock, Timeout
+
+    held = FileLock(build / "powernorm-build.flock", preserve_lock_file=True)
+    try:
+        held.acquire(timeout=0)
+    except Timeout:
+        logger.warning("powernorm_fairseq: waiting for another process to build the CPU kernels "
+                       "(lock %s, at most %d s)", held.lock_file, BUILD_WAIT_S)
+        try:  # bounded: past it the caller falls back to the plain path, with a warning
+            held.acquire(timeout=BUILD_WAIT_S, poll_interval=0.5)
+        except Timeout:
+            raise TimeoutError(f"another process has held {held.lock_file} for over {BUILD_WAIT_S} s") from None
+    try:
         stale = build / "lock"
         if stale.exists():
             logger.warning("powernorm_fairseq: removing %s, left by a kernel build that was interrupted", stale)
             stale.unlink()
         yield
+    finally:
+        held.release()
 
 
 @contextmanager
@@ -122,23 +124,27 @@ def takes(x: torch.Tensor) -> bool:
     return x.device.type == "cpu"
 
 
-# The backend interface (the same in gpu.py); the math is in functions.py.
-def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats, shift=None):
-    shift = torch.empty(0) if shift is None else shift.to(x.dtype)
-    return load().forward(x, keep, groups, gs_eps, mean, inv, weight.to(x.dtype), bias.to(x.dtype),
-                          want_y, want_stats, shift)
+# The backend interface (contract.py); the math is in functions.py.
+def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats, shift):
+    return load().forward(x=x, keep=keep, groups=groups, gs_eps=gs_eps, mean=mean, inv=inv,
+                          weight=weight.to(x.dtype), bias=bias.to(x.dtype), want_y=want_y,
+                          want_stats=want_stats, shift=shift.to(x.dtype))
 
 
 def backward(x, keep, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, groups, correct_pads, want_gx,
              want_sums):
     cast = (lambda t: t.to(x.dtype) if t.numel() else t)
-    return load().backward(x, keep, scale, grad_y, weight.to(x.dtype), mean, cast(inv_fwd), cast(inv_bwd),
-                           cast(A), cast(B), groups, correct_pads, want_gx, want_sums)
+    return load().backward(x=x, keep=keep, scale=scale, grad_y=grad_y, weight=weight.to(x.dtype), mean=mean,
+                           inv_fwd=cast(inv_fwd), inv_bwd=cast(inv_bwd), A=cast(A), B=cast(B), groups=groups,
+                           correct_pads=correct_pads, want_gx=want_gx, want_sums=want_sums)
 
 
 def scalenorm_forward(x, scale, eps):
-    return load().scalenorm_forward(x, float(scale), eps)
+    return load().scalenorm_forward(x=x, scale=float(scale), eps=eps)
 
 
 def scalenorm_backward(x, norms, grad_y, scale, eps):
-    return load().scalenorm_backward(x, norms, grad_y, float(scale), eps)
+    return load().scalenorm_backward(x=x, norms=norms, grad_y=grad_y, scale=float(scale), eps=eps)
+
+
+contract.check(sys.modules[__name__], "cpu")

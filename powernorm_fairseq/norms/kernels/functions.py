@@ -39,65 +39,83 @@ def _same(t: Tensor) -> Tensor:
     return t
 
 
-@dataclass
-class Plan:
-    """What one call needs beyond its tensors; the forward fills in the stats."""
+MODES = ("exact", "paper", "reference")
 
-    k: object  # the backend module
-    groups: int
-    center: bool
-    mode: str
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything one :class:`FusedChannelNorm` call needs beyond its tensors,
+    fixed before the call: the forward and backward read it, never write it."""
+
+    k: object  # the backend module (contract.py)
+    groups: int  # group scaling of each row in this many channel groups (0: none)
+    center: bool  # subtract the mean (BN), or not (PN-V, PN)
+    mode: str  # one of MODES: which backward (module doc)
     n: int  # real tokens in this worker's batch
-    inv: Optional[Tensor] = None  # the forward's 1 / sqrt(var + eps)
+    inv: Tensor  # the forward's 1 / sqrt(var + eps)
     mean: Optional[Tensor] = None
-    inv_bwd: Optional[Tensor] = None
-    nu: Optional[Tensor] = None
-    rate: float = 0.0
-    collect_stats: bool = False  # sum xs and xs^2 over real tokens in the forward pass
-    stats: Optional[Tensor] = None  # (2, C) those sums, once collected
-    # --norm-sync: the sum over workers of backward sums, and the global count
+    nu: Optional[Tensor] = None  # PN's running nu, updated by the backward
+    rate: float = 0.0  # 1 - alpha_bwd
+    collect_stats: bool = False  # the forward also sums xs and xs^2 over the real tokens (its second output)
+    # ``reference``: the backward scales by the batch's own 1 / sqrt(psi_B^2 + eps),
+    # from the forward's sums when it collected them, else ``inv``
+    eps: float = 0.0
+    # --norm-sync: the sum over workers of the backward's sums, and the global
+    # real-token count; None when the forward did not know it (the backward
+    # then sums the count with its own sums, in the same all-reduce)
     reduce: Callable[[Tensor], Tensor] = _same
     n_global: Optional[int] = None
     exact_global: bool = True  # exact mode: the correction of the global batch (sync batch)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
 
 class FusedChannelNorm(torch.autograd.Function):
     """y = (xs - mean) * inv * gamma + beta in one pass; backward by ``plan.mode``."""
 
     @staticmethod
-    def forward(ctx, x, keep, weight, bias, plan):
-        # x: (N, C) contiguous; keep: (N,) real-token weights or None
-        y, scale, plan.stats = plan.k.forward(
-            x, _opt(keep), plan.groups, GROUP_EPS, _opt(plan.mean), plan.inv, weight, bias, True,
-            plan.collect_stats)
-        ctx.save_for_backward(x, keep, scale, weight)
+    def forward(ctx, x, keep, weight, bias, plan: Plan):
+        """x: (N, C) contiguous; keep: (N,) real-token weights or None. Returns
+        y (N, C) and, with ``plan.collect_stats``, the (2, C) float64 sums of xs
+        and xs^2 over the real tokens (else an empty tensor)."""
+        y, scale, stats = plan.k.forward(
+            x=x, keep=_opt(keep), groups=plan.groups, gs_eps=GROUP_EPS, mean=_opt(plan.mean), inv=plan.inv,
+            weight=weight, bias=bias, want_y=True, want_stats=plan.collect_stats, shift=_none())
+        stats = _opt(stats)
+        ctx.save_for_backward(x, keep, scale, weight, stats)
+        ctx.mark_non_differentiable(stats)
         ctx.plan = plan
-        return y
+        return y, stats
 
     @staticmethod
-    def backward(ctx, grad_y):
-        x, keep, scale, weight = ctx.saved_tensors
+    def backward(ctx, grad_y, _grad_stats):
+        x, keep, scale, weight, stats = ctx.saved_tensors
         p, k = ctx.plan, ctx.plan.k
         sd = stat_dtype(x)
         grad_y = grad_y.contiguous()
-        n_all = p.n if p.n_global is None else p.n_global
         w = weight.to(sd)
         A = B = None
+        args = dict(x=x, keep=_opt(keep), scale=_opt(scale), grad_y=grad_y, weight=weight, mean=_opt(p.mean),
+                    inv_fwd=p.inv, groups=p.groups)
         if p.mode == "exact":  # first pass: the batch terms of Eq. 3 / Eq. 6
-            _, sums = k.backward(x, _opt(keep), _opt(scale), grad_y, weight, _opt(p.mean), p.inv, p.inv,
-                                 _none(), _none(), p.groups, False, False, True)
-            first, n = (p.reduce(sums[:2]), n_all) if p.exact_global else (sums[:2], max(p.n, 1))
+            _, sums = k.backward(**args, inv_bwd=p.inv, A=_none(), B=_none(), correct_pads=False, want_gx=False,
+                                 want_sums=True)
+            first, n = _with_count(p, sums[:2]) if p.exact_global else (sums[:2], max(p.n, 1))
             B = w * (first[0] / n).to(sd)
             A = w * (first[1] / n).to(sd) if p.center else None
         elif p.mode == "paper":
             B = p.nu.to(sd).clone()  # nu_{t-1}
         else:
             B = p.rate * p.nu.to(sd)
-        inv_bwd = p.inv if p.inv_bwd is None else p.inv_bwd
+        inv_bwd = p.inv
+        if p.mode == "reference" and stats.numel():  # the batch's own scale, from the forward's sums
+            inv_bwd = torch.rsqrt((stats[1] / p.n).to(sd) + p.eps)
         # the second pass of an exact gradient sums again only where nu needs the real-token terms
         want_sums = p.mode != "exact" or p.nu is not None
-        grad_x, second = k.backward(x, _opt(keep), _opt(scale), grad_y, weight, _opt(p.mean), p.inv, inv_bwd,
-                                    _opt(A), B, p.groups, p.mode == "reference", True, want_sums)
+        grad_x, second = k.backward(**args, inv_bwd=inv_bwd, A=_opt(A), B=B, correct_pads=p.mode == "reference",
+                                    want_gx=True, want_sums=want_sums)
         sums = second if want_sums else sums
         if p.nu is not None:
             with torch.no_grad():
@@ -106,10 +124,20 @@ class FusedChannelNorm(torch.autograd.Function):
                     # mean over every position of g' * z = g * z - (1 - a) nu z^2
                     nu.add_(((weight.double() * sums[0] - B.double() * sums[4]) / x.size(0)).to(nu))
                 else:  # Algorithm 2 over the (global) batch: Lambda_t = sums[2] / N, Gamma_t = sums[3] / N
-                    terms = p.reduce(sums[2:4])
+                    terms, n_all = _with_count(p, sums[2:4])
                     update_nu(nu, p.rate, gamma_t=terms[1] / n_all, lambda_t=terms[0] / n_all)
         grad_weight, grad_bias = sums[0].to(weight.dtype), sums[1].to(weight.dtype)
         return grad_x, None, grad_weight, grad_bias, None
+
+
+def _with_count(p: Plan, t: Tensor):
+    """(the sum of ``t`` over the workers, the global real-token count): the
+    plan's count where the forward knew it, else this worker's count summed
+    with ``t`` in one all-reduce (a tensor: the device is not waited for)."""
+    if p.n_global is not None or p.reduce is _same:
+        return p.reduce(t), (p.n if p.n_global is None else p.n_global)
+    packed = p.reduce(torch.cat([t.reshape(-1), t.new_tensor([float(p.n)])]))
+    return packed[:-1].view_as(t), packed[-1]
 
 
 def _opt(t):
@@ -152,8 +180,8 @@ def _real_rows(pad_mask: Tensor, dtype: torch.dtype):
 def batch_sums(k, x2, keep, groups, shift=None):
     """(2, C) float64 sums of d and d^2 over the real (group-scaled) rows, d =
     xs - shift: one read of x."""
-    _, _, sums = k.forward(x2, _opt(keep), groups, GROUP_EPS, _none(), _none(), _none(), _none(), False, True,
-                           shift)
+    _, _, sums = k.forward(x=x2, keep=_opt(keep), groups=groups, gs_eps=GROUP_EPS, mean=_none(), inv=_none(),
+                           weight=_none(), bias=_none(), want_y=False, want_stats=True, shift=_opt(shift))
     return sums
 
 
@@ -181,7 +209,7 @@ class FusedScaleNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, scale, eps, k):
-        y, norms = k.scalenorm_forward(x, scale, eps)
+        y, norms = k.scalenorm_forward(x=x, scale=scale, eps=eps)
         ctx.save_for_backward(x, norms, scale)
         ctx.eps, ctx.k = eps, k
         return y
@@ -189,7 +217,8 @@ class FusedScaleNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, norms, scale = ctx.saved_tensors
-        grad_x, grad_scale = ctx.k.scalenorm_backward(x, norms, grad_y.contiguous(), scale, ctx.eps)
+        grad_x, grad_scale = ctx.k.scalenorm_backward(x=x, norms=norms, grad_y=grad_y.contiguous(), scale=scale,
+                                                      eps=ctx.eps)
         return grad_x, grad_scale.reshape(()).to(scale.dtype), None, None
 
 
@@ -198,7 +227,7 @@ class FusedRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, k):
-        y, rstd = k.rmsnorm_forward(x, weight, eps)
+        y, rstd = k.rmsnorm_forward(x=x, weight=weight, eps=eps)
         ctx.save_for_backward(x, rstd, weight)
         ctx.k = k
         return y
@@ -206,5 +235,5 @@ class FusedRMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, rstd, weight = ctx.saved_tensors
-        grad_x, grad_weight = ctx.k.rmsnorm_backward(x, rstd, grad_y.contiguous(), weight)
+        grad_x, grad_weight = ctx.k.rmsnorm_backward(x=x, rstd=rstd, grad_y=grad_y.contiguous(), weight=weight)
         return grad_x, grad_weight.to(weight.dtype), None, None

@@ -16,8 +16,11 @@ interpreter), which is how CI checks their numbers without a GPU.
 """
 
 import os
+import sys
 
 import torch
+
+from . import contract
 
 try:
     import triton
@@ -72,7 +75,7 @@ def _empty(t):
     return t is None or t.numel() == 0
 
 
-def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats, shift=None):
+def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats, shift):
     """y = (xs - mean) * inv * w + b and per-channel sums of d, d^2 over the
     real rows, d = xs - shift (0 without a shift).
 
@@ -186,6 +189,17 @@ if triton is not None:
             return v.to(tl.float32)
 
     @triton.jit
+    def _row_tile(X, first, N, C, cols, cmask, BLOCK_N: tl.constexpr, F64: tl.constexpr):
+        """Rows first .. first + BLOCK_N of (N, C) ``X`` at columns ``cols``:
+        (rows, their mask, the tile's mask, its offsets, the tile in the
+        accumulation dtype, 0 outside)."""
+        rows = first + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        m2 = rmask[:, None] & cmask[None, :]
+        at = rows[:, None].to(tl.int64) * C + cols[None, :]
+        return rows, rmask, m2, at, _f(tl.load(X + at, mask=m2, other=0.0), F64)
+
+    @triton.jit
     def _channel_forward(X, KEEP, MEAN, INV, W, Bias, Y, SCALE, PART, SHIFT,
                          N, C, per_prog, gs_eps,
                          HAS_KEEP: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_SHIFT: tl.constexpr,
@@ -212,11 +226,7 @@ if triton is not None:
             k = _f(tl.load(SHIFT + cols, mask=cmask, other=0.0), F64)
         start = pid_n * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows = start + r0 + tl.arange(0, BLOCK_N)
-            rmask = rows < N
-            m2 = rmask[:, None] & cmask[None, :]
-            at = rows[:, None].to(tl.int64) * C + cols[None, :]
-            x = _f(tl.load(X + at, mask=m2, other=0.0), F64)
+            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             if GROUPED:  # the original code's layer scale: this chunk is one group
                 r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / CW + gs_eps)
                 tl.store(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, r, mask=rmask)
@@ -270,11 +280,7 @@ if triton is not None:
         s4 = zero  # xh^2, every row
         start = pid_n * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows = start + r0 + tl.arange(0, BLOCK_N)
-            rmask = rows < N
-            m2 = rmask[:, None] & cmask[None, :]
-            at = rows[:, None].to(tl.int64) * C + cols[None, :]
-            xs = _f(tl.load(X + at, mask=m2, other=0.0), F64)
+            rows, rmask, m2, at, xs = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             r = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
             if GROUPED:
                 r = _f(tl.load(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, mask=rmask, other=0.0), F64)
@@ -317,11 +323,7 @@ if triton is not None:
         g = _f(tl.load(S), F64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows = start + r0 + tl.arange(0, BLOCK_N)
-            rmask = rows < N
-            m2 = rmask[:, None] & cmask[None, :]
-            at = rows[:, None].to(tl.int64) * C + cols[None, :]
-            x = _f(tl.load(X + at, mask=m2, other=0.0), F64)
+            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             norm = tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
             tl.store(NORMS + rows, norm, mask=rmask)
             tl.store(Y + at, (x * (g / norm)[:, None]).to(Y.dtype.element_ty), mask=m2)
@@ -335,11 +337,7 @@ if triton is not None:
         total = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows = start + r0 + tl.arange(0, BLOCK_N)
-            rmask = rows < N
-            m2 = rmask[:, None] & cmask[None, :]
-            at = rows[:, None].to(tl.int64) * C + cols[None, :]
-            x = _f(tl.load(X + at, mask=m2, other=0.0), F64)
+            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
             norm = _f(tl.load(NORMS + rows, mask=rmask, other=1.0), F64)
             dot = tl.sum(gy * x, axis=1)
@@ -357,11 +355,7 @@ if triton is not None:
         w = _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows = start + r0 + tl.arange(0, BLOCK_N)
-            rmask = rows < N
-            m2 = rmask[:, None] & cmask[None, :]
-            at = rows[:, None].to(tl.int64) * C + cols[None, :]
-            x = _f(tl.load(X + at, mask=m2, other=0.0), F64)
+            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / C + eps)
             tl.store(RSTD + rows, r, mask=rmask)
             tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
@@ -375,11 +369,7 @@ if triton is not None:
         gw = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows = start + r0 + tl.arange(0, BLOCK_N)
-            rmask = rows < N
-            m2 = rmask[:, None] & cmask[None, :]
-            at = rows[:, None].to(tl.int64) * C + cols[None, :]
-            x = _f(tl.load(X + at, mask=m2, other=0.0), F64)
+            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
             r = _f(tl.load(RSTD + rows, mask=rmask, other=0.0), F64)
             xr = x * r[:, None]
@@ -389,3 +379,6 @@ if triton is not None:
             gx = r[:, None] * (g - xr * dot[:, None])
             tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
         tl.store(PART + tl.program_id(0).to(tl.int64) * C + cols, gw, mask=cmask)
+
+
+contract.check(sys.modules[__name__], "triton", {**contract.CONTRACT, **contract.GPU_ONLY})

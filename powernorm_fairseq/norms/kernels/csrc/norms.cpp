@@ -6,7 +6,7 @@
 // its per-token work (the original code's group scaling) is done while it is in
 // cache, and the per-channel sums a norm needs are accumulated on the way, in
 // double, per thread. The math is documented beside the Python callers in
-// powernorm_fairseq/norms/fused.py.
+// powernorm_fairseq/norms/kernels/functions.py.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -336,9 +336,15 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
 
 }  // namespace
 
+// The argument names are the contract's (kernels/contract.py), checked when the module loads.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &forward);
-  m.def("backward", &backward);
-  m.def("scalenorm_forward", &scalenorm_forward);
-  m.def("scalenorm_backward", &scalenorm_backward);
+  using pybind11::arg;
+  m.def("forward", &forward, arg("x"), arg("keep"), arg("groups"), arg("gs_eps"), arg("mean"), arg("inv"),
+        arg("weight"), arg("bias"), arg("want_y"), arg("want_stats"), arg("shift"));
+  m.def("backward", &backward, arg("x"), arg("keep"), arg("scale"), arg("grad_y"), arg("weight"), arg("mean"),
+        arg("inv_fwd"), arg("inv_bwd"), arg("A"), arg("B"), arg("groups"), arg("correct_pads"), arg("want_gx"),
+        arg("want_sums"));
+  m.def("scalenorm_forward", &scalenorm_forward, arg("x"), arg("scale"), arg("eps"));
+  m.def("scalenorm_backward", &scalenorm_backward, arg("x"), arg("norms"), arg("grad_y"), arg("scale"),
+        arg("eps"));
 }

@@ -3,13 +3,8 @@
 import os
 import sys
 
-
-class PowerNormConfigError(ValueError):
-    """A flag value or combination this plugin cannot honour."""
-
-
-class InputFileError(PowerNormConfigError):
-    """A file a command cannot use; the message names it and what is wrong."""
+from ..common.errors import PowerNormConfigError
+from .base import installs_once
 
 
 def _config_error(exc):
@@ -20,9 +15,6 @@ def _config_error(exc):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
-
-
-_fairseq_input_errors = False
 
 
 def _input_error(exc):
@@ -37,7 +29,7 @@ def _input_error(exc):
     error = _config_error(exc)
     if error is not None:
         return str(error)
-    if not _fairseq_input_errors:
+    if not name_fairseq_input_errors.installed:
         return None
     if isinstance(exc, FileNotFoundError) and exc.filename:
         return f"no such file: {exc.filename}"
@@ -73,6 +65,7 @@ def _one_line_usage_error(self, message):
     self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+@installs_once
 def one_line_usage_errors():
     """A bad flag value or an unknown flag ends a command in argparse's one
     error line, without the usage block (fairseq's and this plugin's parsers)."""
@@ -81,13 +74,12 @@ def one_line_usage_errors():
     argparse.ArgumentParser.error = _one_line_usage_error
 
 
+@installs_once
 def name_fairseq_input_errors():
     """fairseq's errors about a user's input (see :func:`_input_error`) in one line too."""
-    global _fairseq_input_errors
-    _fairseq_input_errors = True
 
 
+@installs_once
 def install_excepthook():
     """Print :class:`PowerNormConfigError` as one line; leave the rest alone."""
-    if sys.excepthook is not _excepthook:
-        sys.excepthook = _excepthook
+    sys.excepthook = _excepthook

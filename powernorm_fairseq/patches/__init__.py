@@ -18,22 +18,17 @@ exactly as fairseq trains it.
 Each entry names the test that fails without it.
 """
 
-from typing import Callable, NamedTuple
-
+from ..common.checkpoints import allow_fairseq_checkpoints
 from . import checkpoints, compat, datafiles, errors, savedir, shutdown
+from .base import Patch, installs_once
 
-
-class Patch(NamedTuple):
-    name: str
-    reason: str
-    install: Callable[[], None]
-    test: str  # tests/<file>::<function>
+__all__ = ["AT_IMPORT", "WITH_THE_MODELS", "Patch", "for_the_models", "install", "installs_once"]
 
 
 AT_IMPORT = (
     Patch("weights-only checkpoints",
           "torch >= 2.6 loads weights only, and fairseq's checkpoints hold an argparse.Namespace",
-          checkpoints.allow_fairseq_checkpoints,
+          allow_fairseq_checkpoints,
           "test_cli.py::test_train_then_generate"),
     Patch("unreadable checkpoints",
           "a truncated checkpoint, or one that holds code, is named in one line, not a 50-line traceback",
@@ -90,7 +85,7 @@ WITH_THE_MODELS = (
 
 
 def install(patches) -> None:
-    """Install ``patches`` (each installs once, however often it is called)."""
+    """Install ``patches`` (each installs once, however often it is called: :func:`installs_once`)."""
     for patch in patches:
         patch.install()
 

@@ -9,7 +9,8 @@ mismatch is caught at open, in one line naming the files.
 
 import os
 
-from .errors import InputFileError
+from ..common.errors import InputFileError
+from .base import installs_once
 
 
 def _expected_bytes(index) -> int:
@@ -18,13 +19,12 @@ def _expected_bytes(index) -> int:
     return int(index._pointers[-1]) + int(index._sizes[-1]) * index.dtype().itemsize
 
 
+@installs_once
 def check_binarized_data():
     """Install the check into fairseq's ``MMapIndexedDataset``."""
     from fairseq.data import indexed_dataset
 
     cls = indexed_dataset.MMapIndexedDataset
-    if getattr(cls._do_init, "checked", False):
-        return
     do_init, delete = cls._do_init, cls.__del__
 
     def _do_init(self, path):
@@ -49,6 +49,5 @@ def check_binarized_data():
         if "_bin_buffer_mmap" in self.__dict__:  # an instance whose opening failed has nothing to close
             delete(self)
 
-    _do_init.checked = True
     cls._do_init = _do_init
     cls.__del__ = __del__

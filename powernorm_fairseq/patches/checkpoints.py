@@ -1,79 +1,27 @@
-"""Loading fairseq checkpoints under torch >= 2.6.
+"""fairseq's checkpoint reading and writing, changed: refusals in one line,
+atomic copies, exact resume and failed saves named (see ``patches``)."""
 
-torch.load defaults to ``weights_only=True`` since torch 2.6, and a fairseq
-checkpoint holds its training configuration as an ``argparse.Namespace``
-(legacy ``args``) next to the weights. Allowing exactly the types fairseq
-writes keeps the safe loader on while ``fairseq-generate``,
-``fairseq-interactive``, resume and checkpoint averaging work unchanged.
-"""
-
-import argparse
 import errno
 import os
-import pickle
 import shutil
-import zipfile
 
 import torch
 
-from .errors import InputFileError
-from .files import atomic_path
-
-SAFE_GLOBALS = [argparse.Namespace]
-#: what torch.load raises on a file that is no (complete) checkpoint
-UNREADABLE = (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, KeyError, ValueError, TypeError,
-              AttributeError, UnicodeDecodeError, zipfile.BadZipFile)
+from ..common.checkpoints import UNREADABLE, why_unreadable
+from ..common.errors import InputFileError
+from ..common.files import atomic_path
+from .base import installs_once
 
 
-def allow_fairseq_checkpoints():
-    torch.serialization.add_safe_globals(SAFE_GLOBALS)
-
-
-def why_unreadable(path, exc: BaseException) -> str:
-    """One line naming ``path`` and what is wrong with it, for an exception of torch.load."""
-    text = str(exc)
-    if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in text:
-        return (f"{path}: refused: it holds what the weights-only loader does not read (objects other "
-                "than tensors and a configuration, i.e. code that loading would run)")
-    return f"{path}: not a readable checkpoint (truncated, corrupt or another kind of file)"
-
-
-def load(path):
-    """A checkpoint's state, read on the CPU by torch's weights-only loader
-    with fairseq's configuration type allowed: whatever else a pickle holds
-    (code) is refused, as is a truncated or foreign file, in one line that
-    names the file (:class:`InputFileError`)."""
-    allow_fairseq_checkpoints()
-    if not os.path.exists(path):
-        raise InputFileError(f"{path}: no such checkpoint")
-    if os.path.isdir(path):
-        raise InputFileError(f"{path}: is a directory, not a checkpoint")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except UNREADABLE as exc:
-        raise InputFileError(why_unreadable(path, exc)) from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise InputFileError(f"{path}: not a fairseq checkpoint (no model state)")
-    return state
-
-
-def model_setting(state, key):
-    """A model flag of a checkpoint, or None: fairseq keeps the flags in
-    ``cfg.model`` (an ``argparse.Namespace`` or a dict), older versions in ``args``."""
-    cfg = (state.get("cfg") or {}).get("model") or state.get("args")
-    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
-
-
+@installs_once
 def name_unreadable_checkpoints():
     """fairseq's checkpoint reader (generate, interactive, eval-lm, resume,
-    --restore-file) with the one-line refusals of :func:`load`: a checkpoint
+    --restore-file) with the one-line refusals of ``common.checkpoints.load``: a checkpoint
     that holds code, or is truncated or no checkpoint at all, is named in
     one line instead of a traceback that does not name it."""
     from fairseq import checkpoint_utils
 
     original = checkpoint_utils.load_checkpoint_to_cpu
-    if getattr(original, "names_files", False):
-        return
 
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         try:
@@ -83,10 +31,10 @@ def name_unreadable_checkpoints():
                 raise
             raise InputFileError(why_unreadable(path, exc)) from exc
 
-    load_checkpoint_to_cpu.names_files = True
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
 
+@installs_once
 def atomic_checkpoint_copies():
     """Make fairseq's checkpoint copies atomic.
 
@@ -99,8 +47,6 @@ def atomic_checkpoint_copies():
     """
     from fairseq.file_io import PathManager
 
-    if getattr(PathManager.copy, "atomic", False):
-        return
     original = PathManager.copy
 
     def copy(src_path, dst_path, overwrite=False):
@@ -112,10 +58,10 @@ def atomic_checkpoint_copies():
             shutil.copyfile(src_path, tmp)
         return True
 
-    copy.atomic = True
     PathManager.copy = staticmethod(copy)
 
 
+@installs_once
 def resume_with_the_same_batches():
     """Make a resumed run iterate over the same batches as an uninterrupted one.
 
@@ -133,8 +79,6 @@ def resume_with_the_same_batches():
 
     from fairseq.tasks import FairseqTask
 
-    if getattr(FairseqTask.get_batch_iterator, "same_batches", False):
-        return
     original = FairseqTask.get_batch_iterator
     signature = inspect.signature(original)
 
@@ -154,18 +98,16 @@ def resume_with_the_same_batches():
         dataset.set_epoch(epoch)
         return itr
 
-    get_batch_iterator.same_batches = True
     FairseqTask.get_batch_iterator = get_batch_iterator
 
 
+@installs_once
 def name_failed_saves():
     """A checkpoint fairseq cannot write (a full disk) ends the run in one line
     naming the file, with its partial ``.tmp`` removed, instead of two retries
     and their tracebacks: retrying a full disk only fills it again."""
     from fairseq import checkpoint_utils
 
-    if getattr(checkpoint_utils.torch_persistent_save, "names_files", False):
-        return
     persistent_save, retried_save = checkpoint_utils.torch_persistent_save, checkpoint_utils._torch_persistent_save
 
     def once_if_full(obj, f):
@@ -185,6 +127,5 @@ def name_failed_saves():
             raise InputFileError(f"{filename}: could not be written ({exc.strerror or exc}); the checkpoints "
                                  "saved before it are complete, and the next run resumes from the newest") from exc
 
-    torch_persistent_save.names_files = True
     checkpoint_utils._torch_persistent_save = once_if_full
     checkpoint_utils.torch_persistent_save = torch_persistent_save

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoints
-from .errors import InputFileError
-from .files import atomic_path
+from ..common import checkpoints
+from ..common.errors import InputFileError
+from ..common.files import atomic_path
 
 PATTERNS = {"epoch": re.compile(r"checkpoint(\d+)\.pt"), "update": re.compile(r"checkpoint_\d+_(\d+)\.pt")}
 

@@ -7,7 +7,7 @@ validation loss, words per second, time so far), this plugin's own messages
 (the norm backend, a recovered checkpoint), where a resumed run starts,
 and fairseq's errors::
 
-    fairseq-train ... 2>&1 | python -m powernorm_fairseq.progress --log RUN/train.log
+    fairseq-train ... 2>&1 | python -m powernorm_fairseq.cli.progress --log RUN/train.log
 
 It imports neither torch nor fairseq, so it starts at once.
 """

@@ -27,8 +27,9 @@ import shutil
 import zipfile
 from pathlib import Path
 
-from .errors import InputFileError
-from .files import atomic_path
+from ..common.errors import InputFileError
+from ..common.files import atomic_path
+from .base import installs_once
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ def recover_last(save_dir) -> str:
     return ""
 
 
+@installs_once
 def guard_training_runs():
     """Install the lock, the clean start and the recovery into fairseq-train
     (see the module doc), where the trainer first reads the save directory:
@@ -113,8 +115,6 @@ def guard_training_runs():
     import torch.distributed as dist
     from fairseq import checkpoint_utils
 
-    if getattr(checkpoint_utils.load_checkpoint, "guarded", False):
-        return
     load, verify = checkpoint_utils.load_checkpoint, checkpoint_utils.verify_checkpoint_directory
 
     def verify_checkpoint_directory(save_dir):
@@ -138,7 +138,6 @@ def guard_training_runs():
             raise SystemExit(0)
         return loaded
 
-    load_checkpoint.guarded = True
     checkpoint_utils.load_checkpoint = load_checkpoint
     checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory
 

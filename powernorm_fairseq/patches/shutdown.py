@@ -28,6 +28,8 @@ import gc
 import queue
 import threading
 
+from .base import installs_once
+
 JOIN_SECONDS = 10.0
 
 
@@ -68,7 +70,6 @@ def clean_exit():
     destroy_process_group()
 
 
+@installs_once
 def install():
-    if not getattr(install, "done", False):
-        atexit.register(clean_exit)
-        install.done = True
+    atexit.register(clean_exit)

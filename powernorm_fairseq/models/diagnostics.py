@@ -30,8 +30,8 @@ from functools import partial
 import torch
 from fairseq.logging import metrics
 
-from .norms import NORMS, norm_type_of
-from .norms.stats import upcast
+from ..norms import NORMS, norm_type_of
+from ..norms.stats import upcast
 
 PRIORITY = 100  # after fairseq's own metrics in every log line
 SUBLAYERS = {"self_attn_layer_norm": "attn", "encoder_attn_layer_norm": "cross", "final_layer_norm": "ffn"}

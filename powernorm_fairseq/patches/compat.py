@@ -9,7 +9,10 @@ import types
 
 import numpy as np
 
+from .base import installs_once
 
+
+@installs_once
 def numpy_compat_long():
     """Give NumPy 2 the ``np.compat.long`` that fairseq 0.12 uses (a no-op on NumPy 1)."""
     try:
@@ -18,6 +21,7 @@ def numpy_compat_long():
         np.compat = types.SimpleNamespace(long=int)
 
 
+@installs_once
 def bf16_without_tpu():
     """``--bf16`` on a GPU or CPU.
 
@@ -35,7 +39,7 @@ def bf16_without_tpu():
     from fairseq.dataclass import utils as dataclass_utils
 
     original = dataclass_utils.convert_namespace_to_omegaconf
-    if getattr(original, "bf16_without_tpu", False) or importlib.util.find_spec("torch_xla") is not None:
+    if importlib.util.find_spec("torch_xla") is not None:
         return
 
     def convert(args):
@@ -43,7 +47,6 @@ def bf16_without_tpu():
             args.tpu = False
         return original(args)
 
-    convert.bf16_without_tpu = True
     dataclass_utils.convert_namespace_to_omegaconf = convert
     train = sys.modules.get("fairseq_cli.train")
     if train is not None and getattr(train, "convert_namespace_to_omegaconf", None) is original:

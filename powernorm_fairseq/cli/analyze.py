@@ -40,10 +40,10 @@ from pathlib import Path
 
 import torch
 
-from . import checkpoints
-from .errors import InputFileError
-from .files import atomic_path
-from .flags import at_least, positive
+from ..common import checkpoints
+from ..common.errors import InputFileError
+from ..common.files import atomic_path
+from ..common.flags import at_least, positive
 
 # a training-interval record: "... | train_inner | {json}" on the console, the
 # bare JSON in a --log-file (where epoch and valid records prefix their keys)
@@ -318,7 +318,7 @@ class Probe:
 def landscape(paths, data, subset, batches, max_tokens, steps, lr, seed):
     from fairseq import checkpoint_utils
 
-    from .models import PowerNormTransformerModel  # noqa: F401 (registers the models the checkpoints name)
+    from ..models import PowerNormTransformerModel  # noqa: F401 (registers the models the checkpoints name)
 
     rows, summary = [], []
     for path in paths:

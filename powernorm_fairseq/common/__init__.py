@@ -1,0 +1,1 @@
+"""What the models, the patches and the console tools share: errors, checkpoint reading, files, flags."""

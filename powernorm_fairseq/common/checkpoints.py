@@ -1,0 +1,61 @@
+"""Reading fairseq checkpoints safely under torch >= 2.6.
+
+torch.load defaults to ``weights_only=True`` since torch 2.6, and a fairseq
+checkpoint holds its training configuration as an ``argparse.Namespace``
+(legacy ``args``) next to the weights. Allowing exactly the types fairseq
+writes keeps the safe loader on while ``fairseq-generate``,
+``fairseq-interactive``, resume and checkpoint averaging work unchanged.
+"""
+
+import argparse
+import os
+import pickle
+import zipfile
+
+import torch
+
+from .errors import InputFileError
+
+SAFE_GLOBALS = [argparse.Namespace]
+#: what torch.load raises on a file that is no (complete) checkpoint
+UNREADABLE = (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, KeyError, ValueError, TypeError,
+              AttributeError, UnicodeDecodeError, zipfile.BadZipFile)
+
+
+def allow_fairseq_checkpoints():
+    torch.serialization.add_safe_globals(SAFE_GLOBALS)
+
+
+def why_unreadable(path, exc: BaseException) -> str:
+    """One line naming ``path`` and what is wrong with it, for an exception of torch.load."""
+    text = str(exc)
+    if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in text:
+        return (f"{path}: refused: it holds what the weights-only loader does not read (objects other "
+                "than tensors and a configuration, i.e. code that loading would run)")
+    return f"{path}: not a readable checkpoint (truncated, corrupt or another kind of file)"
+
+
+def load(path):
+    """A checkpoint's state, read on the CPU by torch's weights-only loader
+    with fairseq's configuration type allowed: whatever else a pickle holds
+    (code) is refused, as is a truncated or foreign file, in one line that
+    names the file (:class:`InputFileError`)."""
+    allow_fairseq_checkpoints()
+    if not os.path.exists(path):
+        raise InputFileError(f"{path}: no such checkpoint")
+    if os.path.isdir(path):
+        raise InputFileError(f"{path}: is a directory, not a checkpoint")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except UNREADABLE as exc:
+        raise InputFileError(why_unreadable(path, exc)) from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        raise InputFileError(f"{path}: not a fairseq checkpoint (no model state)")
+    return state
+
+
+def model_setting(state, key):
+    """A model flag of a checkpoint, or None: fairseq keeps the flags in
+    ``cfg.model`` (an ``argparse.Namespace`` or a dict), older versions in ``args``."""
+    cfg = (state.get("cfg") or {}).get("model") or state.get("args")
+    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
