@@ -80,7 +80,7 @@ class Command:
                     stream = opened.enter_context(open(os.devnull, "rb" if i == 0 else "wb"))
                 fds.append(stream if isinstance(stream, int) else stream.fileno())
             self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._conn.connect(_fork_server())
+            self._conn.connect(_fork_server("fairseq" if tool.startswith("fairseq-") else "torch"))
             socket.send_fds(self._conn, [len(request).to_bytes(8, "big")], fds)
             self._conn.sendall(request)
         self._buffer = b""
@@ -123,24 +123,27 @@ class Command:
         self.send_signal(signal.SIGKILL)
 
 
-_server = {}
+_servers = {}
 
 
-def _fork_server():
-    """The socket of this session's fork server, started on first use."""
-    if "path" not in _server:
+def _fork_server(modules):
+    """The socket of this session's fork server that has imported ``modules``
+    ("fairseq": torch and fairseq, for fairseq's commands; "torch": torch
+    alone, for the plugin's tools), started on first use."""
+    if modules not in _servers:
         import atexit
         import tempfile
 
         path = os.path.join(tempfile.mkdtemp(prefix="powernorm-forkserver-"), "socket")
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "forkserver.py"), path],
+        imports = ["torch", "fairseq"] if modules == "fairseq" else ["torch"]
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "forkserver.py"), path, *imports],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONWARNINGS": "ignore"})
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the fork server did not start (exit status {proc.wait()})")
         atexit.register(proc.kill)
-        _server.update(path=path, proc=proc)
-    return _server["path"]
+        _servers[modules] = path
+    return _servers[modules]
 
 
 def cli(tool, *args, check=True, cwd=ROOT, timeout=600, input=None, env=None):

@@ -2,8 +2,10 @@
 
 Every ``fairseq-train`` spends seconds importing torch, fairseq and what
 fairseq imports (scikit-learn among them) before it reads a flag: the same
-seconds in every one of the suite's many runs. This server imports torch and
-fairseq once. Each command is then a fork of it that runs the console script
+seconds in every one of the suite's many runs. This server imports them once
+(torch and fairseq for fairseq's commands; torch alone for the plugin's
+tools, which import fairseq themselves where they need it, and whose
+behaviour depends on whether it is loaded). Each command is then a fork of it that runs the console script
 as the script itself does, ``sys.exit(main())`` at the top level of
 ``__main__``, in a process of its own: its own pid, file descriptors,
 environment, working directory, signal dispositions, exit status, excepthook
@@ -16,11 +18,13 @@ as three file descriptors (SCM_RIGHTS); the server answers with a line
 ``{"pid": ...}`` once the command runs, then ``{"returncode": ...}`` (negative
 for a signal, as ``subprocess`` reports it) once it has ended.
 
-    python tests/forkserver.py SOCKET     # prints "ready" when it accepts
+    python tests/forkserver.py SOCKET MODULE...   # prints "ready" when it accepts
 """
 
+import importlib
 import io
 import json
+import logging
 import os
 import signal
 import socket
@@ -77,16 +81,19 @@ def _become(request, fds):
     sys.stdin = sys.__stdin__ = _stream(0, "r", unbuffered)
     sys.stdout = sys.__stdout__ = _stream(1, "w", unbuffered)
     sys.stderr = sys.__stderr__ = _stream(2, "w", unbuffered)
+    for handler in logging.root.handlers[:]:  # as a fresh interpreter has it: fairseq_cli configures it
+        logging.root.removeHandler(handler)
+    logging.root.setLevel(logging.WARNING)
     sys.argv = list(request["argv"])
     (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == request["tool"]]
     return script.load()
 
 
-def serve(path):
-    """Accept commands on ``path`` forever; return only in a command's process,
-    with the entry point it is to run."""
-    import fairseq  # noqa: F401  (the imports every command shares)
-    import torch  # noqa: F401
+def serve(path, modules):
+    """Import ``modules``, then accept commands on ``path`` forever; return
+    only in a command's process, with the entry point it is to run."""
+    for module in modules:  # the imports every command shares
+        importlib.import_module(module)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -122,5 +129,5 @@ def serve(path):
 
 
 if __name__ == "__main__":
-    main = serve(sys.argv[1])
+    main = serve(sys.argv[1], sys.argv[2:])
     sys.exit(main())  # as a console script ends: the interpreter's own exit

@@ -33,6 +33,8 @@ def test_resume_restores_every_norm_buffer(toy_data, tmp_path):
     counter come back exactly as saved."""
     from fairseq import checkpoint_utils
 
+    import powernorm_fairseq.models  # noqa: F401  (registers the models in this process, as --user-dir does)
+
     cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "pn", "--decoder-norm-type", "bn",
                                      max_update=7))
     saved = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["model"]
