@@ -17,7 +17,7 @@ def per_file(path):
     """{test file: [seconds, tests, failures]} of one JUnit XML report."""
     files = collections.defaultdict(lambda: [0.0, 0, 0])
     for case in ET.parse(path).iter("testcase"):
-        name = case.get("classname", "").split(".")[0] + ".py"
+        name = case.get("classname", "").split(".")[-1] + ".py"  # tests.test_cli -> test_cli.py
         row = files[name]
         row[0] += float(case.get("time", 0))
         row[1] += 1

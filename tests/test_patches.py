@@ -30,14 +30,15 @@ PATCHED = {
     "unreadable checkpoints": "fairseq.checkpoint_utils.load_checkpoint_to_cpu",
     "one-line errors": "sys.excepthook",
     "one-line usage errors": "argparse.ArgumentParser.error",
-    "fairseq's input errors": "getattr(getattr(sys.modules.get('powernorm_fairseq.patches.errors'), 'name_fairseq_input_errors', None), "
-                              "'installed', False)",
+    "fairseq's input errors": "getattr(getattr(sys.modules.get('powernorm_fairseq.patches.errors'), "
+                              "'name_fairseq_input_errors', None), 'installed', False)",
     "atomic copies": "fairseq.file_io.PathManager.copy",
     "exact resume": "fairseq.tasks.FairseqTask.get_batch_iterator",
     "failed saves": "fairseq.checkpoint_utils.torch_persistent_save",
     "save-directory lock and debris": "fairseq.checkpoint_utils.load_checkpoint",
     "binarized data": "fairseq.data.indexed_dataset.MMapIndexedDataset._do_init",
-    "shutdown": "getattr(getattr(sys.modules.get('powernorm_fairseq.patches.shutdown'), 'install', None), 'installed', False)",
+    "shutdown": "getattr(getattr(sys.modules.get('powernorm_fairseq.patches.shutdown'), 'install', None), "
+                "'installed', False)",
     "bf16 without a TPU": "fairseq.dataclass.utils.convert_namespace_to_omegaconf",
     "weights-only checkpoints": "argparse.Namespace in torch.serialization.get_safe_globals()",
 }
