@@ -2,11 +2,12 @@
 # Set up .venv (idempotent) and run the test suite; other arguments go to pytest.
 #   --fast     the fast tier only: the tests that run in pytest's own process
 #              (about a minute); without it, both tiers
-#   -n N       N workers (default: one per CPU core, pytest-xdist); -n 0: one process
+#   -n N       N workers (default: one per CPU core, at most 4; pytest-xdist); -n 0: one process
 #   -h, --help this text
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-args=() workers=(-n auto --dist worksteal)
+cores=$(nproc 2>/dev/null || echo 2)
+args=() workers=(-n "$(( cores < 4 ? cores : 4 ))" --dist worksteal)
 for arg in "$@"; do
   case "$arg" in
     -h|--help) sed -n '2,6p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
