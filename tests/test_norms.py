@@ -445,3 +445,24 @@ def test_adanorm_scale_and_rms_init():
     assert torch.equal(build_norm("rmsnorm", C).weight, torch.ones(C))
     with pytest.raises(ValueError, match="groups must divide"):
         build_norm("groupnorm", C, groups=3)
+
+
+@pytest.mark.parametrize("kind", NORM_TYPES)
+def test_an_empty_batch_gives_the_plain_paths_result(kind):
+    """T = 0 (a batch of empty sentences) in training and eval: an empty
+    output and gradient, and the state the plain path leaves."""
+    for training in (True, False):
+        torch.manual_seed(0)
+        norm = build_norm(kind, C).double().train(training)
+        torch.manual_seed(0)
+        with kernels.use("plain"):
+            plain = build_norm(kind, C).double().train(training)
+        x = torch.randn(0, B, C, dtype=torch.float64, requires_grad=True)
+        pad = torch.zeros(B, 0, dtype=torch.bool)
+        y = norm(x, pad)
+        y.sum().backward()
+        with kernels.use("plain"):
+            plain(x.detach(), pad)
+        assert y.shape == x.shape and x.grad.shape == x.shape
+        assert all(torch.equal(a, b) for a, b in zip(norm.state_dict().values(), plain.state_dict().values()))
+
