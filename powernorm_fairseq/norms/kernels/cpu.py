@@ -40,7 +40,7 @@ def load():
         build = build_directory()
         build.mkdir(parents=True, exist_ok=True)
         with _venv_tools_on_path(), _build_lock(build):
-            _module = load_extension(
+            module = load_extension(
                 name="powernorm_fairseq_kernels",
                 sources=[str(_SOURCE)],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"],
@@ -48,7 +48,8 @@ def load():
                 build_directory=str(build),
                 verbose=False,
             )
-        contract.check(_module, "compiled cpu")
+        contract.check(module, "compiled cpu")  # a module that drifted from the contract is not used
+        _module = module
     except Exception as err:  # no compiler, no ninja, a build error: the caller falls back, loudly
         text = str(err).strip()
         failure = f"{type(err).__name__}: {text.splitlines()[-1] if text else err}"

@@ -111,7 +111,7 @@ class FusedChannelNorm(torch.autograd.Function):
             B = p.rate * p.nu.to(sd)
         inv_bwd = p.inv
         if p.mode == "reference" and stats.numel():  # the batch's own scale, from the forward's sums
-            inv_bwd = torch.rsqrt((stats[1] / p.n).to(sd) + p.eps)
+            inv_bwd = torch.rsqrt(moments(stats, p.n, False, x)[1] + p.eps)
         # the second pass of an exact gradient sums again only where nu needs the real-token terms
         want_sums = p.mode != "exact" or p.nu is not None
         grad_x, second = k.backward(**args, inv_bwd=inv_bwd, A=_opt(A), B=B, correct_pads=p.mode == "reference",
