@@ -60,7 +60,8 @@ class BatchStatNorm(Norm):
         return {"psi2": (psi2, self.running(xs)[1].clone())}, (xs, None, torch.rsqrt(psi2 + self.eps))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        k = kernels.select(x) if self.training else None
+        # the kernels, in training; under --norm-sync, the plain path's differentiable all-reduce
+        k = kernels.select(x) if self.training and not sync_mod.active(self.sync) else None
         if k is not None:
             return self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
         xf = self.scaled(upcast(x))
@@ -87,53 +88,15 @@ class BatchStatNorm(Norm):
         return group_scale(xf, self.groups) if self.layer_scale else xf
 
     def _fused(self, k, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        """Training on backend ``k``: a statistics pass, then one normalising
-        pass; the exact gradient in two passes. Under ``--norm-sync`` the
-        all-reduce sits between the statistics and the normalising kernels."""
-        x2, keep, n = fused.rows(x, pad_mask)
+        """Training on backend ``k``: a statistics pass, one normalising pass,
+        and the exact gradient in two (``kernels/functions.py``)."""
+        x2, mask = fused.rows(x, pad_mask)
         groups = self.groups if self.layer_scale else 0  # the kernels scale each row in registers
-        shift = None
-        if self.center:  # a real row, as the kernels see it after the layer scale
-            shift = self.scaled(fused.a_real_row(x2, keep).view(1, 1, -1)).view(-1)
-        sums = fused.batch_sums(k, x2, keep, groups, shift)
-        synced = {}  # --norm-sync batch: the global batch's statistics and exact gradient
-        if sync_mod.active(self.sync):
-            N, g_mean, g_second = self._global_moments(sums, n, shift, x)
-            if N == 0:  # every worker's batch is padding
-                return self._with_running(x)
-            self.update_running(g_mean, g_second, N)
-            if self.sync == "batch":  # the global batch, and the exact gradient of its statistics
-                mean, second = g_mean, g_second
-                synced = dict(reduce=sync_mod.all_sum, n_global=N)
-            elif n == 0:
-                return self._with_running(x)
-            else:  # running: this worker's batch and gradient; the buffers above are global
-                mean, second = fused.moments(sums, n, self.center, x, shift)
-        elif n == 0:  # a training batch that is all padding
-            return self._with_running(x)
-        else:
-            mean, second = fused.moments(sums, n, self.center, x, shift)
-            self.update_running(mean, second, n)
-        plan = fused.Plan(k=k, groups=groups, center=self.center, mode="exact", n=n, mean=mean,
-                          inv=torch.rsqrt(second + self.eps), **synced)
-        y, _ = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
+        step = fused.Step(k.NAME, groups, self.center, self.update, "exact", self.momentum, self.eps)
+        mean_buf, second_buf = self.kernel_buffers()
+        steps, nu = x.new_empty(0), x.new_empty(0)  # PN's; apart, as the kernels write the one
+        y = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, mean_buf, second_buf, steps, nu, step)
         return y.view_as(x)
-
-    def _global_moments(self, sums: Tensor, n: int, shift: Optional[Tensor], like: Tensor):
-        """(N, mean or None, variance or psi^2) of the union of the workers'
-        batches from this worker's shifted sums: the means and the sums of
-        squared deviations are combined (Chan et al.'s pairwise formula), as
-        the workers' shifts differ."""
-        if not self.center:
-            N, total = sync_mod.sum_and_count(sums[1], n)
-            return N, None, (total / max(N, 1)).to(stat_dtype(like))
-        m = max(n, 1)
-        local_mean = shift.double() + sums[0] / m
-        local_m2 = sums[1] - sums[0] * sums[0] / m  # sum of squared deviations from local_mean
-        N, mean, m2 = sync_mod.combine(n, local_mean, local_m2)
-        if N == 0:
-            return 0, None, None
-        return N, mean.to(stat_dtype(like)), (m2 / N).clamp(min=0).to(stat_dtype(like))
 
     def _with_running(self, x: Tensor) -> Tensor:
         """Normalised with the running statistics, as in eval."""
@@ -173,6 +136,10 @@ class BatchStatNorm(Norm):
     def running(self, like: Tensor) -> Tuple[Optional[Tensor], Tensor]:
         raise NotImplementedError
 
+    def kernel_buffers(self) -> Tuple[Tensor, Tensor]:
+        """(running mean or empty, running second moment) that the kernels update in place."""
+        raise NotImplementedError
+
     def update_running(self, mean: Optional[Tensor], second: Tensor, n: int):
         raise NotImplementedError
 
@@ -190,8 +157,13 @@ class MaskedBatchNorm(BatchStatNorm):
         self.register_buffer("running_mean", torch.zeros(dim))
         self.register_buffer("running_var", torch.ones(dim))
 
+    update = "bn"  # how the kernels update the running statistics (kernels/functions.py)
+
     def running(self, like):
         return self.running_mean.to(like), self.running_var.to(like)
+
+    def kernel_buffers(self):
+        return self.running_mean, self.running_var
 
     def diagnostics_view(self, x, pad_mask):
         xs = self.scaled(upcast(x))

@@ -15,7 +15,6 @@ model trained with it can be continued or compared exactly. Each departure
 from the paper is marked ``REFERENCE:`` below.
 """
 
-import functools
 import logging
 import math
 from typing import Optional
@@ -56,8 +55,13 @@ class PowerNormV(BatchStatNorm):
         return dict(eps=cfg.pn_eps, sync=cfg.norm_sync or "batch", layer_scale=layer_scale_option(cfg, False),
                     groups=heads, **momentum_option(cfg))
 
+    update = "pn-v"  # how the kernels update the running statistics (kernels/functions.py)
+
     def running(self, like):
         return None, self.running_psi2.to(like)
+
+    def kernel_buffers(self):
+        return self.running_psi2.new_empty(0), self.running_psi2
 
     @torch.no_grad()
     def update_running(self, mean, psi2, n):
@@ -176,12 +180,12 @@ class PowerNorm(Norm):
         self.register_buffer("num_steps", torch.tensor(0, dtype=torch.long))
         # running_nu is nu_paper times this: the released code stores nu / (1 - alpha_bwd)
         self.register_buffer("nu_scale", torch.tensor(self._own_nu_scale()))
-        self._steps = None  # num_steps on the host, so that a GPU run need not wait to read it
+        # num_steps on the host, so that a step never waits to read it: set
+        # here and by a load (from the state dict's value, at load time)
+        self._steps = 0
 
     def _next_step(self) -> int:
         """k of the coming training forward (1-based); :meth:`_count_step` commits it."""
-        if self._steps is None:
-            self._steps = int(self.num_steps)  # once, and again after a load
         return self._steps + 1
 
     def _count_step(self, k: int):
@@ -216,7 +220,8 @@ class PowerNorm(Norm):
         return 1.0 / (1.0 - self.alpha_bwd) if self.backward == "reference" else 1.0
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        self._steps = None
+        if prefix + "num_steps" in state_dict:
+            self._steps = int(state_dict[prefix + "num_steps"])
         own, key, nu_key = self._own_nu_scale(), prefix + "nu_scale", prefix + "running_nu"
         if key not in state_dict:  # saved before the scale was recorded: taken as this backward's
             state_dict[key] = torch.tensor(own)
@@ -230,28 +235,20 @@ class PowerNorm(Norm):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        syncing = self.training and sync_mod.active(self.sync)
-        k = kernels.select(x) if self.training else None
-        xk = x if k is not None and x.dtype in k.DTYPES else upcast(x)  # what the backend computes on
-        if syncing:
-            y = self._fused_synced(k, xk, pad_mask) if k is not None else self._synced(xk, pad_mask)
-            return y.to(x.dtype)
-        if k is not None:
-            all_padding = pad_mask is not None and fused.rows(xk, pad_mask)[2] == 0
-        else:
-            all_padding = pad_mask is not None and bool(pad_mask.all())
-        if not self.training or all_padding:
-            # eval, or a training batch that is all padding: running psi^2, no update
+        if not self.training:  # the running psi^2, no update
             return self._with_running_psi2(self.scaled(upcast(x))).to(x.dtype)
-
+        if sync_mod.active(self.sync):
+            return self._synced(upcast(x), pad_mask).to(x.dtype)
+        k = kernels.select(x)
+        if k is not None:
+            return self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
+        if pad_mask is not None and bool(pad_mask.all()):  # a training batch that is all padding: no update
+            return self._with_running_psi2(self.scaled(upcast(x))).to(x.dtype)
         step = self._next_step()
         self._count_step(step)
         warm = step <= self.warmup_updates  # batch statistics in the forward (PN-V) while warm
         mode = "reference" if self.backward == "reference" else "exact" if warm else "paper"
-        if k is not None:
-            y, psi2_batch = self._fused(k, xk, pad_mask, mode, warm)
-        else:
-            y, psi2_batch = self._plain(xk, pad_mask, mode, warm)
+        y, psi2_batch = self._plain(upcast(x), pad_mask, mode, warm)
         self._update_psi2(psi2_batch, step, warm)
         return y.to(x.dtype)
 
@@ -304,57 +301,25 @@ class PowerNorm(Norm):
         self._update_psi2(psi2_global, k, warm)
         return y
 
-    def _fused(self, k, x, pad_mask, mode, batch_scale):
-        """On backend ``k``: one pass each way after warmup (the forward sums
+    def _fused(self, k, x, pad_mask):
+        """On backend ``k``: after warmup one pass each way (the forward sums
         psi_B^2 for the running average while it normalises with psi^2_{t-1});
-        during warmup a statistics pass first, and the exact gradient in two."""
-        x2, keep, n = fused.rows(x, pad_mask)
-        groups = self.groups if self.group_scaling else 0
-        if batch_scale:
-            _, psi2_batch = fused.moments(fused.batch_sums(k, x2, keep, groups), n, False, x)
-            inv = torch.rsqrt(psi2_batch + self.eps)
-        else:
-            inv = torch.rsqrt(self.running_psi2.to(stat_dtype(x)) + self.eps)
-        plan = fused.Plan(k=k, groups=groups, center=False, mode=mode, n=n, inv=inv, nu=self.running_nu,
-                          rate=1.0 - self.alpha_bwd, collect_stats=not batch_scale, eps=self.eps)
-        y, stats = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan)
-        if not batch_scale:  # psi_B^2, summed by the forward kernel
-            _, psi2_batch = fused.moments(stats, n, False, x)
-        return y.view_as(x), psi2_batch
-
-    def _fused_synced(self, k, x, pad_mask):
-        """Training under ``--norm-sync batch|running`` on backend ``k``: the
-        all-reduce of (count, sum xs^2) sits between the statistics kernel and
-        the normalising one during warmup, and follows the forward kernel
-        after it (which normalises with psi^2_{t-1}); the backward all-reduces
-        Algorithm 2's Gamma and Lambda, and during warmup under ``batch`` the
-        batch term of Eq. 6."""
-        x2, keep, n = fused.rows(x, pad_mask)
-        groups = self.groups if self.group_scaling else 0
+        during warmup a statistics pass first, and the exact gradient in two.
+        The kernels count the step on the device (a batch of padding is not a
+        step); the host counts the training forwards, which decide the warmup."""
         step = self._next_step()
+        self._steps = step
         warm = step <= self.warmup_updates
-        sd = stat_dtype(x)
-        plan = functools.partial(fused.Plan, k=k, groups=groups, center=False, mode="exact" if warm else "paper",
-                                 n=n, nu=self.running_nu, rate=1.0 - self.alpha_bwd, collect_stats=not warm,
-                                 reduce=sync_mod.all_sum, exact_global=self.sync == "batch")
-        if warm:
-            local = fused.batch_sums(k, x2, keep, groups)
-            N, total = sync_mod.sum_and_count(local[1], n)
-            if N == 0:  # every worker's batch is padding: as in eval, no update
-                return self._with_running_psi2(self.scaled(upcast(x)))
-            psi2_global = (total / N).to(sd)
-            psi2 = psi2_global if self.sync == "batch" or n == 0 else (local[1] / n).to(sd)
-            y, _ = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias,
-                                                plan(inv=torch.rsqrt(psi2 + self.eps), n_global=N))
-        else:  # the global count is summed again in the backward, with Algorithm 2's sums
-            inv = torch.rsqrt(self.running_psi2.to(sd) + self.eps)
-            y, stats = fused.FusedChannelNorm.apply(x2, keep, self.weight, self.bias, plan(inv=inv))
-            N, total = sync_mod.sum_and_count(stats[1], n)
-            if N == 0:
-                return self._with_running_psi2(self.scaled(upcast(x)))
-            psi2_global = (total / N).to(sd)
-        self._count_step(step)
-        self._update_psi2(psi2_global, step, warm)
+        if self.backward == "reference":
+            update, mode = ("reference-warm" if warm else "reference"), "reference"
+        else:
+            update, mode = ("pn-warm", "exact") if warm else ("pn", "paper")
+        groups = self.groups if self.group_scaling else 0
+        plan = fused.Step(k.NAME, groups, False, update, mode, 1.0 - self.alpha_fwd, self.eps, self.warmup_updates,
+                          1.0 - self.alpha_bwd)
+        x2, mask = fused.rows(x, pad_mask)
+        y = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, x.new_empty(0), self.running_psi2,
+                                         self.num_steps, self.running_nu, plan)
         return y.view_as(x)
 
     def _plain(self, xf, pad_mask, mode, batch_scale):

@@ -24,7 +24,7 @@ class RMSNorm(Norm):
         k = kernels.select(x)
         if k is not None and hasattr(k, "rmsnorm_forward"):  # GPU kernels only
             xk = x if x.dtype in k.DTYPES else upcast(x)
-            y = FusedRMSNorm.apply(xk.contiguous().view(-1, self.dim), self.weight, self.eps, k)
+            y = FusedRMSNorm.apply(xk.contiguous().view(-1, self.dim), self.weight, self.eps, k.NAME)
             return y.view_as(x).to(x.dtype)
         xf = upcast(x)
         y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)

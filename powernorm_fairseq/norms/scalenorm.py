@@ -29,7 +29,7 @@ class ScaleNorm(Norm):
         k = kernels.select(x)
         if k is not None:
             xk = x if x.dtype in k.DTYPES else upcast(x)
-            y = FusedScaleNorm.apply(xk.contiguous().view(-1, self.dim), self.scale, self.eps, k)
+            y = FusedScaleNorm.apply(xk.contiguous().view(-1, self.dim), self.scale, self.eps, k.NAME)
             return y.view_as(x).to(x.dtype)
         xf = upcast(x)
         norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)

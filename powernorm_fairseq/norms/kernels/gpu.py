@@ -20,7 +20,7 @@ import sys
 
 import torch
 
-from . import contract
+from . import contract, launches
 
 try:
     import triton
@@ -71,58 +71,145 @@ def _layout(x, groups):
     return cw, block_c, chunks, block_n, per_prog, triton.cdiv(N, per_prog)
 
 
+def parts(x, groups):
+    """(rows, dtype) of the per-program statistics ``forward`` and ``backward`` return."""
+    return _layout(x, groups)[-1], _acc(x)
+
+
 def _empty(t):
     return t is None or t.numel() == 0
 
 
-def forward(x, keep, groups, gs_eps, mean, inv, weight, bias, want_y, want_stats, shift):
-    """y = (xs - mean) * inv * w + b and per-channel sums of d, d^2 over the
-    real rows, d = xs - shift (0 without a shift).
+_NOTHING = {}
 
-    Returns (y or None, group scales (N, G) or None, sums (2, C) float64 or None).
-    """
+
+def _nothing(device):
+    """A one-element placeholder for the pointer of an input a variant does not read."""
+    if device not in _NOTHING:
+        _NOTHING[device] = torch.zeros(1, device=device)
+    return _NOTHING[device]
+
+
+_COUNTERS = {}
+
+
+def _counter(device):
+    """The arrival counter of the kernels whose last program finishes the
+    work of the others (every such kernel leaves it at 0 again)."""
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
+def _or(t, device):
+    return _nothing(device) if _empty(t) else t
+
+
+def _mask_args(mask, device):
+    """(pointer, batch size, sequence length) of a (B, T) padding mask, rows r = t * B + b."""
+    if _empty(mask):
+        return _nothing(device), 1, 1
+    return mask, mask.size(0), mask.size(1)
+
+
+def _launch(kernel, grid, *args, **constexprs):
+    with launches.kernel(kernel.__name__ if hasattr(kernel, "__name__") else str(kernel)):
+        kernel[grid](*args, **constexprs)
+
+
+_FINISH_BLOCK = 64  # columns per program of the finishing kernels
+
+
+def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
+    """y = (xs - mean) * inv * w + b over the rows, and per-program statistics
+    of the real rows (``part``, (P, 3, C): count, then mean and sum of squared
+    deviations when ``center``, else 0 and the sum of xs^2). With ``inv_eps``
+    >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
+
+    Returns (y or empty, group scales (N, G) or empty, part or empty)."""
     N, C = x.shape
     cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups)
-    acc = _acc(x)
-    y = torch.empty_like(x) if want_y else x
-    scale = torch.empty(N, groups, dtype=acc, device=x.device) if groups > 0 else x
-    part = torch.empty(progs, 2, C, dtype=acc, device=x.device) if want_stats else x
-    _channel_forward[(progs, chunks)](
-        x, keep if not _empty(keep) else x, mean if not _empty(mean) else x,
-        inv if want_y else x, weight if want_y else x, bias if want_y else x, y, scale, part,
-        shift if not _empty(shift) else x, N, C, per_prog, gs_eps,
-        HAS_KEEP=not _empty(keep), HAS_MEAN=not _empty(mean), HAS_SHIFT=not _empty(shift), GROUPED=groups > 0,
-        WANT_Y=want_y, WANT_STATS=want_stats, F64=acc == torch.float64,
-        BLOCK_N=block_n, BLOCK_C=block_c, CW=cw)
-    sums = part.sum(0, dtype=torch.float64) if want_stats else None
-    return (y if want_y else None), (scale if groups > 0 else None), sums
+    acc, dev = _acc(x), x.device
+    y = torch.empty_like(x) if want_y else x.new_empty(0)
+    scale = torch.empty(N, groups, dtype=acc, device=dev) if groups > 0 else x.new_empty(0)
+    part = torch.empty(progs, 3, C, dtype=acc, device=dev) if want_stats else x.new_empty(0)
+    m, nb, nt = _mask_args(mask, dev)
+    _launch(_channel_forward, (progs, chunks),
+            x, m, _or(mean, dev), _or(inv, dev), _or(weight, dev), _or(bias, dev), _or(y, dev), _or(scale, dev),
+            _or(part, dev),
+            N, C, nb, nt, per_prog, gs_eps, inv_eps,
+            HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), INV_RUNNING=inv_eps >= 0, GROUPED=groups > 0,
+            WANT_Y=want_y, WANT_STATS=want_stats, CENTER=center, F64=acc == torch.float64,
+            BLOCK_N=block_n, BLOCK_C=block_c, CW=cw)
+    return y, scale, part
 
 
-def backward(x, keep, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, groups, correct_pads, want_gx,
-             want_sums):
-    """dL/dx = back through the group scaling of (g - m (A + B xh)) * inv_bwd, g = dy * w.
+#: how ``finish_stats`` updates the running statistics (functions.UPDATES)
+_UPDATES = {"bn": 0, "pn-v": 1, "pn-warm": 2, "pn": 3, "reference-warm": 4, "reference": 5}
 
-    Returns (dL/dx or None, sums (5, C) float64: dy*xh and dy over every row,
-    g*xh and xh^2 over the real rows, xh^2 over every row).
-    """
+
+def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
+    """The batch's statistics from ``forward``'s per-program ``part`` and the
+    running statistics' update, in one kernel: see functions.finish_stats."""
+    P, _, C = part.shape
+    dev, sd = part.device, second_buf.dtype
+    progs = triton.cdiv(C, _FINISH_BLOCK)
+    mean = torch.empty(C if update == "bn" else 0, dtype=sd, device=dev)
+    inv, inv_batch = torch.empty(C, dtype=sd, device=dev), torch.empty(C, dtype=sd, device=dev)
+    n = torch.empty(1, dtype=torch.float64, device=dev)
+    scratch = torch.empty(2, C, dtype=sd, device=dev)
+    flags = torch.empty(progs, dtype=torch.int32, device=dev)
+    _launch(_finish_stats, (progs,),
+            part, _or(mean_buf, dev), second_buf, _or(steps, dev), _or(mean, dev), inv, inv_batch, n, scratch, flags,
+            _counter(dev), P, C, momentum, eps, warmup,
+            UPDATE=_UPDATES[update], HAS_STEPS=not _empty(steps), BLOCK=_FINISH_BLOCK)
+    return mean, inv, inv_batch, n
+
+
+def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
+             want_gx, want_sums):
+    """dL/dx = back through the group scaling of (g - m (A + b_scale B xh)) * inv_bwd, g = dy * w,
+    and per-program sums ``part`` (P, 5, C): dy*xh and dy over every row,
+    dy*xh and xh^2 over the real rows, xh^2 over every row.
+
+    Returns (dL/dx or empty, part or empty)."""
     N, C = x.shape
     cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups)
-    acc = _acc(x)
-    gx = torch.empty_like(x) if want_gx else x
-    part = torch.empty(progs, 5, C, dtype=acc, device=x.device) if want_sums else x
-    _channel_backward[(progs, chunks)](
-        x, keep if not _empty(keep) else x, scale if not _empty(scale) else x, grad_y, weight,
-        mean if not _empty(mean) else x, inv_fwd, inv_bwd if not _empty(inv_bwd) else x,
-        A if not _empty(A) else x, B if not _empty(B) else x, gx, part,
-        N, C, per_prog,
-        HAS_KEEP=not _empty(keep), HAS_MEAN=not _empty(mean), HAS_A=not _empty(A), HAS_B=not _empty(B),
-        GROUPED=groups > 0, CORRECT_PADS=correct_pads, WANT_GX=want_gx, WANT_SUMS=want_sums,
-        F64=acc == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, CW=cw)
-    sums = None
-    if want_sums:
-        sums = part.sum(0, dtype=torch.float64)
-        sums[2] *= weight.double()
-    return (gx if want_gx else None), sums
+    acc, dev = _acc(x), x.device
+    gx = torch.empty_like(x) if want_gx else x.new_empty(0)
+    part = torch.empty(progs, 5, C, dtype=acc, device=dev) if want_sums else x.new_empty(0)
+    m, nb, nt = _mask_args(mask, dev)
+    _launch(_channel_backward, (progs, chunks),
+            x, m, _or(scale, dev), grad_y, weight, _or(mean, dev), inv_fwd, _or(inv_bwd, dev), _or(A, dev),
+            _or(B, dev), _or(gx, dev), _or(part, dev), N, C, nb, nt, per_prog, b_scale,
+            HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), HAS_A=not _empty(A), HAS_B=not _empty(B),
+            GROUPED=groups > 0, CORRECT_PADS=correct_pads, WANT_GX=want_gx, WANT_SUMS=want_sums,
+            F64=acc == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, CW=cw)
+    return gx, part
+
+
+_KINDS = {"exact": 0, "paper": 1, "reference": 2}
+
+
+def finish_backward(part, weight, n, nu, rate, kind, center, rows):
+    """The weight and bias gradients from ``backward``'s ``part``, the exact
+    gradient's A and B (``kind`` exact) and nu's update, in one kernel: see
+    functions.finish_backward."""
+    P, _, C = part.shape
+    dev = part.device
+    sd = nu.dtype if not _empty(nu) else (torch.float64 if part.dtype == torch.float64 else torch.float32)
+    progs = triton.cdiv(C, _FINISH_BLOCK)
+    grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
+    exact = kind == "exact"
+    A = torch.empty(C if exact and center else 0, dtype=sd, device=dev)
+    B = torch.empty(C if exact else 0, dtype=sd, device=dev)
+    scratch = torch.empty(C, dtype=sd, device=dev) if not _empty(nu) else _nothing(dev)
+    flags = torch.empty(progs, dtype=torch.int32, device=dev)
+    _launch(_finish_backward, (progs,),
+            part, weight, n, _or(nu, dev), grad_w, grad_b, _or(A, dev), _or(B, dev), scratch, flags, _counter(dev),
+            P, C, rate, rows,
+            KIND=_KINDS[kind], CENTER=center, HAS_NU=not _empty(nu), BLOCK=_FINISH_BLOCK)
+    return grad_w, grad_b, A, B
 
 
 def _row_layout(x):
@@ -140,20 +227,22 @@ def scalenorm_forward(x, scale, eps):
     block_c, block_n, per_prog, progs = _row_layout(x)
     y = torch.empty_like(x)
     norms = torch.empty(N, dtype=_acc(x), device=x.device)
-    _scalenorm_forward[(progs,)](x, scale.reshape(1), y, norms, N, C, per_prog, eps,
-                                 F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
+    _launch(_scalenorm_forward, (progs,), x, scale, y, norms, N, C, per_prog, eps,
+            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
     return y, norms
 
 
 def scalenorm_backward(x, norms, grad_y, scale, eps):
-    """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg = sum <dy, x> / n."""
+    """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg
+    = sum <dy, x> / n, summed by the last program in a fixed order."""
     N, C = x.shape
     block_c, block_n, per_prog, progs = _row_layout(x)
     gx = torch.empty_like(x)
     part = torch.empty(progs, dtype=_acc(x), device=x.device)
-    _scalenorm_backward[(progs,)](x, norms, grad_y, scale.reshape(1), gx, part, N, C, per_prog, eps,
-                                  F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
-    return gx, part.sum(dtype=torch.float64)
+    grad_scale = torch.empty_like(scale)
+    _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, _counter(x.device),
+            N, C, per_prog, eps, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
+    return gx, grad_scale
 
 
 def rmsnorm_forward(x, weight, eps):
@@ -162,20 +251,22 @@ def rmsnorm_forward(x, weight, eps):
     block_c, block_n, per_prog, progs = _row_layout(x)
     y = torch.empty_like(x)
     rstd = torch.empty(N, dtype=_acc(x), device=x.device)
-    _rmsnorm_forward[(progs,)](x, weight, y, rstd, N, C, per_prog, eps,
-                               F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
+    _launch(_rmsnorm_forward, (progs,), x, weight, y, rstd, N, C, per_prog, eps,
+            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
     return y, rstd
 
 
 def rmsnorm_backward(x, rstd, grad_y, weight):
-    """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r."""
+    """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, summed
+    by the last program in a fixed order."""
     N, C = x.shape
     block_c, block_n, per_prog, progs = _row_layout(x)
     gx = torch.empty_like(x)
     part = torch.empty(progs, C, dtype=_acc(x), device=x.device)
-    _rmsnorm_backward[(progs,)](x, rstd, grad_y, weight, gx, part, N, C, per_prog,
-                                F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
-    return gx, part.sum(0, dtype=torch.float64)
+    grad_w = torch.empty_like(weight)
+    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, _counter(x.device),
+            N, C, per_prog, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
+    return gx, grad_w
 
 
 if triton is not None:
@@ -200,56 +291,189 @@ if triton is not None:
         return rows, rmask, m2, at, _f(tl.load(X + at, mask=m2, other=0.0), F64)
 
     @triton.jit
-    def _channel_forward(X, KEEP, MEAN, INV, W, Bias, Y, SCALE, PART, SHIFT,
-                         N, C, per_prog, gs_eps,
-                         HAS_KEEP: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_SHIFT: tl.constexpr,
-                         GROUPED: tl.constexpr,
-                         WANT_Y: tl.constexpr, WANT_STATS: tl.constexpr, F64: tl.constexpr,
+    def _cast(v, PTR):
+        """float64 ``v`` in the dtype of what ``PTR`` points to (half by way of float32)."""
+        if PTR.dtype.element_ty == tl.float64:
+            return v
+        else:
+            return v.to(tl.float32).to(PTR.dtype.element_ty)
+
+    @triton.jit
+    def _keep(MASK, rows, rmask, nb, nt, HAS_MASK: tl.constexpr, F64: tl.constexpr):
+        """1 at the real rows, 0 at padding and past the end: row r = t * B + b
+        is token t of sentence b, padding where the (B, T) mask says so."""
+        keep = _f(rmask.to(tl.float32), F64)
+        if HAS_MASK:
+            pad = tl.load(MASK + (rows % nb).to(tl.int64) * nt + rows // nb, mask=rmask, other=1)
+            keep = tl.where(pad != 0, 0.0, keep)
+        return keep
+
+    @triton.jit
+    def _last_to_arrive(COUNTER):
+        """Whether this program is the grid's last to get here; the last one
+        sets the counter back to 0 for the next kernel. Everything a program
+        stored before is visible to the last one (acquire-release)."""
+        total = tl.num_programs(0) * tl.num_programs(1)
+        arrived = tl.atomic_add(COUNTER, 1, sem="acq_rel")
+        last = arrived == total - 1
+        if last:
+            tl.atomic_xchg(COUNTER, 0, sem="relaxed")
+        return last
+
+    @triton.jit
+    def _all_set(FLAGS, n):
+        ok = tl.load(FLAGS) != 0
+        for i in range(1, n):
+            ok = ok & (tl.load(FLAGS + i) != 0)
+        return ok
+
+    @triton.jit
+    def _channel_forward(X, MASK, MEAN, INV, W, Bias, Y, SCALE, PART,
+                         N, C, nb, nt, per_prog, gs_eps, inv_eps,
+                         HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, INV_RUNNING: tl.constexpr,
+                         GROUPED: tl.constexpr, WANT_Y: tl.constexpr, WANT_STATS: tl.constexpr,
+                         CENTER: tl.constexpr, F64: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
         pid_n = tl.program_id(0)
         chunk = tl.program_id(1)
         offs = tl.arange(0, BLOCK_C)
         cols = chunk * CW + offs
         cmask = (offs < CW) & (cols < C)
-        mul = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
-        add = mul
+        zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
+        mul = zero
+        add = zero
         if WANT_Y:  # y = xs * mul + add
             inv = _f(tl.load(INV + cols, mask=cmask, other=0.0), F64)
+            if INV_RUNNING:  # a running second moment (PN after warmup, Algorithm 2's psi_{t-1})
+                inv = 1.0 / tl.sqrt(inv + inv_eps)
             mul = inv * _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
             add = _f(tl.load(Bias + cols, mask=cmask, other=0.0), F64)
             if HAS_MEAN:
                 add = add - _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64) * mul
-        s1 = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
-        s2 = s1
-        k = s1
-        if HAS_SHIFT:
-            k = _f(tl.load(SHIFT + cols, mask=cmask, other=0.0), F64)
         start = pid_n * per_prog
+        count = tl.sum(zero, axis=0)
+        s1 = zero
+        s2 = zero
+        shift = zero
+        if WANT_STATS and CENTER:  # shifted data: the masked mean of the program's first tile
+            rows, rmask, m2, at, x = _row_tile(X, start, N, C, cols, cmask, BLOCK_N, F64)
+            if GROUPED:
+                x = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / CW + gs_eps))[:, None]
+            keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
+            shift = tl.sum(x * keep[:, None], axis=0) / tl.maximum(tl.sum(keep, axis=0), 1.0)
         for r0 in range(0, per_prog, BLOCK_N):
             rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             if GROUPED:  # the original code's layer scale: this chunk is one group
                 r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / CW + gs_eps)
-                tl.store(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, r, mask=rmask)
+                if WANT_Y:
+                    tl.store(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, r, mask=rmask)
                 x = x * r[:, None]
             if WANT_STATS:
-                d = tl.where(m2, x - k[None, :], 0.0)
-                dk = d
-                if HAS_KEEP:
-                    dk = d * _f(tl.load(KEEP + rows, mask=rmask, other=0.0), F64)[:, None]
+                keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
+                d = tl.where(m2, x - shift[None, :], 0.0)
+                dk = d * keep[:, None]
+                count += tl.sum(keep, axis=0)
                 s1 += tl.sum(dk, axis=0)
                 s2 += tl.sum(dk * d, axis=0)
             if WANT_Y:
                 y = x * mul[None, :] + add[None, :]
                 tl.store(Y + at, y.to(Y.dtype.element_ty), mask=m2)
         if WANT_STATS:
-            base = PART + pid_n.to(tl.int64) * 2 * C
-            tl.store(base + cols, s1, mask=cmask)
-            tl.store(base + C + cols, s2, mask=cmask)
+            base = PART + pid_n.to(tl.int64) * 3 * C
+            tl.store(base + cols, zero + count, mask=cmask)
+            if CENTER:  # this program's mean and sum of squared deviations from it
+                s1n = s1 / tl.maximum(count, 1.0)
+                tl.store(base + C + cols, shift + s1n, mask=cmask)
+                tl.store(base + 2 * C + cols, s2 - s1 * s1n, mask=cmask)
+            else:
+                tl.store(base + C + cols, zero, mask=cmask)
+                tl.store(base + 2 * C + cols, s2, mask=cmask)
 
     @triton.jit
-    def _channel_backward(X, KEEP, SCALE, GY, W, MEAN, INVF, INVB, A, Bc, GX, PART,
-                          N, C, per_prog,
-                          HAS_KEEP: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_A: tl.constexpr,
+    def _finish_stats(PART, RA, RB, STEPS, MEAN, INV, INVB, NOUT, SCRATCH, FLAGS, COUNTER,
+                      P, C, momentum, eps, warmup,
+                      UPDATE: tl.constexpr, HAS_STEPS: tl.constexpr, BLOCK: tl.constexpr):
+        """UPDATE: 0 BN (EMA of the mean and the unbiased variance), 1 PN-V
+        (EMA of psi^2), 2 PN in warmup (cumulative mean), 3 PN (Algorithm 2's
+        EMA), 4 and 5 the released PN's (cumulative mean before its warmup
+        ends, EMA on top) during and after warmup."""
+        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cm = cols < C
+        z = tl.zeros([BLOCK], dtype=tl.float64)
+        n = z
+        s1 = z
+        s2 = z
+        for p in range(0, P):  # in a fixed order: the same result every run
+            base = PART + p * 3 * C + cols
+            cnt = tl.load(base, mask=cm, other=0.0).to(tl.float64)
+            n += cnt
+            s1 += cnt * tl.load(base + C, mask=cm, other=0.0).to(tl.float64)
+            s2 += tl.load(base + 2 * C, mask=cm, other=0.0).to(tl.float64)
+        ns = tl.maximum(n, 1.0)
+        mean = s1 / ns
+        if UPDATE == 0:  # Chan et al.'s pairwise formula: each program's M2 plus its mean's spread
+            m2 = z
+            for p in range(0, P):
+                base = PART + p * 3 * C + cols
+                cnt = tl.load(base, mask=cm, other=0.0).to(tl.float64)
+                dm = tl.load(base + C, mask=cm, other=0.0).to(tl.float64) - mean
+                m2 += tl.load(base + 2 * C, mask=cm, other=0.0).to(tl.float64) + cnt * dm * dm
+            second = tl.maximum(m2 / ns, 0.0)
+        else:
+            second = s2 / ns
+        real = n > 0.0
+        old_b = tl.load(RB + cols, mask=cm, other=1.0).to(tl.float64)
+        inv_batch = 1.0 / tl.sqrt(second + eps)
+        inv_run = 1.0 / tl.sqrt(old_b + eps)
+        k = z + 1.0
+        if HAS_STEPS:
+            k = z + (tl.load(STEPS).to(tl.float64) + 1.0)
+        if UPDATE == 0:
+            old_a = tl.load(RA + cols, mask=cm, other=0.0).to(tl.float64)
+            tl.store(MEAN + cols, tl.where(real, mean, old_a).to(MEAN.dtype.element_ty), mask=cm)
+            tl.store(SCRATCH + cols, (old_a + momentum * (mean - old_a)).to(SCRATCH.dtype.element_ty), mask=cm)
+            unbiased = second * n / tl.maximum(n - 1.0, 1.0)
+            new_b = tl.where(n > 1.0, old_b + momentum * (unbiased - old_b), old_b)
+        elif UPDATE == 1:
+            new_b = old_b + momentum * (second - old_b)
+        elif UPDATE == 2:  # cumulative mean
+            new_b = old_b * ((k - 1.0) / k) + second / k
+        elif UPDATE == 3:  # Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
+            new_b = old_b + momentum * (second - old_b)
+        else:
+            new_b = tl.where(k < warmup, old_b * ((k - 1.0) / k) + second / k, old_b)
+            new_b = new_b + momentum * (second - new_b)
+        if UPDATE == 3 or UPDATE == 5:  # the forward normalised with the running psi^2_{t-1}
+            inv = inv_run
+        else:
+            inv = tl.where(real, inv_batch, inv_run)
+        tl.store(INV + cols, inv.to(INV.dtype.element_ty), mask=cm)
+        # the batch's own scale (the released backward's), the running one for a batch of padding
+        tl.store(INVB + cols, tl.where(real, inv_batch, inv_run).to(INVB.dtype.element_ty), mask=cm)
+        tl.store(SCRATCH + C + cols, new_b.to(SCRATCH.dtype.element_ty), mask=cm)
+        finite = (second == second) & (second < float("inf"))
+        if UPDATE == 0:
+            finite = finite & (mean == mean) & (tl.abs(mean) < float("inf"))
+        ok = tl.sum(tl.where(cm & ~finite, 1, 0), axis=0) == 0
+        tl.store(FLAGS + tl.program_id(0), ok.to(tl.int32))
+        n0 = tl.sum(tl.where(cols == tl.program_id(0) * BLOCK, n, 0.0), axis=0)
+        if _last_to_arrive(COUNTER):
+            # every program's candidates in, or none: a non-finite statistic
+            # (overflowed half activations) or a batch of padding leaves them all
+            if _all_set(FLAGS, tl.num_programs(0)) & (n0 > 0.0):
+                for c0 in range(0, C, BLOCK):
+                    cc = c0 + tl.arange(0, BLOCK)
+                    if UPDATE == 0:
+                        tl.store(RA + cc, tl.load(SCRATCH + cc, mask=cc < C), mask=cc < C)
+                    tl.store(RB + cc, tl.load(SCRATCH + C + cc, mask=cc < C), mask=cc < C)
+            if HAS_STEPS:
+                tl.store(STEPS, tl.load(STEPS) + (n0 > 0.0).to(tl.int64))
+            tl.store(NOUT, n0)
+
+    @triton.jit
+    def _channel_backward(X, MASK, SCALE, GY, W, MEAN, INVF, INVB, A, Bc, GX, PART,
+                          N, C, nb, nt, per_prog, b_scale,
+                          HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_A: tl.constexpr,
                           HAS_B: tl.constexpr, GROUPED: tl.constexpr, CORRECT_PADS: tl.constexpr,
                           WANT_GX: tl.constexpr, WANT_SUMS: tl.constexpr, F64: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
@@ -272,10 +496,10 @@ if triton is not None:
             if HAS_A:
                 a = _f(tl.load(A + cols, mask=cmask, other=0.0), F64)
             if HAS_B:
-                b = _f(tl.load(Bc + cols, mask=cmask, other=0.0), F64)
+                b = _f(tl.load(Bc + cols, mask=cmask, other=0.0), F64) * b_scale
         s0 = zero  # dy * xh, every row
         s1 = zero  # dy, every row
-        s2 = zero  # dy * xh, real rows (times w on the host)
+        s2 = zero  # dy * xh, real rows
         s3 = zero  # xh^2, real rows
         s4 = zero  # xh^2, every row
         start = pid_n * per_prog
@@ -287,9 +511,7 @@ if triton is not None:
                 xs = xs * r[:, None]
             xh = tl.where(m2, xs * invf[None, :] - shift[None, :], 0.0)
             gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
-            keep = _f(rmask.to(tl.float32), F64)
-            if HAS_KEEP:
-                keep = _f(tl.load(KEEP + rows, mask=rmask, other=0.0), F64)
+            keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
             if WANT_SUMS:
                 gxh = gy * xh
                 xh2 = xh * xh
@@ -316,6 +538,56 @@ if triton is not None:
             tl.store(base + 4 * C + cols, s4, mask=cmask)
 
     @triton.jit
+    def _finish_backward(PART, W, NIN, NU, GW, GB, A, Bc, SCRATCH, FLAGS, COUNTER, P, C, rate, rows,
+                         KIND: tl.constexpr, CENTER: tl.constexpr, HAS_NU: tl.constexpr, BLOCK: tl.constexpr):
+        """KIND: 0 the exact gradient's A and B (Eq. 3 / Eq. 6), 1 Algorithm
+        2, 2 the released code's nu update."""
+        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cm = cols < C
+        z = tl.zeros([BLOCK], dtype=tl.float64)
+        s0 = z
+        s1 = z
+        s2 = z
+        s3 = z
+        s4 = z
+        for p in range(0, P):  # in a fixed order: the same result every run
+            base = PART + p * 5 * C + cols
+            s0 += tl.load(base, mask=cm, other=0.0).to(tl.float64)
+            s1 += tl.load(base + C, mask=cm, other=0.0).to(tl.float64)
+            s2 += tl.load(base + 2 * C, mask=cm, other=0.0).to(tl.float64)
+            s3 += tl.load(base + 3 * C, mask=cm, other=0.0).to(tl.float64)
+            s4 += tl.load(base + 4 * C, mask=cm, other=0.0).to(tl.float64)
+        w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float64)
+        tl.store(GW + cols, _cast(s0, GW), mask=cm)
+        tl.store(GB + cols, _cast(s1, GB), mask=cm)
+        n = tl.load(NIN).to(tl.float64)
+        ns = tl.maximum(n, 1.0)
+        if KIND == 0:  # means over the real tokens of sums over every position
+            tl.store(Bc + cols, (w * s0 / ns).to(Bc.dtype.element_ty), mask=cm)
+            if CENTER:
+                tl.store(A + cols, (w * s1 / ns).to(A.dtype.element_ty), mask=cm)
+        if HAS_NU:
+            nu = tl.load(NU + cols, mask=cm, other=0.0).to(tl.float64)
+            if KIND == 2:  # the released update: mean over every position of g' * xh, g' = g - (1 - a) nu xh
+                new = tl.where(n > 0.0, nu + (w * s0 - rate * nu * s4) / rows, nu)
+                tl.store(NU + cols, new.to(NU.dtype.element_ty), mask=cm)
+            else:  # Algorithm 2: Lambda_t = mean(g xh), Gamma_t = mean(xh^2) over the real tokens
+                lam = w * s2 / ns
+                gam = s3 / ns
+                new = nu * (1.0 - rate * gam) + rate * lam
+                tl.store(SCRATCH + cols, new.to(SCRATCH.dtype.element_ty), mask=cm)
+                finite = (lam == lam) & (tl.abs(lam) < float("inf")) & (gam == gam) & (gam < float("inf"))
+                ok = tl.sum(tl.where(cm & ~finite, 1, 0), axis=0) == 0
+                tl.store(FLAGS + tl.program_id(0), ok.to(tl.int32))
+                if _last_to_arrive(COUNTER):
+                    # a gradient that overflowed (a float16 loss-scale overflow, whose
+                    # step the optimizer skips) or a batch of padding leaves nu alone
+                    if _all_set(FLAGS, tl.num_programs(0)) & (n > 0.0):
+                        for c0 in range(0, C, BLOCK):
+                            cc = c0 + tl.arange(0, BLOCK)
+                            tl.store(NU + cc, tl.load(SCRATCH + cc, mask=cc < C), mask=cc < C)
+
+    @triton.jit
     def _scalenorm_forward(X, S, Y, NORMS, N, C, per_prog, eps,
                            F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
@@ -329,7 +601,7 @@ if triton is not None:
             tl.store(Y + at, (x * (g / norm)[:, None]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit
-    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, N, C, per_prog, eps,
+    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, COUNTER, N, C, per_prog, eps,
                             F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
@@ -346,6 +618,11 @@ if triton is not None:
             gx = (g / norm)[:, None] * (gy - x * k[:, None])
             tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
         tl.store(PART + tl.program_id(0), tl.sum(total, axis=0))
+        if _last_to_arrive(COUNTER):  # dL/dg: the programs' sums, in a fixed order
+            acc = tl.load(PART).to(tl.float64)
+            for p in range(1, tl.num_programs(0)):
+                acc += tl.load(PART + p).to(tl.float64)
+            tl.store(GS, _cast(acc, GS))
 
     @triton.jit
     def _rmsnorm_forward(X, W, Y, RSTD, N, C, per_prog, eps,
@@ -361,7 +638,7 @@ if triton is not None:
             tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit
-    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, N, C, per_prog,
+    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, COUNTER, N, C, per_prog,
                           F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
@@ -379,6 +656,11 @@ if triton is not None:
             gx = r[:, None] * (g - xr * dot[:, None])
             tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
         tl.store(PART + tl.program_id(0).to(tl.int64) * C + cols, gw, mask=cmask)
+        if _last_to_arrive(COUNTER):  # dL/dw: the programs' sums, in a fixed order
+            acc = tl.load(PART + cols, mask=cmask, other=0.0).to(tl.float64)
+            for p in range(1, tl.num_programs(0)):
+                acc += tl.load(PART + p * C + cols, mask=cmask, other=0.0).to(tl.float64)
+            tl.store(GW + cols, _cast(acc, GW), mask=cmask)
 
 
 contract.check(sys.modules[__name__], "triton", {**contract.CONTRACT, **contract.GPU_ONLY})

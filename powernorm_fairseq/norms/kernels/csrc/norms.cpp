@@ -229,11 +229,11 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& keep, const Ten
     }
     flush(stage, dst);
   });
-  // rows: gy*xh and gy over all positions, g*xh and xh^2 over real tokens, xh^2 over all
+  // rows: gy*xh and gy over all positions, gy*xh and xh^2 over real tokens, xh^2 over all
   Tensor s = acc.reduce(6, C), out = torch::empty({5, C}, torch::kFloat64);
   out[0] = s[0] + s[3];
   out[1] = s[1] + s[4];
-  out[2] = s[0] * w.to(torch::kFloat64);
+  out[2] = s[0];
   out[3] = s[2];
   out[4] = s[2] + s[5];
   return {gx, out};
@@ -318,19 +318,25 @@ std::vector<Tensor> backward(const Tensor& x, const Tensor& keep, const Tensor& 
   return out;
 }
 
-std::vector<Tensor> scalenorm_forward(const Tensor& x, double g, double eps) {
+// the scale is read from the tensor's memory (a CPU tensor of x's dtype), not
+// through an op: reading a value through the dispatcher would count as a wait
+std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (N, C) tensor");
+  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == x.scalar_type(), "scale: one value of x's dtype");
   std::vector<Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scalenorm_forward",
-                             [&] { out = scalenorm_forward_impl<scalar_t>(x, g, eps); });
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scalenorm_forward", [&] {
+    out = scalenorm_forward_impl<scalar_t>(x, double(*scale.data_ptr<scalar_t>()), eps);
+  });
   return out;
 }
 
 std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& gy,
-                                       double g, double eps) {
+                                       const Tensor& scale, double eps) {
+  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == x.scalar_type(), "scale: one value of x's dtype");
   std::vector<Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scalenorm_backward",
-                             [&] { out = scalenorm_backward_impl<scalar_t>(x, norms, gy, g, eps); });
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scalenorm_backward", [&] {
+    out = scalenorm_backward_impl<scalar_t>(x, norms, gy, double(*scale.data_ptr<scalar_t>()), eps);
+  });
   return out;
 }
 

@@ -1,0 +1,148 @@
+"""GPU speed by design, checked on the CPU: how many launches a training step
+of each norm asks of a GPU, that it never waits for the device, and that
+torch.compile traces it whole (``kernels/launches.py``, ``kernels/ops.py``).
+
+The Triton kernels run under Triton's interpreter here; what is counted is
+what a GPU would be sent: each kernel call and every other op that computes.
+"""
+
+import pytest
+import torch
+
+from conftest import backend_or_fail
+from powernorm_fairseq.norms import build_norm, kernels
+from powernorm_fairseq.norms.kernels import launches
+
+pytestmark = pytest.mark.fast
+
+T, B, C = 7, 3, 64
+
+#: launches per forward + backward of one layer in training, on the GPU path
+TARGETS = [
+    ("pn", {}, 4),  # Algorithm 2, after warmup
+    ("pn", {"warmup_updates": 10}, 6),
+    ("pn", {"group_scaling": True, "groups": 4}, 4),
+    ("pn-v", {}, 6),
+    ("bn", {}, 6),
+    ("bn", {"layer_scale": True, "groups": 4}, 6),
+    ("scalenorm", {}, 2),
+    ("rmsnorm", {}, 2),
+]
+IDS = [f"{k}-{'-'.join(f'{a}={b}' for a, b in o.items())}" if o else k for k, o, _ in TARGETS]
+
+
+def data(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, B, C, generator=g, requires_grad=True)
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[1, 5:] = True
+    return x, pad, torch.randn(T, B, C, generator=g)
+
+
+def step(norm, x, pad, grad):
+    """One forward + backward from fresh gradients (nothing accumulated)."""
+    x.grad = None
+    norm.zero_grad(set_to_none=True)
+    norm(x, pad).backward(grad)
+
+
+def counted(norm, backend, steps_before=1):
+    x, pad, grad = data()
+    with kernels.use(backend):
+        for _ in range(steps_before):
+            step(norm, x, pad, grad)
+        with launches.counting() as seen:
+            step(norm, x, pad, grad)
+    return seen
+
+
+@pytest.mark.parametrize("kind, options, target", TARGETS, ids=IDS)
+def test_a_training_step_launches_at_most_the_target(kind, options, target):
+    backend_or_fail("triton")
+    seen = counted(build_norm(kind, C, **options).train(), "triton")
+    assert len(seen.launches) <= target, seen.launches
+    assert seen.kernels(), "no kernel was counted: the step did not run on the Triton path"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("kind, options, target", TARGETS, ids=IDS)
+def test_a_training_step_never_waits_for_the_device(kind, options, target, backend):
+    """After the first step, nothing is read back to the host: the real-token
+    count, the finite guards and the step counter stay on the device."""
+    backend_or_fail(backend)
+    norm = build_norm(kind, C, **options).train()
+    assert counted(norm, backend).waits == []
+    if "warmup_updates" in options:  # and across the end of the warmup
+        norm = build_norm(kind, C, warmup_updates=2).train()
+        assert counted(norm, backend, steps_before=2).waits == []
+
+
+def test_the_counter_sees_each_kind_of_host_wait_and_leaves_views_out():
+    t = torch.arange(4.0)
+    waits = {
+        "item": lambda: t[0].item(), "bool": lambda: bool(t[1] > 0), "int": lambda: int(t[2]),
+        "tolist": lambda: t.tolist(), "cpu": lambda: t.cpu(), "numpy": lambda: t.numpy(),
+        "from host data": lambda: torch.tensor([1.0, 2.0]), "nonzero": lambda: t.nonzero(),
+    }
+    for name, wait in waits.items():
+        with launches.counting() as seen:
+            wait()
+        assert seen.waits, name
+    with launches.counting() as seen:
+        t.view(2, 2).t()[1:]
+        t.reshape(2, 2).unsqueeze(0)
+        torch.empty(3)
+    assert seen.launches == [] and seen.waits == []
+    with launches.counting() as seen:
+        (t + 1).sum()
+    assert seen.launches == ["add", "sum"] and seen.waits == []
+
+
+def test_the_counter_counts_a_kernel_as_one_launch_and_sees_through_the_ops():
+    backend_or_fail("triton")
+    x = torch.randn(5, 8)
+    with kernels.use("triton"), launches.counting() as seen:
+        torch.ops.powernorm.scalenorm_forward("triton", x, torch.tensor(2.0), 1e-5)
+    assert seen.launches == ["triton:_scalenorm_forward"]
+
+
+KINDS = ["ln", "bn", "pn", "pn-v", "scalenorm", "rmsnorm"]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_torch_compile_traces_every_norm_without_a_graph_break(kind, backend):
+    backend_or_fail(backend)
+    x, pad, _ = data()
+    for training in (True, False):
+        for options in ({}, {"warmup_updates": 5}) if kind == "pn" else ({},):
+            norm = build_norm(kind, C, **options).train(training)
+            torch._dynamo.reset()
+            with kernels.use(backend):
+                explained = torch._dynamo.explain(norm)(x, pad)
+            assert explained.graph_break_count == 0, (training, options, explained.break_reasons)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("kind", ["bn", "pn"])
+def test_a_compiled_layer_matches_the_eager_one(kind, backend):
+    """Outputs, gradients and running statistics over steps across PN's warmup."""
+    backend_or_fail(backend)
+    torch.manual_seed(0)
+    eager = build_norm(kind, C, **({"warmup_updates": 1} if kind == "pn" else {})).train()
+    compiled_norm = build_norm(kind, C, **({"warmup_updates": 1} if kind == "pn" else {})).train()
+    compiled_norm.load_state_dict(eager.state_dict())
+    torch._dynamo.reset()
+    compiled = torch.compile(compiled_norm, backend="aot_eager")
+    with kernels.use(backend):
+        for seed in range(3):
+            results = []
+            for module in (eager, compiled):
+                x, pad, grad = data(seed)
+                y = module(x, pad)
+                y.backward(grad)
+                results.append((y.detach(), x.grad))
+            for a, b in zip(*results):
+                torch.testing.assert_close(a, b)
+    for (name, a), b in zip(eager.state_dict().items(), compiled_norm.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
