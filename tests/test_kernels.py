@@ -203,8 +203,8 @@ def test_triton_kernels_compile_for_a_gpu(tmp_path, monkeypatch):
                 return self.fn[grid](*args, **constexprs)
             return launch
 
-    for name in ("_channel_forward", "_channel_backward", "_scalenorm_forward", "_scalenorm_backward",
-                 "_rmsnorm_forward", "_rmsnorm_backward"):
+    for name in ("_channel_forward", "_finish_stats", "_channel_backward", "_finish_backward", "_scalenorm_forward",
+                 "_scalenorm_backward", "_rmsnorm_forward", "_rmsnorm_backward"):
         monkeypatch.setattr(gpu, name, Recorder(name, getattr(gpu, name)))
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for kind, options in KINDS:
@@ -234,7 +234,7 @@ print("compiled", done)
 def _triton_type(a):
     if isinstance(a, torch.Tensor):
         return "*" + {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
-                      torch.float64: "fp64"}[a.dtype]
+                      torch.float64: "fp64", torch.bool: "i1", torch.int32: "i32", torch.int64: "i64"}[a.dtype]
     if isinstance(a, bool):
         return "i1"
     if isinstance(a, int):
