@@ -80,8 +80,8 @@ def close(a, b):
 
 @pytest.fixture(params=kernels.BACKENDS)
 def backend(request):
-    """The synchronised statistics on each backend: the plain path's
-    differentiable all-reduce, and the kernels' all-reduce between passes."""
+    """The synchronised statistics with each backend forced: under --norm-sync
+    the batch-statistic norms take the plain path's differentiable all-reduce."""
     backend_or_fail(request.param)
     with kernels.use(request.param):
         yield request.param

@@ -1,7 +1,7 @@
 """The one interface every kernel backend implements: its functions and their
 arguments, by name and in order.
 
-``functions.py`` calls the backends with these names as keywords; the GPU
+``ops.py`` calls the backends with these names as keywords; the GPU
 backend's Python functions (``gpu.py``) and the compiled CPU module
 (``csrc/norms.cpp``, whose pybind11 definitions name each argument) are
 checked against them when they load, so a backend that drifts from the

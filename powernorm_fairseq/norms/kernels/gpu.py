@@ -6,10 +6,13 @@ runs on a grid of (row ranges, column chunks); a chunk is one group of the
 original code's group scaling when that is on, so a token's group is scaled
 while it is in registers. Each program walks its rows once: it reads x (and
 dy), writes y (or dx), and keeps per-channel sums of its rows, which it
-writes as one row of partial sums; the partial sums are added on the host in
-float64. Half inputs are read as they are and computed in float32; float64
-inputs in float64 (the tests compare them with float64 references). The
-padding mask is a per-row weight applied inside the kernel.
+writes as one row of partial sums. A small finishing kernel, on a grid over
+the channels, adds the partial sums in float64 in a fixed order and does the
+per-channel rest (statistics, running buffers, nu, parameter gradients); its
+last program to arrive commits the running buffers for every channel or for
+none. Nothing is read back to the host. Half inputs are read as they are and
+computed in float32; float64 inputs in float64 (the tests compare them with
+float64 references). The kernels read fairseq's (B, T) padding mask.
 
 Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors (Triton's
 interpreter), which is how CI checks their numbers without a GPU.
@@ -144,13 +147,13 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     return y, scale, part
 
 
-#: how ``finish_stats`` updates the running statistics (functions.UPDATES)
+#: how ``finish_stats`` updates the running statistics (functions.UPDATES), as the kernel's constexpr
 _UPDATES = {"bn": 0, "pn-v": 1, "pn-warm": 2, "pn": 3, "reference-warm": 4, "reference": 5}
 
 
 def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
     """The batch's statistics from ``forward``'s per-program ``part`` and the
-    running statistics' update, in one kernel: see functions.finish_stats."""
+    running statistics' update, in one kernel (contract.py; cpu.py has the same in PyTorch ops)."""
     P, _, C = part.shape
     dev, sd = part.device, second_buf.dtype
     progs = triton.cdiv(C, _FINISH_BLOCK)
@@ -193,8 +196,8 @@ _KINDS = {"exact": 0, "paper": 1, "reference": 2}
 
 def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     """The weight and bias gradients from ``backward``'s ``part``, the exact
-    gradient's A and B (``kind`` exact) and nu's update, in one kernel: see
-    functions.finish_backward."""
+    gradient's A and B (``kind`` exact) and nu's update, in one kernel
+    (contract.py; cpu.py has the same in PyTorch ops)."""
     P, _, C = part.shape
     dev = part.device
     sd = nu.dtype if not _empty(nu) else (torch.float64 if part.dtype == torch.float64 else torch.float32)
