@@ -24,6 +24,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+if "cuda" not in sys.argv:  # --sections launches runs the Triton kernels under Triton's interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from powernorm_fairseq.norms import NORM_TYPES, build_norm, kernels  # noqa: E402
@@ -74,6 +77,9 @@ def bench_layers(shapes, reps, dtypes, device="cpu"):
                     ln_times.append(t_ln)
             t_ln = statistics.median(ln_times)
             bytes_moved = 5 * x.numel() * x.element_size()  # read x, write y; read x, dy, write dx
+            # the copy baseline at the layer's own size: a layer whose tensors stay in the caches
+            # is not held to the bandwidth of memory (a large copy's), which it would exceed
+            same_size = measure_bandwidth(device, x.numel() * x.element_size())
             for k in calls:
                 ratio = statistics.median(ratios[k])
                 seconds = ratio * t_ln
@@ -81,7 +87,8 @@ def bench_layers(shapes, reps, dtypes, device="cpu"):
                     dtype=str(dtype).replace("torch.", ""), shape=f"{T}x{B}x{C}", norm=k,
                     ratio_to_ln=sig(ratio), ms=sig(seconds * 1e3), ln_ms=sig(t_ln * 1e3),
                     gbps=sig(bytes_moved / seconds / 1e9),
-                    fraction_of_bandwidth=sig(bytes_moved / seconds / bandwidth),
+                    copy_gb_s=sig(same_size / 1e9),
+                    fraction_of_bandwidth=sig(bytes_moved / seconds / same_size),
                     target=TARGETS["layers"].get(k) if dtype == torch.float32 or device == "cuda" else None,
                 ))
     return rows, bandwidth
@@ -118,13 +125,87 @@ def timed_fresh(f, x, device="cpu"):
     return timed(fresh, device)
 
 
-def measure_bandwidth(device="cpu", n=64 * 2**20):
-    """Bytes per second of a large copy (read + write), the best of 10."""
-    n = n * 4 if device == "cuda" else n
+def measure_bandwidth(device="cpu", n=None):
+    """Bytes per second of a copy of ``n`` bytes (read + write; default a
+    large one, out of the caches), the best of 10."""
+    if n is None:
+        n = 64 * 2**20 * (4 if device == "cuda" else 1)
     src, dst = torch.empty(n // 4, device=device), torch.empty(n // 4, device=device)
     dst.copy_(src)
     best = min(timed(lambda: dst.copy_(src), device) for _ in range(10))
     return 2 * n / best
+
+
+# ---------------------------------------------------------------- 5. launches
+#: (label, norm, options) of the launches section: each norm in each of its modes
+LAUNCH_ROWS = [
+    ("ln (F.layer_norm)", "ln", {}),
+    ("pn (Algorithm 2)", "pn", {"group_scaling": True, "groups": 4}),
+    ("pn in warmup", "pn", {"group_scaling": True, "groups": 4, "warmup_updates": 10}),
+    ("pn reference backward", "pn", {"group_scaling": True, "groups": 4, "backward": "reference"}),
+    ("pn-v", "pn-v", {}),
+    ("bn", "bn", {}),
+    ("bn --layer-scale", "bn", {"layer_scale": True, "groups": 4}),
+    ("scalenorm", "scalenorm", {}),
+    ("rmsnorm", "rmsnorm", {}),
+]
+LAUNCH_TARGETS = {"pn (Algorithm 2)": 4, "pn in warmup": 6, "pn-v": 6, "bn": 6, "bn --layer-scale": 6,
+                  "scalenorm": 2, "rmsnorm": 2}
+
+
+def bench_launches(T=512, B=8, C=512):
+    """Per norm and mode, one training step of one layer (forward + backward,
+    20% padding, float16 on the Triton path): launches and host waits as a GPU
+    would receive them (kernels/launches.py), the activation tensors the
+    kernels move against LayerNorm's five, and registers and spills of the
+    sm_90 build of what was launched (kernels/sm90.py). Runs on a CPU."""
+    from powernorm_fairseq.norms.kernels import gpu, launches, sm90
+
+    g = torch.Generator().manual_seed(0)
+    pad = torch.arange(T)[None, :] >= (T - (torch.rand(B, generator=g) * 0.4 * T).long())[:, None]
+    rows, variants = [], {}
+    for label, kind, options in LAUNCH_ROWS:
+        counts = {}
+        for backend, dtype in (("triton", torch.float16), ("cpu", torch.float32)):
+            if not getattr(kernels, "gpu" if backend == "triton" else "cpu").available():
+                continue
+            norm = build_norm(kind, C, **options).to(dtype).train()
+            x = torch.randn(T, B, C, generator=g).to(dtype).requires_grad_(True)
+            grad = torch.randn(T, B, C, generator=g).to(dtype)
+
+            def step():
+                x.grad = None
+                norm.zero_grad(set_to_none=True)
+                norm(x, pad).backward(grad)
+
+            # the Triton kernels are noted, not run: the interpreter would take minutes at this size,
+            # and the host never reads what they write
+            with kernels.use(backend), sm90.recording(run=backend != "triton") as launched:
+                step()  # the first step may read PN's step counter after a load; the ones after never wait
+                launched.clear()
+                with launches.counting() as seen:
+                    step()
+            counts[backend] = (seen, launched)
+        seen, launched = counts.get("triton", (None, []))
+        variants[label] = launched
+        row = dict(norm=label, launches=len(seen.launches) if seen else None,
+                   kernels=len(seen.kernels()) if seen else None, host_waits=len(seen.waits) if seen else None,
+                   cpu_host_waits=len(counts["cpu"][0].waits) if "cpu" in counts else None,
+                   activation_tensors=sum(map(sm90.activation_tensors, launched)) if launched else 5,
+                   target=LAUNCH_TARGETS.get(label))
+        rows.append(row)
+    if gpu.available():
+        labels = [label for label, vs in variants.items() for _ in vs]
+        built = sm90.build_in_fresh_process([v for vs in variants.values() for v in vs])
+        for row in rows:
+            mine = [b for label, b in zip(labels, built) if label == row["norm"]]
+            if mine:
+                row["max_registers"] = max(b["registers"] for b in mine)
+                row["spill_bytes"] = max(b["spill_bytes"] for b in mine)
+                main = [b for b in mine if "resident_per_sm" in b]
+                row["programs_per_sm"] = "/".join(map(str, sorted({b["launched_per_sm"] for b in main})))
+                row["all_resident"] = all(b["resident_per_sm"] >= b["launched_per_sm"] for b in main)
+    return rows
 
 
 # ------------------------------------------------------ 2./4. throughput, memory
@@ -450,13 +531,33 @@ def markdown(results):
         bw = results["layers_bandwidth_gb_s"]
         out += ["### 1. Norm layer, forward + backward, relative to `F.layer_norm`", "",
                 f"20% padding, median of interleaved pairs; memory bandwidth (large copy) {bw} GB/s; "
-                "bytes = 5 x tensor (read x, write y; read x and dy, write dx).", "",
-                "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s | of bandwidth | target |",
-                "|---|---|---|---|---|---|---|---|---|"]
+                "bytes = 5 x tensor (read x, write y; read x and dy, write dx); 'of copy' is against "
+                "the best copy of a tensor of the layer's own size (copy GB/s).", "",
+                "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s | copy GB/s | of copy | target |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["layers"]:
             met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["ratio_to_ln"] <= r["target"] else "**missed**"))
             out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.2f} | "
-                       f"{r['ln_ms']:.2f} | {r.get('gbps', r.get('gb_per_s'))} | {r['fraction_of_bandwidth']:.0%} | {met} |")
+                       f"{r['ln_ms']:.2f} | {r.get('gbps', r.get('gb_per_s'))} | {r.get('copy_gb_s', '')} | "
+                       f"{r['fraction_of_bandwidth']:.0%} | {met} |")
+        out.append("")
+    if "launches" in results:
+        out += ["### 5. Launches, host waits, bytes and registers per training step of one layer", "",
+                f"Forward + backward, T x B x C = {results.get('launches_shape', '512x8x512')}, 20% padding, float16 on the Triton path "
+                "(counted under Triton's interpreter: what a GPU would be sent; kernels/launches.py), "
+                "after the first step. Activation tensors: (N, C) tensors the kernels read or write "
+                "(LayerNorm's minimum: 5). Registers and spills: the largest over the sm_90 builds of "
+                "the kernels launched (kernels/sm90.py); programs/SM: how many the grid launches per "
+                "multiprocessor; all resident: whether every kernel's registers allow that many at once.", "",
+                "| norm | launches | Triton kernels | host waits (triton / cpu) | activation tensors | "
+                "registers | spill bytes | programs/SM | all resident | launch target |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in results["launches"]:
+            met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["launches"] <= r["target"] else "**missed**"))
+            out.append(f"| {r['norm']} | {r['launches']} | {r['kernels']} | {r['host_waits']} / {r['cpu_host_waits']} | "
+                       f"{r['activation_tensors']} | {r.get('max_registers', '')} | {r.get('spill_bytes', '')} | "
+                       f"{r.get('programs_per_sm', '')} | {({True: 'yes', False: '**no**'}).get(r.get('all_resident'), '')} | "
+                       f"{met} |")
         out.append("")
     if "throughput" in results:
         out += ["### 2 and 4. `fairseq-train` words/s and peak memory, relative to stock `transformer_iwslt_de_en` (LN)", "",
@@ -532,8 +633,9 @@ def norm_list(parser, flag, text):
 
 def parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sections", default="layers,throughput,quality",
-                   help="comma-separated subset of layers,throughput,quality (memory comes with throughput)")
+    p.add_argument("--sections", default="layers,throughput,quality,launches",
+                   help="comma-separated subset of layers,throughput,quality,launches (memory comes with "
+                        "throughput)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--corpus", default=str(ROOT / "data-prep" / "quickstart"),
                    help="raw {train,valid,test}.{de,en} for throughput and quality "
@@ -567,9 +669,9 @@ def main(argv=None):
         return main_gpu(p, args, out)
     work = out / "work"
     sections = set(args.sections.split(","))
-    unknown = sections - {"layers", "throughput", "quality"}
+    unknown = sections - {"layers", "throughput", "quality", "launches"}
     if unknown:
-        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; allowed: layers, throughput, quality")
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; allowed: layers, throughput, quality, launches")
     dims = (1, 32, 64, 4) if args.tiny else (3, 256, 512, 4)
     # a run of some sections updates those in an existing results.json and keeps the others
     previous = out / "results.json"
@@ -579,6 +681,9 @@ def main(argv=None):
         shapes = [(8, 4, 64)] if args.tiny else [(64, 64, 512), (128, 32, 1024)]
         rows, bw = bench_layers(shapes, 3 if args.tiny else args.reps, [torch.float32, torch.bfloat16])
         results["layers"], results["layers_bandwidth_gb_s"] = rows, round(bw / 1e9, 1)
+    if "launches" in sections:
+        shape = (16, 4, 64) if args.tiny else (512, 8, 512)
+        results["launches"], results["launches_shape"] = bench_launches(*shape), "x".join(map(str, shape))
     if "throughput" in sections or "quality" in sections:
         data = prepare(args.corpus, work / "data")
     if "throughput" in sections:

@@ -146,3 +146,48 @@ def test_a_compiled_layer_matches_the_eager_one(kind, backend):
                 torch.testing.assert_close(a, b)
     for (name, a), b in zip(eager.state_dict().items(), compiled_norm.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+#: (encoder norm, the most launches a norm layer may add to the stock model's step)
+MODEL_TARGETS = [("pn", 4), ("pn-v", 6), ("bn", 6), ("scalenorm", 2)]
+
+
+def model_step(model, s):
+    model.zero_grad(set_to_none=True)
+    model(**s["net_input"])[0].logsumexp(-1).sum().backward()
+
+
+def counted_model_step(toy_data, backend, *flags):
+    import powernorm_fairseq.models  # noqa: F401  (registers the architectures in this process)
+    from conftest import TINY, build_model, sample
+
+    model, task = build_model(toy_data, "--optimizer", "adam", "--lr-scheduler", "inverse_sqrt", *TINY, *flags)
+    s = sample(task)
+    model.train()
+    with kernels.use(backend):
+        model_step(model, s)
+        with launches.counting() as seen:
+            model_step(model, s)
+    return model, seen
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("norm, per_layer", MODEL_TARGETS)
+def test_a_model_step_adds_at_most_the_target_per_norm_layer_and_no_host_wait(toy_data, backend, norm, per_layer):
+    """A training step (forward and backward) of a 2+2-layer pre-norm model
+    with ``norm`` in the encoder against fairseq's stock transformer: on the
+    GPU path at most ``per_layer`` more launches per norm layer, and, on
+    either path, exactly the stock model's host waits."""
+    from powernorm_fairseq.norms import Norm
+
+    backend_or_fail(backend)
+    ours, seen = counted_model_step(toy_data, backend, "--arch", "powernorm_transformer_iwslt_de_en",
+                                    "--norm-type", norm, "--decoder-norm-type", "ln", "--pn-warmup-updates", "0")
+    _, stock = counted_model_step(toy_data, backend, "--arch", "transformer_iwslt_de_en",
+                                  "--encoder-normalize-before", "--decoder-normalize-before")
+    layers = sum(type(m).__name__ != "LayerNorm" for m in ours.modules() if isinstance(m, Norm))
+    assert layers == 5  # 2 layers x 2 sublayers + the encoder's final norm
+    assert seen.waits == stock.waits
+    if backend == "triton":
+        assert len(seen.kernels()) >= layers
+        assert len(seen.launches) <= len(stock.launches) + per_layer * layers, (len(seen.launches), len(stock.launches))

@@ -17,7 +17,7 @@ from . import kernels
 from . import sync as sync_mod
 from .base import Norm, layer_scale_option, momentum_option
 from .kernels import functions as fused
-from .stats import assign_if_finite, group_scale, real_tokens, stat_dtype, token_mean, upcast
+from .stats import assign_if_finite, group_scale, real_tokens, token_mean, upcast
 
 
 class BatchStatNorm(Norm):

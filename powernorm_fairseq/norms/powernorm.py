@@ -27,7 +27,7 @@ from . import sync as sync_mod
 from .base import Norm, layer_scale_option, momentum_option
 from .batchnorm import BatchStatNorm
 from .kernels import functions as fused
-from .stats import assign_if_finite, group_scale, real_tokens, stat_dtype, token_mean, update_nu, upcast
+from .stats import assign_if_finite, group_scale, real_tokens, token_mean, update_nu, upcast
 
 logger = logging.getLogger(__name__)
 

@@ -129,7 +129,7 @@ def takes(x: torch.Tensor) -> bool:
 # The backend interface (contract.py): the C++ kernels make the passes over
 # the rows; the small per-channel work around them is PyTorch's (on a CPU,
 # launches cost nothing to speak of). The math is in functions.py.
-def parts(x, groups):
+def parts(x, groups, kernel):
     """(rows, dtype) of the per-program statistics: the threads' sums come back added."""
     return 1, torch.float64
 

@@ -48,10 +48,26 @@ def takes(x: torch.Tensor) -> bool:
     return x.is_cuda or (interpreting() and x.device.type == "cpu")
 
 
-def _programs(x: torch.Tensor) -> int:
-    """How many programs to spread rows over: a few per multiprocessor."""
+#: resident programs per multiprocessor that each main kernel's grid launches
+#: (float64, which only the tests run, half as many): every variant compiled
+#: for sm_90 keeps its registers within what this allows and spills nothing
+#: (sm90.py, checked in CI)
+PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 3, "_scalenorm_forward": 4,
+                   "_scalenorm_backward": 3, "_rmsnorm_forward": 4, "_rmsnorm_backward": 3}
+WARPS = 4  # of every kernel (triton's default)
+#: elements of a tile (rows x columns) of a channel kernel and of a per-row one
+TILE, ROW_TILE = 1024, 2048
+
+
+def programs_per_sm(kernel: str, float64: bool = False) -> int:
+    return max(1, PROGRAMS_PER_SM[kernel] // 2) if float64 else PROGRAMS_PER_SM[kernel]
+
+
+def _programs(x: torch.Tensor, kernel: str) -> int:
+    """How many programs to spread rows over: as many per multiprocessor as are resident at once."""
     if x.is_cuda:
-        return 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        return programs_per_sm(kernel, x.dtype == torch.float64) * sms
     return 4  # the interpreter runs programs one after another
 
 
@@ -59,7 +75,7 @@ def _acc(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _layout(x, groups):
+def _layout(x, groups, kernel):
     """(chunk width, its power-of-two block, chunks, rows per step, rows per program, row programs)."""
     N, C = x.shape
     if groups > 0:
@@ -68,15 +84,15 @@ def _layout(x, groups):
         cw = min(triton.next_power_of_2(C), 128)
     block_c = triton.next_power_of_2(cw)
     chunks = triton.cdiv(C, cw)
-    block_n = max(1, min(64, 4096 // block_c))
-    progs = max(1, min(triton.cdiv(N, block_n), triton.cdiv(_programs(x), chunks)))
+    block_n = max(1, min(64, TILE // block_c))
+    progs = max(1, min(triton.cdiv(N, block_n), triton.cdiv(_programs(x, kernel), chunks)))
     per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
     return cw, block_c, chunks, block_n, per_prog, triton.cdiv(N, per_prog)
 
 
-def parts(x, groups):
+def parts(x, groups, kernel):
     """(rows, dtype) of the per-program statistics ``forward`` and ``backward`` return."""
-    return _layout(x, groups)[-1], _acc(x)
+    return _layout(x, groups, kernel)[-1], _acc(x)
 
 
 def _empty(t):
@@ -131,7 +147,7 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
     N, C = x.shape
-    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups)
+    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_forward")
     acc, dev = _acc(x), x.device
     y = torch.empty_like(x) if want_y else x.new_empty(0)
     scale = torch.empty(N, groups, dtype=acc, device=dev) if groups > 0 else x.new_empty(0)
@@ -143,7 +159,7 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
             N, C, nb, nt, per_prog, gs_eps, inv_eps,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), INV_RUNNING=inv_eps >= 0, GROUPED=groups > 0,
             WANT_Y=want_y, WANT_STATS=want_stats, CENTER=center, F64=acc == torch.float64,
-            BLOCK_N=block_n, BLOCK_C=block_c, CW=cw)
+            BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS)
     return y, scale, part
 
 
@@ -177,7 +193,7 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
 
     Returns (dL/dx or empty, part or empty)."""
     N, C = x.shape
-    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups)
+    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_backward")
     acc, dev = _acc(x), x.device
     gx = torch.empty_like(x) if want_gx else x.new_empty(0)
     part = torch.empty(progs, 5, C, dtype=acc, device=dev) if want_sums else x.new_empty(0)
@@ -187,7 +203,7 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
             _or(B, dev), _or(gx, dev), _or(part, dev), N, C, nb, nt, per_prog, b_scale,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), HAS_A=not _empty(A), HAS_B=not _empty(B),
             GROUPED=groups > 0, CORRECT_PADS=correct_pads, WANT_GX=want_gx, WANT_SUMS=want_sums,
-            F64=acc == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, CW=cw)
+            F64=acc == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS)
     return gx, part
 
 
@@ -215,11 +231,11 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     return grad_w, grad_b, A, B
 
 
-def _row_layout(x):
+def _row_layout(x, kernel):
     N, C = x.shape
     block_c = triton.next_power_of_2(C)
-    block_n = max(1, min(32, 4096 // block_c))
-    progs = max(1, min(triton.cdiv(N, block_n), _programs(x)))
+    block_n = max(1, min(32, ROW_TILE // block_c))
+    progs = max(1, min(triton.cdiv(N, block_n), _programs(x, kernel)))
     per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
     return block_c, block_n, per_prog, triton.cdiv(N, per_prog)
 
@@ -227,11 +243,11 @@ def _row_layout(x):
 def scalenorm_forward(x, scale, eps):
     """y = g x / max(||x||, eps) per row; returns (y, the clamped norms (N,))."""
     N, C = x.shape
-    block_c, block_n, per_prog, progs = _row_layout(x)
+    block_c, block_n, per_prog, progs = _row_layout(x, "_scalenorm_forward")
     y = torch.empty_like(x)
     norms = torch.empty(N, dtype=_acc(x), device=x.device)
     _launch(_scalenorm_forward, (progs,), x, scale, y, norms, N, C, per_prog, eps,
-            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
+            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
     return y, norms
 
 
@@ -239,23 +255,23 @@ def scalenorm_backward(x, norms, grad_y, scale, eps):
     """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg
     = sum <dy, x> / n, summed by the last program in a fixed order."""
     N, C = x.shape
-    block_c, block_n, per_prog, progs = _row_layout(x)
+    block_c, block_n, per_prog, progs = _row_layout(x, "_scalenorm_backward")
     gx = torch.empty_like(x)
     part = torch.empty(progs, dtype=_acc(x), device=x.device)
     grad_scale = torch.empty_like(scale)
     _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, _counter(x.device),
-            N, C, per_prog, eps, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
+            N, C, per_prog, eps, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
     return gx, grad_scale
 
 
 def rmsnorm_forward(x, weight, eps):
     """y = x / sqrt(mean(x^2) + eps) * w per row; returns (y, 1 / rms (N,))."""
     N, C = x.shape
-    block_c, block_n, per_prog, progs = _row_layout(x)
+    block_c, block_n, per_prog, progs = _row_layout(x, "_rmsnorm_forward")
     y = torch.empty_like(x)
     rstd = torch.empty(N, dtype=_acc(x), device=x.device)
     _launch(_rmsnorm_forward, (progs,), x, weight, y, rstd, N, C, per_prog, eps,
-            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
+            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
     return y, rstd
 
 
@@ -263,15 +279,18 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
     """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, summed
     by the last program in a fixed order."""
     N, C = x.shape
-    block_c, block_n, per_prog, progs = _row_layout(x)
+    block_c, block_n, per_prog, progs = _row_layout(x, "_rmsnorm_backward")
     gx = torch.empty_like(x)
     part = torch.empty(progs, C, dtype=_acc(x), device=x.device)
     grad_w = torch.empty_like(weight)
     _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, _counter(x.device),
-            N, C, per_prog, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c)
+            N, C, per_prog, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
     return gx, grad_w
 
 
+# Integer arguments that change with every batch (row counts, per-program
+# rows) are not specialised on (value 1, multiple of 16): each new value would
+# otherwise compile another variant during training. Channel counts are.
 if triton is not None:
 
     @triton.jit
@@ -330,7 +349,7 @@ if triton is not None:
             ok = ok & (tl.load(FLAGS + i) != 0)
         return ok
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_forward(X, MASK, MEAN, INV, W, Bias, Y, SCALE, PART,
                          N, C, nb, nt, per_prog, gs_eps, inv_eps,
                          HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, INV_RUNNING: tl.constexpr,
@@ -392,7 +411,7 @@ if triton is not None:
                 tl.store(base + C + cols, zero, mask=cmask)
                 tl.store(base + 2 * C + cols, s2, mask=cmask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["P", "warmup"])
     def _finish_stats(PART, RA, RB, STEPS, MEAN, INV, INVB, NOUT, SCRATCH, FLAGS, COUNTER,
                       P, C, momentum, eps, warmup,
                       UPDATE: tl.constexpr, HAS_STEPS: tl.constexpr, BLOCK: tl.constexpr):
@@ -473,7 +492,7 @@ if triton is not None:
                 tl.store(STEPS, tl.load(STEPS) + (n0 > 0.0).to(tl.int64))
             tl.store(NOUT, n0)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_backward(X, MASK, SCALE, GY, W, MEAN, INVF, INVB, A, Bc, GX, PART,
                           N, C, nb, nt, per_prog, b_scale,
                           HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_A: tl.constexpr,
@@ -540,7 +559,7 @@ if triton is not None:
             tl.store(base + 3 * C + cols, s3, mask=cmask)
             tl.store(base + 4 * C + cols, s4, mask=cmask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["P", "rows"])
     def _finish_backward(PART, W, NIN, NU, GW, GB, A, Bc, SCRATCH, FLAGS, COUNTER, P, C, rate, rows,
                          KIND: tl.constexpr, CENTER: tl.constexpr, HAS_NU: tl.constexpr, BLOCK: tl.constexpr):
         """KIND: 0 the exact gradient's A and B (Eq. 3 / Eq. 6), 1 Algorithm
@@ -590,7 +609,7 @@ if triton is not None:
                             cc = c0 + tl.arange(0, BLOCK)
                             tl.store(NU + cc, tl.load(SCRATCH + cc, mask=cc < C), mask=cc < C)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "per_prog"])
     def _scalenorm_forward(X, S, Y, NORMS, N, C, per_prog, eps,
                            F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
@@ -603,7 +622,7 @@ if triton is not None:
             tl.store(NORMS + rows, norm, mask=rmask)
             tl.store(Y + at, (x * (g / norm)[:, None]).to(Y.dtype.element_ty), mask=m2)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "per_prog"])
     def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, COUNTER, N, C, per_prog, eps,
                             F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
@@ -627,7 +646,7 @@ if triton is not None:
                 acc += tl.load(PART + p).to(tl.float64)
             tl.store(GS, _cast(acc, GS))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "per_prog"])
     def _rmsnorm_forward(X, W, Y, RSTD, N, C, per_prog, eps,
                          F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
@@ -640,7 +659,7 @@ if triton is not None:
             tl.store(RSTD + rows, r, mask=rmask)
             tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["N", "per_prog"])
     def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, COUNTER, N, C, per_prog,
                           F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)

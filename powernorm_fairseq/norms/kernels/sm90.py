@@ -1,0 +1,194 @@
+"""The Triton kernels as an H100 (sm_90) would run them, checked without one.
+
+:func:`recording` notes every kernel variant the norms launch (its argument
+types, alignments, integer values and constexprs), running them or not;
+:func:`build` compiles each distinct variant for sm_90 through triton's own
+specialisation (what a launch on the GPU would compile) and reads its
+registers and spills as ptxas reports them (``ptxas -v``). It
+needs ``TRITON_INTERPRET=0``, so callers on an interpreted process run it in
+a fresh one::
+
+    python -m powernorm_fairseq.norms.kernels.sm90 VARIANTS.json   # prints JSON
+
+A variant *spills* when ptxas reports spill stores. A main kernel *fits*
+when its registers allow the programs per multiprocessor that ``gpu.py``'s
+grid launches (``gpu.PROGRAMS_PER_SM``) to be resident at once.
+"""
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import gpu, launches
+
+REGISTERS_PER_SM = 65536
+WARP = 32
+
+
+def _describe(a):
+    if isinstance(a, torch.Tensor):
+        return {"tensor": str(a.dtype).replace("torch.", ""), "aligned": a.data_ptr() % 16 == 0}
+    if isinstance(a, bool):
+        return {"bool": a}
+    if isinstance(a, int):
+        return {"int": a}
+    return {"float": float(a)}
+
+
+@contextlib.contextmanager
+def recording(run: bool = True):
+    """Note each kernel launch (``gpu._launch``) in the list it yields; with
+    ``run=False`` the kernels are not run, though still counted by
+    ``launches.counting`` (outputs stay uninitialised: the norms never read
+    them on the host, so the launches that follow are those of a real step)."""
+    seen = []
+    launch = gpu._launch
+
+    def noted(kernel, grid, *args, **constexprs):
+        name = getattr(kernel, "__name__", None) or kernel.fn.__name__
+        seen.append({"kernel": name, "args": [_describe(a) for a in args], "constexprs": constexprs})
+        if run:
+            launch(kernel, grid, *args, **constexprs)
+        else:
+            with launches.kernel(name):  # counted all the same
+                pass
+
+    gpu._launch = noted
+    try:
+        yield seen
+    finally:
+        gpu._launch = launch
+
+
+def activation_tensors(variant) -> int:
+    """Activation-sized (N, C) tensors a launch reads or writes: the model of
+    the bytes it moves (LayerNorm's minimum per forward + backward is 5: read
+    x, write y; read x and dy, write dx)."""
+    c, name = variant["constexprs"], variant["kernel"]
+    if name == "_channel_forward":
+        return 1 + int(c["WANT_Y"])
+    if name == "_channel_backward":
+        return 2 + int(c["WANT_GX"])
+    if name in ("_scalenorm_forward", "_rmsnorm_forward"):
+        return 2
+    if name in ("_scalenorm_backward", "_rmsnorm_backward"):
+        return 3
+    return 0  # the finishing kernels read per-program sums, not activations
+
+
+def distinct(variants):
+    """The variants with distinct descriptions (the same description always specialises alike)."""
+    out = {}
+    for v in variants:
+        out.setdefault(json.dumps(v, sort_keys=True), v)
+    return list(out.values())
+
+
+def _argument(d):
+    if "tensor" in d:
+        t = torch.empty(8, dtype=getattr(torch, d["tensor"]))
+        return t if d["aligned"] else t[1:]
+    return next(iter(d.values()))
+
+
+def _resources(ptx: str):
+    """(registers, spill store bytes, stack frame bytes) as ptxas reports them for sm_90a."""
+    import re
+
+    tools = Path(sys.modules["triton"].__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = next(p for p in (tools / "ptxas-blackwell", tools / "ptxas") if p.exists())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.ptx"
+        path.write_text(ptx)
+        text = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(path), "-o", str(Path(tmp) / "kernel.cubin")],
+                              capture_output=True, text=True, check=True).stderr
+
+    def number(pattern):
+        found = re.search(pattern, text)
+        return int(found.group(1)) if found else 0
+    return number(r"Used (\d+) registers"), number(r"(\d+) bytes spill stores"), number(r"(\d+) bytes stack frame")
+
+
+def _compile(job):
+    """Compile one specialisation for sm_90: (registers, local bytes, stack bytes, warps)."""
+    import triton
+    from triton.compiler import ASTSource
+
+    name, signature, constexprs, attrs, options = job
+    fn = getattr(gpu, name)
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                            target=TARGET(), options=options)
+    return (*_resources(kernel.asm["ptx"]), kernel.metadata.num_warps)
+
+
+def TARGET():
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", 90, 32)
+
+
+def build(variants, workers=None):
+    """Compile each distinct specialisation for sm_90 once (``workers``
+    processes, default one per core): for each of ``variants``, a dict with
+    the kernel, its signature and constexprs, registers, spill-store and
+    stack-frame bytes, warps, and (main kernels) the programs per SM its
+    registers allow (``resident_per_sm``) and the grid launches (``launched_per_sm``)."""
+    assert not gpu.interpreting(), "sm90.build needs TRITON_INTERPRET=0"
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    backend = make_backend(TARGET())
+    keys, jobs, described = [], {}, {}
+    for v in variants:  # triton's own specialisation of each launch, as on the GPU
+        fn = getattr(gpu, v["kernel"])
+        binder = create_function_from_signature(fn.signature, fn.params, backend)
+        bound, specialization, options = binder(*[_argument(d) for d in v["args"]], **v["constexprs"])
+        options, signature, constexprs, attrs = fn._pack_args(backend, v["constexprs"], bound, specialization,
+                                                              options)
+        key = json.dumps([v["kernel"], signature, sorted(map(str, constexprs.items())), sorted(map(str, attrs))])
+        keys.append(key)
+        if key not in jobs:
+            jobs[key] = (v["kernel"], signature, constexprs, attrs, options.__dict__)
+            described[key] = dict(
+                kernel=v["kernel"], signature={k: str(t) for k, t in signature.items() if t != "constexpr"},
+                constexprs={fn.arg_names[k[0]] if isinstance(k, tuple) else str(k): c
+                            for k, c in constexprs.items() if not isinstance(c, (tuple, list))})
+    with ProcessPoolExecutor(workers or os.cpu_count(), mp_context=get_context("fork")) as pool:
+        for key, (regs, spilled, stack, warps) in zip(jobs, pool.map(_compile, jobs.values())):
+            row = described[key]
+            row.update(registers=regs, spill_bytes=spilled, stack_bytes=stack, warps=warps)
+            if row["kernel"] in gpu.PROGRAMS_PER_SM:  # how many programs fit at once, and how many the grid has
+                row["resident_per_sm"] = REGISTERS_PER_SM // (_allocated(regs) * WARP * warps)
+                row["launched_per_sm"] = gpu.programs_per_sm(row["kernel"], bool(row["constexprs"].get("F64")))
+    return [described[key] for key in keys]
+
+
+def _allocated(regs: int) -> int:
+    """Registers per thread as the hardware allocates them (in units of 8)."""
+    return -(-regs // 8) * 8
+
+
+def build_in_fresh_process(variants, timeout=900):
+    """:func:`build` in a process of its own (triton compiles only when not interpreting)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "variants.json"
+        path.write_text(json.dumps(variants))
+        env = {**os.environ, "TRITON_INTERPRET": "0"}
+        proc = subprocess.run([sys.executable, "-m", __name__, str(path)], capture_output=True, text=True,
+                              env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compiling the kernels for sm_90 failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+if __name__ == "__main__":
+    print(json.dumps(build(json.loads(Path(sys.argv[1]).read_text()))))
