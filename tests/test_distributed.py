@@ -168,3 +168,37 @@ def test_two_worker_fairseq_train(toy_data, tmp_path, norm):
     assert "distributed init (rank 1)" in logs[1] and "num_updates\": \"6\"" in logs[0]
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
     assert state["cfg"]["model"].norm_sync is None  # the default: batch for bn, pn-v and pn
+
+
+def counting_worker(rank, port, kind, sync, path, backend):
+    """After a first step, one training step's all-reduces and host waits, per direction."""
+    from powernorm_fairseq.norms.kernels import launches
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        norm = make(kind, sync)
+        x, pad, grad_y = next(steps())
+        x.requires_grad_(True)
+        with kernels.use(backend):
+            norm(x, pad).backward(grad_y)
+            with launches.counting() as forward:
+                y = norm(x, pad)
+            with launches.counting() as backward:
+                y.backward(grad_y)
+        reduces = [sum(op.startswith("allreduce") for op in s.launches) for s in (forward, backward)]
+        torch.save({"reduces": reduces, "waits": forward.waits + backward.waits}, f"{path}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+@pytest.mark.parametrize("sync", ["batch", "running"])
+@pytest.mark.parametrize("kind", list(OPTIONS))
+def test_synchronised_kernels_reduce_once_per_direction_and_never_wait(kind, sync, backend, tmp_path):
+    backend_or_fail(backend)
+    path = str(tmp_path / "counts")
+    mp.spawn(counting_worker, args=(free_port(), kind, sync, path, backend), nprocs=2, join=True)
+    for rank in (0, 1):
+        seen = torch.load(f"{path}.{rank}", weights_only=True)
+        assert seen["waits"] == [], seen
+        assert all(n <= 1 for n in seen["reduces"]) and seen["reduces"][0] == 1, seen

@@ -60,8 +60,7 @@ class BatchStatNorm(Norm):
         return {"psi2": (psi2, self.running(xs)[1].clone())}, (xs, None, torch.rsqrt(psi2 + self.eps))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        # the kernels, in training; under --norm-sync, the plain path's differentiable all-reduce
-        k = kernels.select(x) if self.training and not sync_mod.active(self.sync) else None
+        k = kernels.select(x) if self.training else None
         if k is not None:
             return self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
         xf = self.scaled(upcast(x))
@@ -92,7 +91,8 @@ class BatchStatNorm(Norm):
         and the exact gradient in two (``kernels/functions.py``)."""
         x2, mask = fused.rows(x, pad_mask)
         groups = self.groups if self.layer_scale else 0  # the kernels scale each row in registers
-        step = fused.Step(k.NAME, groups, self.center, self.update, "exact", self.momentum, self.eps)
+        step = fused.Step(k.NAME, groups, self.center, self.update, "exact", self.momentum, self.eps,
+                          sync=self.sync if sync_mod.active(self.sync) else "none")
         mean_buf, second_buf = self.kernel_buffers()
         steps, nu = x.new_empty(0), x.new_empty(0)  # PN's; apart, as the kernels write the one
         y = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, mean_buf, second_buf, steps, nu, step)

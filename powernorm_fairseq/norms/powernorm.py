@@ -237,11 +237,11 @@ class PowerNorm(Norm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         if not self.training:  # the running psi^2, no update
             return self._with_running_psi2(self.scaled(upcast(x))).to(x.dtype)
-        if sync_mod.active(self.sync):
-            return self._synced(upcast(x), pad_mask).to(x.dtype)
         k = kernels.select(x)
         if k is not None:
             return self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
+        if sync_mod.active(self.sync):
+            return self._synced(upcast(x), pad_mask).to(x.dtype)
         if pad_mask is not None and bool(pad_mask.all()):  # a training batch that is all padding: no update
             return self._with_running_psi2(self.scaled(upcast(x))).to(x.dtype)
         step = self._next_step()
@@ -316,7 +316,7 @@ class PowerNorm(Norm):
             update, mode = ("pn-warm", "exact") if warm else ("pn", "paper")
         groups = self.groups if self.group_scaling else 0
         plan = fused.Step(k.NAME, groups, False, update, mode, 1.0 - self.alpha_fwd, self.eps, self.warmup_updates,
-                          1.0 - self.alpha_bwd)
+                          1.0 - self.alpha_bwd, self.sync if sync_mod.active(self.sync) else "none")
         x2, mask = fused.rows(x, pad_mask)
         y = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, x.new_empty(0), self.running_psi2,
                                          self.num_steps, self.running_nu, plan)

@@ -129,7 +129,7 @@ def takes(x: torch.Tensor) -> bool:
 # The backend interface (contract.py): the C++ kernels make the passes over
 # the rows; the small per-channel work around them is PyTorch's (on a CPU,
 # launches cost nothing to speak of). The math is in functions.py.
-def parts(x, groups, kernel):
+def parts(x, groups, kernel, tall):
     """(rows, dtype) of the per-program statistics: the threads' sums come back added."""
     return 1, torch.float64
 
@@ -140,7 +140,7 @@ def _keep(mask, x):
 
 
 def _count(keep, x):
-    return keep.sum(dtype=torch.float64) if keep.numel() else torch.tensor(float(x.size(0)), dtype=torch.float64)
+    return keep.sum(dtype=torch.float64) if keep.numel() else x.new_full((), x.size(0), dtype=torch.float64)
 
 
 def _empty():

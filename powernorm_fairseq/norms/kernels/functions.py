@@ -28,7 +28,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..stats import GROUP_EPS
+from .. import sync as sync_mod
+from ..stats import GROUP_EPS, update_nu
 from . import ops  # noqa: F401  (registers torch.ops.powernorm)
 
 P = torch.ops.powernorm
@@ -55,6 +56,7 @@ class Step(NamedTuple):
     eps: float
     warmup: int = 0  # the released PN's warmup (reference updates)
     rate: float = 0.0  # PN's 1 - alpha_bwd
+    sync: str = "none"  # --norm-sync where workers are synchronised: "batch" or "running" (sync.py)
 
 
 class FusedChannelNorm(torch.autograd.Function):
@@ -79,37 +81,106 @@ class FusedChannelNorm(torch.autograd.Function):
         if s.update in RUNNING_SCALE:
             y, scale, part = P.forward(s.backend, x, mask, s.groups, GROUP_EPS, none, second_buf, s.eps, weight, bias,
                                        True, True, False)
-            mean, inv, inv_batch, n = P.finish_stats(s.backend, part, mean_buf, second_buf, steps, s.update,
-                                                     s.momentum, s.eps, s.warmup)
+            mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
         else:
             _, _, part = P.forward(s.backend, x, mask, s.groups, GROUP_EPS, none, none, -1.0, none, none, False, True,
                                    s.center)
-            mean, inv, inv_batch, n = P.finish_stats(s.backend, part, mean_buf, second_buf, steps, s.update,
-                                                     s.momentum, s.eps, s.warmup)
+            mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
             y, scale, _ = P.forward(s.backend, x, mask, s.groups, GROUP_EPS, mean, inv, -1.0, weight, bias, True,
                                     False, False)
-        ctx.save_for_backward(x, mask, scale, weight, mean, inv, inv_batch, n)
+        ctx.save_for_backward(x, mask, scale, weight, mean, inv, inv_batch, n, n_all)
         ctx.step, ctx.nu = s, nu  # nu: a buffer the backward updates, not a saved value
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, mask, scale, weight, mean, inv, inv_batch, n = ctx.saved_tensors
+        x, mask, scale, weight, mean, inv, inv_batch, n, n_all = ctx.saved_tensors
         s, nu, none, gy = ctx.step, ctx.nu, x.new_empty(0), grad_y.contiguous()
         if s.mode == "exact":  # the batch terms of Eq. 3 / Eq. 6 first, then the gradient
             _, part = P.backward(s.backend, x, mask, scale, gy, weight, mean, inv, none, none, none, 1.0, s.groups,
                                  False, False, True)
-            grad_w, grad_b, A, B = P.finish_backward(s.backend, part, weight, n, nu, s.rate, "exact", s.center,
-                                                     x.size(0))
+            if s.sync == "none":
+                grad_w, grad_b, A, B = P.finish_backward(s.backend, part, weight, n, nu, s.rate, "exact", s.center,
+                                                         x.size(0))
+            else:
+                grad_w, grad_b, A, B = _synced_terms(s, part, weight, n, n_all, nu, exact=True)
             grad_x, _ = P.backward(s.backend, x, mask, scale, gy, weight, mean, inv, inv, A, B, 1.0, s.groups, False,
                                    True, False)
         else:  # B = nu_{t-1} (Algorithm 2), or (1 - alpha_bwd) nu over every position (the released code)
             paper = s.mode == "paper"
             grad_x, part = P.backward(s.backend, x, mask, scale, gy, weight, none, inv, inv if paper else inv_batch,
                                       none, nu, 1.0 if paper else s.rate, s.groups, not paper, True, True)
-            grad_w, grad_b, _, _ = P.finish_backward(s.backend, part, weight, n, nu, s.rate, s.mode, False,
-                                                     x.size(0))
+            if s.sync == "none":
+                grad_w, grad_b, _, _ = P.finish_backward(s.backend, part, weight, n, nu, s.rate, s.mode, False,
+                                                         x.size(0))
+            else:
+                grad_w, grad_b, _, _ = _synced_terms(s, part, weight, n, n_all, nu, exact=False)
         return grad_x, None, grad_w, grad_b, None, None, None, None, None
+
+
+def _statistics(s: Step, part, mean_buf, second_buf, steps):
+    """(mean, inv, inv of the batch, n for the gradient, n of the global
+    batch) from ``forward``'s part, the running statistics updated. Under
+    --norm-sync the workers' counts and sums are added in one all-reduce and
+    the running statistics follow the global batch; ``running`` normalises
+    each worker's batch with its own statistics."""
+    if s.sync == "none":
+        mean, inv, inv_batch, n = P.finish_stats(s.backend, part, mean_buf, second_buf, steps, s.update, s.momentum,
+                                                 s.eps, s.warmup)
+        return mean, inv, inv_batch, n, n
+    local = _totals(part)
+    mean, inv, inv_batch, n_all = P.finish_stats(s.backend, _as_part(sync_mod.all_sum(local)), mean_buf, second_buf,
+                                                 steps, s.update, s.momentum, s.eps, s.warmup)
+    if s.sync == "batch" or s.update in RUNNING_SCALE:  # after PN's warmup the forward used psi^2_{t-1} anyway
+        return mean, inv, inv_batch, n_all, n_all
+    n = local[:1]
+    real, ns = n > 0, n.clamp(min=1)
+    C = part.size(-1)
+    local_mean = local[1:C + 1] / ns
+    second = local[C + 1:] / ns - (local_mean ** 2 if s.center else 0)
+    sd = second_buf.dtype
+    inv = torch.where(real, torch.rsqrt(second.clamp(min=0) + s.eps), torch.rsqrt(second_buf.double() + s.eps))
+    if s.center:
+        mean = torch.where(real, local_mean, mean_buf.double()).to(sd)
+    return mean, inv.to(sd), inv_batch, n, n_all
+
+
+def _totals(part: Tensor) -> Tensor:
+    """(count, sum, sum of squares) over this worker's real rows from
+    ``forward``'s per-program part, float64, packed (2C + 1,) for one all-reduce."""
+    p = part.double()
+    count = p[:, 0]
+    return torch.cat([count[:, :1].sum(0), (count * p[:, 1]).sum(0), (p[:, 2] + count * p[:, 1] ** 2).sum(0)])
+
+
+def _as_part(totals: Tensor) -> Tensor:
+    """:func:`_totals` of the global batch as one row of ``forward``'s part: count, mean, sum of squared deviations."""
+    C = (totals.numel() - 1) // 2
+    n, s1, s2 = totals[:1], totals[1:C + 1], totals[C + 1:]
+    mean = s1 / n.clamp(min=1)
+    return torch.stack([n.expand(C), mean, s2 - s1 * mean]).unsqueeze(0)
+
+
+def _synced_terms(s: Step, part, weight, n, n_all, nu, exact: bool):
+    """Under --norm-sync: this worker's weight and bias gradients, the exact
+    gradient's A and B (of the global batch under ``batch``), and nu's
+    Algorithm-2 update over the global batch, with one all-reduce."""
+    sums = part.double().sum(0)
+    w = weight.double()
+    # the rows all workers add (a slice: indexing by a list would copy it to the device)
+    first, last = (0 if exact and s.sync == "batch" else 2), (4 if nu.numel() else 2)
+    total = dict(zip(range(first, last), sync_mod.all_sum(sums[first:last]))) if first < last else {}
+    sd = nu.dtype if nu.numel() else (torch.float64 if weight.dtype == torch.float64 else torch.float32)
+    A, B = weight.new_empty(0, dtype=sd), weight.new_empty(0, dtype=sd)
+    if exact:  # Eq. 3 / Eq. 6 over the global batch, or over this worker's (running)
+        terms, count = (total, n_all) if s.sync == "batch" else ({0: sums[0], 1: sums[1]}, n)
+        B = (w * terms[0] / count.clamp(min=1)).to(sd)
+        if s.center:
+            A = (w * terms[1] / count.clamp(min=1)).to(sd)
+    if nu.numel():  # Algorithm 2: Lambda_t and Gamma_t of the global batch
+        count = n_all.clamp(min=1)
+        update_nu(nu, s.rate, gamma_t=total[3] / count, lambda_t=w * total[2] / count)
+    return sums[0].to(weight.dtype, copy=True), sums[1].to(weight.dtype, copy=True), A, B
 
 
 def rows(x: Tensor, pad_mask):

@@ -75,7 +75,7 @@ def _acc(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _layout(x, groups, kernel):
+def _layout(x, groups, kernel, tall=False):
     """(chunk width, its power-of-two block, chunks, rows per step, rows per program, row programs)."""
     N, C = x.shape
     if groups > 0:
@@ -84,15 +84,18 @@ def _layout(x, groups, kernel):
         cw = min(triton.next_power_of_2(C), 128)
     block_c = triton.next_power_of_2(cw)
     chunks = triton.cdiv(C, cw)
-    block_n = max(1, min(64, TILE // block_c))
+    # a pass that writes nothing row-sized (statistics only) holds fewer live
+    # tiles and takes them twice as tall (some shorter ones spill on sm_90)
+    block_n = max(1, min(64, (2 if tall else 1) * TILE // block_c))
     progs = max(1, min(triton.cdiv(N, block_n), triton.cdiv(_programs(x, kernel), chunks)))
     per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
     return cw, block_c, chunks, block_n, per_prog, triton.cdiv(N, per_prog)
 
 
-def parts(x, groups, kernel):
-    """(rows, dtype) of the per-program statistics ``forward`` and ``backward`` return."""
-    return _layout(x, groups, kernel)[-1], _acc(x)
+def parts(x, groups, kernel, tall):
+    """(rows, dtype) of the per-program statistics ``forward`` and ``backward``
+    return (``tall``: a statistics-only pass)."""
+    return _layout(x, groups, kernel, tall)[-1], _acc(x)
 
 
 def _empty(t):
@@ -147,7 +150,7 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
     N, C = x.shape
-    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_forward")
+    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_forward", not want_y)
     acc, dev = _acc(x), x.device
     y = torch.empty_like(x) if want_y else x.new_empty(0)
     scale = torch.empty(N, groups, dtype=acc, device=dev) if groups > 0 else x.new_empty(0)
@@ -193,7 +196,7 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
 
     Returns (dL/dx or empty, part or empty)."""
     N, C = x.shape
-    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_backward")
+    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_backward", not want_gx)
     acc, dev = _acc(x), x.device
     gx = torch.empty_like(x) if want_gx else x.new_empty(0)
     part = torch.empty(progs, 5, C, dtype=acc, device=dev) if want_sums else x.new_empty(0)

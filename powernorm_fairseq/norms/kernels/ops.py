@@ -36,7 +36,7 @@ def _stat(like: Tensor) -> torch.dtype:
 
 
 def _fake_forward(impl, x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
-    P, dtype = backend(impl).parts(x, groups, "_channel_forward")
+    P, dtype = backend(impl).parts(x, groups, "_channel_forward", not want_y)
     return (torch.empty_like(x) if want_y else x.new_empty(0),
             x.new_empty(x.size(0), groups, dtype=_stat(x)) if groups > 0 else x.new_empty(0),
             x.new_empty(P, 3, x.size(1), dtype=dtype) if want_stats else x.new_empty(0))
@@ -50,7 +50,7 @@ def _fake_finish_stats(impl, part, mean_buf, second_buf, steps, update, momentum
 
 def _fake_backward(impl, x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
                    correct_pads, want_gx, want_sums):
-    P, dtype = backend(impl).parts(x, groups, "_channel_backward")
+    P, dtype = backend(impl).parts(x, groups, "_channel_backward", not want_gx)
     return (torch.empty_like(x) if want_gx else x.new_empty(0),
             x.new_empty(P, 5, x.size(1), dtype=dtype) if want_sums else x.new_empty(0))
 
