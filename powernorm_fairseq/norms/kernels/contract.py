@@ -44,11 +44,9 @@ CONTRACT = {
     "scalenorm_forward": ("x", "scale", "eps"),
     # returns (dL/dx, dL/dscale)
     "scalenorm_backward": ("x", "norms", "grad_y", "scale", "eps"),
-}
-
-#: entry points only the GPU backend has
-GPU_ONLY = {
+    # RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight per row; returns (y, 1 / rms)
     "rmsnorm_forward": ("x", "weight", "eps"),
+    # returns (dL/dx, dL/dweight)
     "rmsnorm_backward": ("x", "rstd", "grad_y", "weight"),
 }
 
@@ -60,6 +58,8 @@ COMPILED_CPU = {
                  "correct_pads", "want_gx", "want_sums"),
     "scalenorm_forward": ("x", "scale", "eps"),
     "scalenorm_backward": ("x", "norms", "grad_y", "scale", "eps"),
+    "rmsnorm_forward": ("x", "weight", "eps"),
+    "rmsnorm_backward": ("x", "rstd", "grad_y", "weight"),
 }
 
 

@@ -252,4 +252,13 @@ def scalenorm_backward(x, norms, grad_y, scale, eps):
     return gx, grad_scale.reshape(()).to(scale.dtype)
 
 
+def rmsnorm_forward(x, weight, eps):
+    return load().rmsnorm_forward(x=x, weight=weight.to(x.dtype), eps=eps)
+
+
+def rmsnorm_backward(x, rstd, grad_y, weight):
+    gx, grad_w = load().rmsnorm_backward(x=x, rstd=rstd, grad_y=grad_y, weight=weight.to(x.dtype))
+    return gx, grad_w.to(weight.dtype)
+
+
 contract.check(sys.modules[__name__], "cpu")

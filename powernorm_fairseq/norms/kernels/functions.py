@@ -207,7 +207,7 @@ class FusedScaleNorm(torch.autograd.Function):
 
 
 class FusedRMSNorm(torch.autograd.Function):
-    """RMSNorm in one pass each way (GPU kernels only)."""
+    """RMSNorm in one pass each way."""
 
     @staticmethod
     def forward(ctx, x, weight, eps, backend):

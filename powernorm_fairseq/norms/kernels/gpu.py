@@ -688,4 +688,4 @@ if triton is not None:
             tl.store(GW + cols, _cast(acc, GW), mask=cmask)
 
 
-contract.check(sys.modules[__name__], "triton", {**contract.CONTRACT, **contract.GPU_ONLY})
+contract.check(sys.modules[__name__], "triton")

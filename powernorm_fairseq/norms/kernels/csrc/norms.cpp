@@ -293,6 +293,64 @@ std::vector<Tensor> scalenorm_backward_impl(const Tensor& x, const Tensor& norms
   return {gx, acc.reduce(1, 1)};
 }
 
+// RMSNorm: y = x * r * w per row, r = 1 / sqrt(mean(x^2) + eps); returns {y, r}.
+template <typename T>
+std::vector<Tensor> rmsnorm_forward_impl(const Tensor& x, const Tensor& w, double eps) {
+  const int64_t N = x.size(0), C = x.size(1);
+  Tensor y = torch::empty_like(x), rstd = torch::empty({N}, x.options());
+  const T *xp = x.data_ptr<T>(), *wp = w.data_ptr<T>();
+  T *yp = y.data_ptr<T>(), *rp = rstd.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp + n * C;
+      T* __restrict__ yr = yp + n * C;
+      T ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
+      const T r = T(1.0 / std::sqrt(double(ss) / C + eps));
+      rp[n] = r;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * r * wp[c];
+    }
+  });
+  return {y, rstd};
+}
+
+// dL/dx = r (g - xh mean(g xh)), g = gy * w, xh = x r; dL/dw = sum over rows of gy * xh.
+template <typename T>
+std::vector<Tensor> rmsnorm_backward_impl(const Tensor& x, const Tensor& rstd, const Tensor& gy,
+                                          const Tensor& w) {
+  const int64_t N = x.size(0), C = x.size(1);
+  Tensor gx = torch::empty_like(x);
+  Accumulators<T> acc(1, C);
+  const T *xp = x.data_ptr<T>(), *rp = rstd.data_ptr<T>(), *gp = gy.data_ptr<T>(), *wp = w.data_ptr<T>();
+  T* op = gx.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<T> stage(C, T(0));
+    double* dst = acc.local();
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp + n * C;
+      const T* __restrict__ gr = gp + n * C;
+      T* __restrict__ out = op + n * C;
+      T* __restrict__ sw = stage.data();
+      const T r = rp[n];
+      T dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < C; ++c) {
+        const T xh = xr[c] * r;
+        sw[c] += gr[c] * xh;
+        dot += gr[c] * wp[c] * xh;
+      }
+      const T m = dot / T(C);
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) out[c] = r * (gr[c] * wp[c] - xr[c] * r * m);
+      if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
+    }
+    flush(stage, dst);
+  });
+  return {gx, acc.reduce(1, C)[0]};
+}
+
 std::vector<Tensor> forward(const Tensor& x, const Tensor& keep, int64_t G, double gs_eps,
                             const Tensor& mean, const Tensor& inv, const Tensor& w, const Tensor& b,
                             bool want_y, bool want_stats, const Tensor& shift) {
@@ -340,6 +398,23 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
   return out;
 }
 
+std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.scalar_type() == x.scalar_type(),
+              "x: a contiguous (N, C) tensor, weight of its dtype");
+  std::vector<Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rmsnorm_forward",
+                             [&] { out = rmsnorm_forward_impl<scalar_t>(x, w.contiguous(), eps); });
+  return out;
+}
+
+std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& gy, const Tensor& w) {
+  TORCH_CHECK(x.is_contiguous() && gy.is_contiguous(), "x and gy must be contiguous");
+  std::vector<Tensor> out;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rmsnorm_backward",
+                             [&] { out = rmsnorm_backward_impl<scalar_t>(x, rstd, gy, w.contiguous()); });
+  return out;
+}
+
 }  // namespace
 
 // The argument names are the contract's (kernels/contract.py), checked when the module loads.
@@ -351,6 +426,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("inv_fwd"), arg("inv_bwd"), arg("A"), arg("B"), arg("groups"), arg("correct_pads"), arg("want_gx"),
         arg("want_sums"));
   m.def("scalenorm_forward", &scalenorm_forward, arg("x"), arg("scale"), arg("eps"));
+  m.def("rmsnorm_forward", &rmsnorm_forward, arg("x"), arg("weight"), arg("eps"));
+  m.def("rmsnorm_backward", &rmsnorm_backward, arg("x"), arg("rstd"), arg("grad_y"), arg("weight"));
   m.def("scalenorm_backward", &scalenorm_backward, arg("x"), arg("norms"), arg("grad_y"), arg("scale"),
         arg("eps"));
 }
