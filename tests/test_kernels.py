@@ -183,11 +183,11 @@ def test_a_backend_that_cannot_run_fails_in_one_line(env, message):
     assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr[-2000:]
 
 
-def sweep_kinds(C):
+def sweep_kinds(C, groups=(2, 4, 5, 8)):
     """Every mode of every kernel norm, with the group scalings a model of C channels can have."""
     kinds = [("pn", {}), ("pn", {"warmup_updates": 1}), ("pn", {"warmup_updates": 1, "backward": "reference"}),
              ("pn-v", {}), ("bn", {}), ("scalenorm", {}), ("rmsnorm", {})]
-    for g in (2, 4, 5, 8):
+    for g in groups:
         if C % g == 0:
             kinds += [("pn", {"group_scaling": True, "groups": g}),
                       ("pn", {"warmup_updates": 1, "group_scaling": True, "groups": g}),
@@ -201,19 +201,22 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     (sm_90) through triton's own specialisation: none spills, and each one's
     registers let the programs per multiprocessor that its grid launches be
     resident at once. The sweep: C = 1000 (group scalings over 2, 4, 5 and 8
-    heads, chunks of 500 to 125 channels), float16, float32, float64 and the
-    --amp mix (float16 activations, float32 parameters), padded and not, over
-    two steps of every mode. (bfloat16 compiles as float16 does, but for its
-    conversions; C = 200, 250, 512 and 1024 give the same kernel shapes.)"""
+    heads, chunks of 500 to 125 channels) and C = 200 over 8 heads (chunks of
+    25), float16, float32, float64 and the --amp mix (float16 activations,
+    float32 parameters), padded and not, over two steps of every mode.
+    (bfloat16 compiles as float16 does but for its conversions, and C = 250,
+    512 and 1024 give kernel shapes in between.)"""
     backend_or_fail("triton")
     from powernorm_fairseq.norms.kernels import sm90
 
-    C, T, Bn = 1000, 91, 9  # 819 rows: not a multiple of 16
+    T, Bn = 91, 9  # 819 rows: not a multiple of 16
+    sweep = [(1000, kind, options) for kind, options in sweep_kinds(1000)]
+    sweep += [(200, kind, options) for kind, options in sweep_kinds(200, groups=(8,))]
     with sm90.recording(run=False) as launched, kernels.use("triton"):
         for dtype, model_dtype in ((torch.float16,) * 2, (torch.float32,) * 2, (torch.float64,) * 2,
                                    (torch.float16, torch.float32)):
             for padded in (False, True):
-                for kind, options in sweep_kinds(C):
+                for C, kind, options in sweep:
                     norm = build_norm(kind, C, **options).to(model_dtype).train()
                     pad = torch.zeros(Bn, T, dtype=torch.bool)
                     pad[1, T - 3:] = True

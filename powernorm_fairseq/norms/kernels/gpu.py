@@ -86,7 +86,7 @@ def _layout(x, groups, kernel, tall=False):
     chunks = triton.cdiv(C, cw)
     # a pass that writes nothing row-sized (statistics only) holds fewer live
     # tiles and takes them twice as tall (some shorter ones spill on sm_90)
-    block_n = max(1, min(64, (2 if tall else 1) * TILE // block_c))
+    block_n = max(1, min(32, (2 if tall else 1) * TILE // block_c))
     progs = max(1, min(triton.cdiv(N, block_n), triton.cdiv(_programs(x, kernel), chunks)))
     per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
     return cw, block_c, chunks, block_n, per_prog, triton.cdiv(N, per_prog)
