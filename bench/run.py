@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from powernorm_fairseq.norms import NORM_TYPES, build_norm, kernels  # noqa: E402
 
 BIN = Path(sys.executable).parent
-TARGETS = {"layers": {"pn": 1.3, "bn": 1.5, "pn-v": 1.5, "scalenorm": 1.0},
+TARGETS = {"layers": {"pn": 1.3, "bn": 1.5, "pn-v": 1.5, "scalenorm": 1.0, "rmsnorm": 1.0},
            "throughput": 0.95, "memory": 1.05}
 
 
@@ -86,9 +86,10 @@ def bench_layers(shapes, reps, dtypes, device="cpu"):
                 rows.append(dict(
                     dtype=str(dtype).replace("torch.", ""), shape=f"{T}x{B}x{C}", norm=k,
                     ratio_to_ln=sig(ratio), ms=sig(seconds * 1e3), ln_ms=sig(t_ln * 1e3),
-                    gbps=sig(bytes_moved / seconds / 1e9),
+                    gbps=None if k == "none" else sig(bytes_moved / seconds / 1e9),
                     copy_gb_s=sig(same_size / 1e9),
-                    fraction_of_bandwidth=sig(bytes_moved / seconds / same_size),
+                    # "none" (the identity) moves nothing: the byte model is not its
+                    fraction_of_bandwidth=None if k == "none" else sig(bytes_moved / seconds / same_size),
                     target=TARGETS["layers"].get(k) if dtype == torch.float32 or device == "cuda" else None,
                 ))
     return rows, bandwidth
@@ -391,7 +392,8 @@ def gpu_markdown(results):
         for r in results["layers"]:
             met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["ratio_to_ln"] <= r["target"] else "**missed**"))
             out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.3f} | "
-                       f"{r['ln_ms']:.3f} | {r['gbps']} | {r['fraction_of_bandwidth']:.0%} | {met} |")
+                       f"{r['ln_ms']:.3f} | {r['gbps']} | "
+                       f"{'-' if r['fraction_of_bandwidth'] is None else format(r['fraction_of_bandwidth'], '.0%')} | {met} |")
         out.append("")
     if results.get("train"):
         out += ["### 2. `fairseq-train --fp16` words/s and peak GPU memory, relative to stock "
@@ -539,7 +541,8 @@ def markdown(results):
             met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["ratio_to_ln"] <= r["target"] else "**missed**"))
             out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.2f} | "
                        f"{r['ln_ms']:.2f} | {r.get('gbps', r.get('gb_per_s'))} | {r.get('copy_gb_s', '')} | "
-                       f"{r['fraction_of_bandwidth']:.0%} | {met} |")
+                       f"{'-' if r['fraction_of_bandwidth'] is None else format(r['fraction_of_bandwidth'], '.0%')} | "
+                       f"{met} |")
         out.append("")
     if "launches" in results:
         out += ["### 5. Launches, host waits, bytes and registers per training step of one layer", "",

@@ -27,13 +27,17 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     layers = results["layers"]
     assert {(r["norm"], r["dtype"]) for r in layers} == {(k, d) for k in NORM_TYPES for d in ("float32", "bfloat16")}
-    assert all(r["ratio_to_ln"] > 0 and r["gbps"] > 0 for r in layers)
+    assert all(r["ratio_to_ln"] > 0 and (r["gbps"] is None) == (r["norm"] == "none") for r in layers)
+    assert all(r["gbps"] > 0 for r in layers if r["norm"] != "none")
+    launched = results["launches"]
+    assert all(r["host_waits"] == 0 and r["cpu_host_waits"] == 0 for r in launched)
+    assert all(r["launches"] <= r["target"] and r["spill_bytes"] == 0 for r in launched if r["target"])
     assert [r["variant"] for r in results["throughput"]] == ["stock-ln", "pn"]
     assert all(r["wps"] > 0 and r["peak_mib"] > 100 for r in results["throughput"])
     assert [r["norm"] for r in results["quality"]["summary"]] == ["ln", "pn"]
     assert all(r["updates"] > 0 for r in results["quality"]["runs"])
     table = (tmp_path / "results.md").read_text()
-    for heading in ("### 1. Norm layer", "### 2 and 4.", "### 3. Translation quality"):
+    for heading in ("### 1. Norm layer", "### 2 and 4.", "### 3. Translation quality", "### 5. Launches"):
         assert heading in table
     for png in ("layers.png", "throughput_memory.png", "quality.png"):
         data = (tmp_path / png).read_bytes()
