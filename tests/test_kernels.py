@@ -273,16 +273,21 @@ LOAD = ("from powernorm_fairseq.norms.kernels import cpu\n"
 
 @pytest.mark.slow
 def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_run():
-    """torch's loader would wait forever for the ``lock`` file of a build that was killed."""
+    """torch's loader would wait forever for the ``lock`` file of a build that was killed.
+    (Another test's process may load the kernels meanwhile and remove the lock
+    first, saying so in its own output: the lock is gone either way.)"""
     k = backend_or_fail("cpu")
     stale = k.build_directory() / "lock"
     stale.touch()
     try:
         proc = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=300)
+        removed = not stale.exists()
     finally:
         stale.unlink(missing_ok=True)
     assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr[-2000:]
-    assert f"removing {stale}, left by a kernel build that was interrupted" in proc.stderr
+    assert removed
+    said = f"removing {stale}, left by a kernel build that was interrupted"
+    assert said in proc.stderr or not proc.stderr.strip(), proc.stderr[-2000:]
 
 
 @pytest.mark.slow
