@@ -390,10 +390,10 @@ def gpu_markdown(results):
                 "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s | of copy bandwidth | target |",
                 "|---|---|---|---|---|---|---|---|---|"]
         for r in results["layers"]:
-            met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["ratio_to_ln"] <= r["target"] else "**missed**"))
+            met = _met(r["ratio_to_ln"], r["target"])
             out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.3f} | "
                        f"{r['ln_ms']:.3f} | {r['gbps']} | "
-                       f"{'-' if r['fraction_of_bandwidth'] is None else format(r['fraction_of_bandwidth'], '.0%')} | {met} |")
+                       f"{_percent(r['fraction_of_bandwidth'])} | {met} |")
         out.append("")
     if results.get("train"):
         out += ["### 2. `fairseq-train --fp16` words/s and peak GPU memory, relative to stock "
@@ -525,6 +525,15 @@ def machine():
                 date=time.strftime("%Y-%m-%d"))
 
 
+def _met(value, target) -> str:
+    """A table's target cell: empty without a target, else whether ``value`` meets it."""
+    return "" if target is None else f"<= {target} " + ("met" if value <= target else "**missed**")
+
+
+def _percent(fraction) -> str:
+    return "-" if fraction is None else f"{fraction:.0%}"
+
+
 def markdown(results):
     m = results["machine"]
     out = [f"Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), "
@@ -538,10 +547,10 @@ def markdown(results):
                 "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s | copy GB/s | of copy | target |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["layers"]:
-            met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["ratio_to_ln"] <= r["target"] else "**missed**"))
+            met = _met(r["ratio_to_ln"], r["target"])
             out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.2f} | "
                        f"{r['ln_ms']:.2f} | {r.get('gbps', r.get('gb_per_s'))} | {r.get('copy_gb_s', '')} | "
-                       f"{'-' if r['fraction_of_bandwidth'] is None else format(r['fraction_of_bandwidth'], '.0%')} | "
+                       f"{_percent(r['fraction_of_bandwidth'])} | "
                        f"{met} |")
         out.append("")
     if "launches" in results:
@@ -556,7 +565,7 @@ def markdown(results):
                 "registers | spill bytes | programs/SM | all resident | launch target |",
                 "|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["launches"]:
-            met = "" if r["target"] is None else (f"<= {r['target']} " + ("met" if r["launches"] <= r["target"] else "**missed**"))
+            met = _met(r["launches"], r["target"])
             out.append(f"| {r['norm']} | {r['launches']} | {r['kernels']} | {r['host_waits']} / {r['cpu_host_waits']} | "
                        f"{r['activation_tensors']} | {r.get('max_registers', '')} | {r.get('spill_bytes', '')} | "
                        f"{r.get('programs_per_sm', '')} | {({True: 'yes', False: '**no**'}).get(r.get('all_resident'), '')} | "
