@@ -50,19 +50,6 @@ CONTRACT = {
     "rmsnorm_backward": ("x", "rstd", "grad_y", "weight"),
 }
 
-#: the compiled CPU module (csrc/norms.cpp), which cpu.py adapts to the contract
-COMPILED_CPU = {
-    "forward": ("x", "keep", "groups", "gs_eps", "mean", "inv", "weight", "bias", "want_y", "want_stats",
-                "shift"),
-    "backward": ("x", "keep", "scale", "grad_y", "weight", "mean", "inv_fwd", "inv_bwd", "A", "B", "groups",
-                 "correct_pads", "want_gx", "want_sums"),
-    "scalenorm_forward": ("x", "scale", "eps"),
-    "scalenorm_backward": ("x", "norms", "grad_y", "scale", "eps"),
-    "rmsnorm_forward": ("x", "weight", "eps"),
-    "rmsnorm_backward": ("x", "rstd", "grad_y", "weight"),
-}
-
-
 def argument_names(function) -> tuple:
     """The argument names of a Python function, or of a pybind11 function
     from the signature its docstring opens with."""

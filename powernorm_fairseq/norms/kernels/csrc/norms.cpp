@@ -1,17 +1,21 @@
-// Fused CPU kernels of the channel-statistics norms (BN, PN-V, PN) and ScaleNorm.
+// Fused CPU kernels of the channel-statistics norms (BN, PN-V, PN), ScaleNorm
+// and RMSNorm: the contract of powernorm_fairseq/norms/kernels/contract.py.
 //
-// Rows are tokens (N = T * B), columns are channels (C). `keep` holds one
-// weight per row, 1 at real tokens and 0 at padding, or is empty when nothing
-// is padded. Every kernel makes one pass over its inputs: a row is read once,
-// its per-token work (the original code's group scaling) is done while it is in
-// cache, and the per-channel sums a norm needs are accumulated on the way, in
-// double, per thread. The math is documented beside the Python callers in
+// Rows are tokens (N = T * B, row r = t * B + b), columns are channels (C).
+// Activations are float32 or float64: the callers upcast half ones (loops that
+// convert bfloat16 element by element measured slower than the upcast copy).
+// Every kernel makes one pass over its inputs: a row is read once, its group scaling (the released code's) is done per group
+// while the group is in cache, and the per-channel sums a norm needs are
+// accumulated on the way, per thread, flushed into doubles every few rows.
+// The math is documented beside the Python callers in
 // powernorm_fairseq/norms/kernels/functions.py.
 
 #include <torch/extension.h>
+#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 using torch::Tensor;
@@ -19,400 +23,550 @@ using torch::Tensor;
 namespace {
 
 constexpr int64_t kGrain = 16;  // rows per task
+constexpr int64_t kFlush = 32;  // rows between flushes of a thread's sums into doubles
 
-template <typename T>
-const T* ptr_or_null(const Tensor& t) {
-  return t.defined() && t.numel() > 0 ? t.data_ptr<T>() : nullptr;
-}
-
-// Per-thread accumulators of `count` columns each: a row adds into a T-typed
-// stage (so the inner loops vectorize), flushed into doubles every kFlush rows
-// to keep the sums accurate; the threads' doubles are summed at the end.
-constexpr int64_t kFlush = 32;
-
-template <typename T>
-struct Accumulators {
+// Per-thread sums of `width` values each: a row adds into an A-typed stage (so
+// the inner loops vectorize), flushed into doubles every kFlush rows to keep
+// the sums accurate; the threads' doubles are added at the end.
+template <typename A>
+struct Sums {
   int64_t width;
   std::vector<double> data;
-  Accumulators(int64_t count, int64_t columns)
-      : width(count * columns), data(static_cast<size_t>(at::get_num_threads() * count * columns), 0.0) {}
+  explicit Sums(int64_t w) : width(w), data(static_cast<size_t>(at::get_num_threads() * w), 0.0) {}
   double* local() { return data.data() + at::get_thread_num() * width; }
-  Tensor reduce(int64_t count, int64_t columns) const {
-    auto out = torch::zeros({count, columns}, torch::kFloat64);
-    double* o = out.data_ptr<double>();
+  std::vector<double> total() const {
+    std::vector<double> out(width, 0.0);
     for (size_t t = 0; t < data.size() / std::max<int64_t>(width, 1); ++t)
-      for (int64_t i = 0; i < width; ++i) o[i] += data[t * width + i];
+      for (int64_t i = 0; i < width; ++i) out[i] += data[t * width + i];
     return out;
   }
 };
 
-template <typename T>
-void flush(std::vector<T>& stage, double* into) {
+template <typename A>
+void flush(std::vector<A>& stage, double* into) {
   for (size_t i = 0; i < stage.size(); ++i) {
     into[i] += stage[i];
-    stage[i] = T(0);
+    stage[i] = A(0);
   }
 }
 
-// zeros where an optional per-channel tensor is absent, so loops need no branch
-template <typename T>
-const T* or_zeros(const Tensor& t, std::vector<T>& zeros) {
-  return t.defined() && t.numel() > 0 ? t.data_ptr<T>() : zeros.data();
+// which rows are real: fairseq's (B, T) padding mask read in row order, or all of them
+struct Real {
+  const bool* pad = nullptr;
+  int64_t B = 1, T = 1;
+  explicit Real(const Tensor& mask) {
+    if (mask.numel() == 0) return;
+    TORCH_CHECK(mask.dim() == 2 && mask.scalar_type() == torch::kBool && mask.is_contiguous(),
+                "mask: a contiguous (B, T) bool padding mask");
+    pad = mask.data_ptr<bool>();
+    B = mask.size(0);
+    T = mask.size(1);
+  }
+  bool operator()(int64_t n) const { return !pad || !pad[(n % B) * T + n / B]; }
+};
+
+// a per-channel vector as A values (zeros where absent)
+template <typename A>
+std::vector<A> channels(const Tensor& t, int64_t C, double times = 1.0) {
+  std::vector<A> out(C, A(0));
+  if (t.numel() == 0) return out;
+  const Tensor d = t.to(torch::kFloat64).contiguous();
+  const double* p = d.data_ptr<double>();
+  for (int64_t c = 0; c < C; ++c) out[c] = A(p[c] * times);
+  return out;
 }
 
-// xs = the row after group scaling (or the row itself); fills scale[g].
+std::vector<double> doubles(const Tensor& t) {
+  const Tensor d = t.to(torch::kFloat64).contiguous();
+  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
+
+Tensor from(const std::vector<double>& v, at::ScalarType dtype) {
+  return torch::tensor(at::ArrayRef<double>(v), torch::kFloat64).to(dtype);
+}
+
+// the statistics dtype of activations of type T
 template <typename T>
-const T* group_scaled(const T* xr, int64_t C, int64_t G, double eps, T* buf, T* scale) {
-  if (G <= 0) return xr;
-  const int64_t Cg = C / G;
+at::ScalarType stat_dtype() {
+  return std::is_same_v<T, double> ? torch::kFloat64 : torch::kFloat32;
+}
+
+// 1 / rms of each of G groups of a row (eps gs_eps), into r
+template <typename T, typename A>
+void group_scales(const T* xr, int64_t Cg, int64_t G, double eps, A* r) {
   for (int64_t g = 0; g < G; ++g) {
     const T* __restrict__ xg = xr + g * Cg;
-    T* __restrict__ out = buf + g * Cg;
-    T ms = 0;
+    A ms = 0;
 #pragma omp simd reduction(+ : ms)
-    for (int64_t j = 0; j < Cg; ++j) ms += xg[j] * xg[j];
-    const T r = T(1.0 / std::sqrt(double(ms) / Cg + eps));
-    scale[g] = r;
-#pragma omp simd
-    for (int64_t j = 0; j < Cg; ++j) out[j] = xg[j] * r;
+    for (int64_t j = 0; j < Cg; ++j) ms += A(xg[j]) * A(xg[j]);
+    r[g] = A(1.0 / std::sqrt(double(ms) / Cg + eps));
   }
-  return buf;
 }
 
-// Forward: y = (xs - mean) * inv * w + b where asked, and per-channel sums of
-// d and d^2 over the real tokens where asked, d = xs - shift (shift = 0 when
-// absent; a sample of the batch keeps the variance free of cancellation).
-// Returns {y, scale, sums (2, C)}.
+// Forward (contract "forward"). A group's scale r multiplies the raw row in
+// each loop, so no scaled copy of the row is written.
 template <typename T>
-std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& keep, int64_t G, double gs_eps,
-                                 const Tensor& mean, const Tensor& inv, const Tensor& w,
-                                 const Tensor& b, bool want_y, bool want_stats, const Tensor& shift) {
-  const int64_t N = x.size(0), C = x.size(1);
-  Tensor y = want_y ? torch::empty_like(x) : Tensor();
-  Tensor scale = G > 0 ? torch::empty({N, G}, x.options()) : Tensor();
-  Accumulators<T> acc(2, want_stats ? C : 0);
-  std::vector<T> zeros(C, T(0)), mul(C), add(C);
-  if (want_y) {  // y = xs * mul + add
-    const T *mp = or_zeros<T>(mean, zeros), *ip = inv.data_ptr<T>(), *wp = w.data_ptr<T>(),
-            *bp = b.data_ptr<T>();
-    for (int64_t c = 0; c < C; ++c) {
-      mul[c] = ip[c] * wp[c];
-      add[c] = bp[c] - mp[c] * mul[c];
-    }
-  }
-  const T *xp = x.data_ptr<T>(), *kp = ptr_or_null<T>(keep), *mulp = mul.data(), *addp = add.data();
-  const T* __restrict__ kv = or_zeros<T>(shift, zeros);
-  T *yp = want_y ? y.data_ptr<T>() : nullptr, *sp = G > 0 ? scale.data_ptr<T>() : nullptr;
-  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<T> buf(C), s(want_stats ? C : 0), q(want_stats ? C : 0);
-    double* dst = want_stats ? acc.local() : nullptr;
-    T* __restrict__ sv = s.data();
-    T* __restrict__ qv = q.data();
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xs = group_scaled(xp + n * C, C, G, gs_eps, buf.data(), sp ? sp + n * G : nullptr);
-      if (want_stats && (!kp || kp[n] != T(0))) {
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) {
-          const T d = xs[c] - kv[c];
-          sv[c] += d;
-          qv[c] += d * d;
-        }
-        if ((n - begin) % kFlush == kFlush - 1) {
-          flush(s, dst);
-          flush(q, dst + C);
-        }
-      }
-      if (yp) {
-        T* __restrict__ yr = yp + n * C;
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) yr[c] = xs[c] * mulp[c] + addp[c];
-      }
-    }
-    if (want_stats) {
-      flush(s, dst);
-      flush(q, dst + C);
-    }
-  });
-  return {y, scale, want_stats ? acc.reduce(2, C) : Tensor()};
-}
-
-// Backward with xh = (xs - mean) * inv_fwd and g = gy * w:
-//   dL/dxs = (g - m * (A + B * xh)) * inv_bwd,  m = 1 at real tokens, and at
-//   padding only if correct_pads; then back through the group scaling:
-//   dL/dx = r * (dL/dxs - xs * mean_group(dL/dxs * xs)).
-// Per-channel sums on the way (rows 0-4): gy*xh, gy (all positions),
-// g*xh and xh^2 (real tokens), xh^2 (all positions).
-template <typename T>
-std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& keep, const Tensor& scale,
-                                  const Tensor& gy, const Tensor& w, const Tensor& mean,
-                                  const Tensor& inv_fwd, const Tensor& inv_bwd, const Tensor& A,
-                                  const Tensor& B, int64_t G, bool correct_pads, bool want_gx,
-                                  bool want_sums) {
-  const int64_t N = x.size(0), C = x.size(1);
-  Tensor gx = want_gx ? torch::empty_like(x) : Tensor();
-  // sums of gy*xh, gy and xh^2, kept apart for real (0-2) and padded (3-5) rows
-  Accumulators<T> acc(6, C);
-  std::vector<T> zeros(C, T(0)), shift(C);
-  const T* mp = or_zeros<T>(mean, zeros);
-  const T* __restrict__ ip = inv_fwd.data_ptr<T>();
-  for (int64_t c = 0; c < C; ++c) shift[c] = mp[c] * ip[c];  // xh = xs * inv - shift
-  const T *xp = x.data_ptr<T>(), *kp = ptr_or_null<T>(keep), *sp = ptr_or_null<T>(scale),
-          *gp = gy.data_ptr<T>();
-  const T* __restrict__ wp = w.data_ptr<T>();
-  const T* __restrict__ jp = or_zeros<T>(inv_bwd, zeros);
-  const T* __restrict__ ap = or_zeros<T>(A, zeros);
-  const T* __restrict__ bp = or_zeros<T>(B, zeros);
-  const T* __restrict__ hp = shift.data();
-  T* op = want_gx ? gx.data_ptr<T>() : nullptr;
-  const int64_t Cg = G > 0 ? C / G : C;
-  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<T> buf(C), gxs(C), stage(6 * C, T(0));
-    double* dst = acc.local();
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp + n * C;
-      const T* __restrict__ xs = xr;
-      if (sp) {
-        T* __restrict__ bv = buf.data();
-        for (int64_t g = 0; g < G; ++g) {
-          const T r = sp[n * G + g];
-#pragma omp simd
-          for (int64_t j = g * Cg; j < (g + 1) * Cg; ++j) bv[j] = xr[j] * r;
-        }
-        xs = bv;
-      }
-      const T* __restrict__ gr = gp + n * C;
-      const bool real = !kp || kp[n] != T(0);
-      const T m = (real || correct_pads) ? T(1) : T(0);
-      T* __restrict__ s0 = stage.data() + (real ? 0 : 3 * C);
-      T* __restrict__ s1 = s0 + C;
-      T* __restrict__ s2 = s1 + C;
-      if (op && !want_sums) {  // the second pass of an exact gradient: the sums are known
-        T* __restrict__ gv = sp ? gxs.data() : op + n * C;
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) {
-          const T xh = xs[c] * ip[c] - hp[c];
-          gv[c] = (gr[c] * wp[c] - m * (ap[c] + bp[c] * xh)) * jp[c];
-        }
-      } else if (op) {
-        T* __restrict__ gv = sp ? gxs.data() : op + n * C;
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) {
-          const T xh = xs[c] * ip[c] - hp[c];
-          s0[c] += gr[c] * xh;
-          s1[c] += gr[c];
-          s2[c] += xh * xh;
-          gv[c] = (gr[c] * wp[c] - m * (ap[c] + bp[c] * xh)) * jp[c];
-        }
-      } else {
-#pragma omp simd
-        for (int64_t c = 0; c < C; ++c) {
-          const T xh = xs[c] * ip[c] - hp[c];
-          s0[c] += gr[c] * xh;
-          s1[c] += gr[c];
-          s2[c] += xh * xh;
-        }
-      }
-      if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
-      if (!op || !sp) continue;
-      // back through the group scaling, the row still in cache
-      const T* __restrict__ gv = gxs.data();
-      T* __restrict__ out = op + n * C;
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t lo = g * Cg;
-        T dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = lo; j < lo + Cg; ++j) dot += gv[j] * xs[j];
-        const T mdot = dot / T(Cg), r = sp[n * G + g];
-#pragma omp simd
-        for (int64_t j = lo; j < lo + Cg; ++j) out[j] = r * (gv[j] - xs[j] * mdot);
-      }
-    }
-    flush(stage, dst);
-  });
-  // rows: gy*xh and gy over all positions, gy*xh and xh^2 over real tokens, xh^2 over all
-  Tensor s = acc.reduce(6, C), out = torch::empty({5, C}, torch::kFloat64);
-  out[0] = s[0] + s[3];
-  out[1] = s[1] + s[4];
-  out[2] = s[0];
-  out[3] = s[2];
-  out[4] = s[2] + s[5];
-  return {gx, out};
-}
-
-// ScaleNorm: y = g * x / max(||x||, eps) per row; returns {y, norms}.
-template <typename T>
-std::vector<Tensor> scalenorm_forward_impl(const Tensor& x, double g, double eps) {
-  const int64_t N = x.size(0), C = x.size(1);
-  Tensor y = torch::empty_like(x), norms = torch::empty({N}, x.options());
+std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G, double gs_eps,
+                                 const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
+                                 const Tensor& bias, bool want_y, bool want_stats, bool center) {
+  using A = at::opmath_type<T>;
+  const int64_t N = x.size(0), C = x.size(1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
+  const Real real(mask);
   const T* xp = x.data_ptr<T>();
-  T *yp = y.data_ptr<T>(), *np = norms.data_ptr<T>();
-  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp + n * C;
-      T* __restrict__ yr = yp + n * C;
-      T ss = 0;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
-      const double norm = std::max(std::sqrt(double(ss)), eps);
-      np[n] = T(norm);
-      const T f = T(g / norm);
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * f;
+  Tensor y = want_y ? torch::empty_like(x) : torch::empty({0}, x.options());
+  Tensor scale = G > 0 ? torch::empty({N, G}, x.options().dtype(stat_dtype<T>())) : torch::empty({0}, x.options());
+  A* sp = G > 0 ? scale.data_ptr<A>() : nullptr;
+  std::vector<A> mul(C), add(C), shift(C, A(0));
+  if (want_y) {  // y = xs * mul + add
+    std::vector<double> iv = doubles(inv);
+    if (inv_eps >= 0)
+      for (auto& v : iv) v = 1.0 / std::sqrt(v + inv_eps);
+    const std::vector<double> mv = mean.numel() ? doubles(mean) : std::vector<double>(C, 0.0);
+    const std::vector<double> wv = doubles(weight), bv = doubles(bias);
+    for (int64_t c = 0; c < C; ++c) {
+      mul[c] = A(iv[c] * wv[c]);
+      add[c] = A(bv[c] - mv[c] * iv[c] * wv[c]);
     }
-  });
-  return {y, norms};
-}
-
-// dL/dx = g / n * (gy - xhat * <gy, xhat>) with xhat = x / n where n > eps,
-// g / eps * gy where the norm is clamped; also dL/dg = sum <gy, x> / n.
-template <typename T>
-std::vector<Tensor> scalenorm_backward_impl(const Tensor& x, const Tensor& norms, const Tensor& gy,
-                                            double g, double eps) {
-  const int64_t N = x.size(0), C = x.size(1);
-  Tensor gx = torch::empty_like(x);
-  Accumulators<T> acc(1, 1);
-  const T *xp = x.data_ptr<T>(), *np = norms.data_ptr<T>(), *gp = gy.data_ptr<T>();
-  T* op = gx.data_ptr<T>();
+  }
+  int64_t first = 0;  // the first real row: with centring, sums of xs minus it keep the variance free of cancellation
+  while (first < N && !real(first)) ++first;
+  if (want_stats && center && first < N) {
+    std::vector<A> r(groups, A(1));
+    if (G > 0) group_scales(xp + first * C, Cg, G, gs_eps, r.data());
+    for (int64_t c = 0; c < C; ++c) shift[c] = A(xp[first * C + c]) * r[c / Cg];
+  }
+  Sums<A> sums(want_stats ? 2 * C : 0);
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; ++n) count += real(n);
+  const A *mulp = mul.data(), *addp = add.data(), *kv = shift.data();
+  T* yp = want_y ? y.data_ptr<T>() : nullptr;
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    double* s = acc.local();
+    std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(groups, A(1));
+    double* dst = want_stats ? sums.local() : nullptr;
+    int64_t rows = 0;
     for (int64_t n = begin; n < end; ++n) {
       const T* __restrict__ xr = xp + n * C;
-      const T* __restrict__ gr = gp + n * C;
-      T* __restrict__ out = op + n * C;
-      const double norm = np[n];
-      T dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < C; ++c) dot += gr[c] * xr[c];
-      s[0] += double(dot) / norm;
-      const bool clamped = norm <= eps;
-      const T f = T(g / norm), k = clamped ? T(0) : T(double(dot) / (norm * norm));
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) out[c] = f * (gr[c] - xr[c] * k);
-    }
-  });
-  return {gx, acc.reduce(1, 1)};
-}
-
-// RMSNorm: y = x * r * w per row, r = 1 / sqrt(mean(x^2) + eps); returns {y, r}.
-template <typename T>
-std::vector<Tensor> rmsnorm_forward_impl(const Tensor& x, const Tensor& w, double eps) {
-  const int64_t N = x.size(0), C = x.size(1);
-  Tensor y = torch::empty_like(x), rstd = torch::empty({N}, x.options());
-  const T *xp = x.data_ptr<T>(), *wp = w.data_ptr<T>();
-  T *yp = y.data_ptr<T>(), *rp = rstd.data_ptr<T>();
-  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp + n * C;
-      T* __restrict__ yr = yp + n * C;
-      T ss = 0;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < C; ++c) ss += xr[c] * xr[c];
-      const T r = T(1.0 / std::sqrt(double(ss) / C + eps));
-      rp[n] = r;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * r * wp[c];
-    }
-  });
-  return {y, rstd};
-}
-
-// dL/dx = r (g - xh mean(g xh)), g = gy * w, xh = x r; dL/dw = sum over rows of gy * xh.
-template <typename T>
-std::vector<Tensor> rmsnorm_backward_impl(const Tensor& x, const Tensor& rstd, const Tensor& gy,
-                                          const Tensor& w) {
-  const int64_t N = x.size(0), C = x.size(1);
-  Tensor gx = torch::empty_like(x);
-  Accumulators<T> acc(1, C);
-  const T *xp = x.data_ptr<T>(), *rp = rstd.data_ptr<T>(), *gp = gy.data_ptr<T>(), *wp = w.data_ptr<T>();
-  T* op = gx.data_ptr<T>();
-  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<T> stage(C, T(0));
-    double* dst = acc.local();
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp + n * C;
-      const T* __restrict__ gr = gp + n * C;
-      T* __restrict__ out = op + n * C;
-      T* __restrict__ sw = stage.data();
-      const T r = rp[n];
-      T dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t c = 0; c < C; ++c) {
-        const T xh = xr[c] * r;
-        sw[c] += gr[c] * xh;
-        dot += gr[c] * wp[c] * xh;
+      if (G > 0) {
+        group_scales(xr, Cg, G, gs_eps, r.data());
+        for (int64_t g = 0; g < G; ++g) sp[n * G + g] = r[g];
       }
-      const T m = dot / T(C);
+      const bool stats = want_stats && real(n);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t lo = g * Cg, hi = lo + Cg;
+        const A rg = r[g];
+        if (stats) {
+          A* __restrict__ s1 = stage.data();
+          A* __restrict__ s2 = s1 + C;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) out[c] = r * (gr[c] * wp[c] - xr[c] * r * m);
-      if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
+          for (int64_t c = lo; c < hi; ++c) {
+            const A d = A(xr[c]) * rg - kv[c];
+            s1[c] += d;
+            s2[c] += d * d;
+          }
+        }
+        if (yp) {
+          T* __restrict__ yr = yp + n * C;
+#pragma omp simd
+          for (int64_t c = lo; c < hi; ++c) yr[c] = T(A(xr[c]) * rg * mulp[c] + addp[c]);
+        }
+      }
+      if (stats && ++rows % kFlush == 0) flush(stage, dst);
+    }
+    if (want_stats) flush(stage, dst);
+  });
+  Tensor part = torch::empty({0}, x.options().dtype(torch::kFloat64));
+  if (want_stats) {  // (1, 3, C): count, then mean and sum of squared deviations, or 0 and the sum of xs^2
+    const std::vector<double> s = sums.total();
+    part = torch::zeros({1, 3, C}, torch::kFloat64);
+    double* p = part.data_ptr<double>();
+    const double n = double(count), ns = std::max(n, 1.0);
+    for (int64_t c = 0; c < C; ++c) {
+      p[c] = n;
+      if (center) {
+        const double m = s[c] / ns;
+        p[C + c] = double(kv[c]) + m;
+        p[2 * C + c] = s[C + c] - s[c] * m;
+      } else {
+        p[2 * C + c] = s[C + c];
+      }
+    }
+  }
+  return {y, scale, part};
+}
+
+// Backward (contract "backward"), with xh = (xs - mean) * inv_fwd and g = gy * w:
+//   dL/dxs = (g - m * (A + b_scale * B * xh)) * inv_bwd,  m = 1 at real rows,
+//   and at padding only if correct_pads; then back through a group's scaling r:
+//   dL/dx = r * (dL/dxs - xs * mean_group(dL/dxs * xs)).
+template <typename T>
+std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& gy,
+                                  const Tensor& weight, const Tensor& mean, const Tensor& inv_fwd,
+                                  const Tensor& inv_bwd, const Tensor& Ac, const Tensor& Bc, double b_scale,
+                                  int64_t G, bool correct_pads, bool want_gx, bool want_sums) {
+  using A = at::opmath_type<T>;
+  const int64_t N = x.size(0), C = x.size(1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
+  const Real real(mask);
+  Tensor gx = want_gx ? torch::empty_like(x) : torch::empty({0}, x.options());
+  const std::vector<A> ip = channels<A>(inv_fwd, C), mp = channels<A>(mean, C), wp = channels<A>(weight, C),
+                       jp = channels<A>(inv_bwd, C), ap = channels<A>(Ac, C), bp = channels<A>(Bc, C, b_scale);
+  std::vector<A> shift(C);
+  for (int64_t c = 0; c < C; ++c) shift[c] = mp[c] * ip[c];  // xh = xs * inv - shift
+  const T *xp = x.data_ptr<T>(), *gp = gy.data_ptr<T>();
+  const A* sp = G > 0 ? scale.data_ptr<A>() : nullptr;
+  T* op = want_gx ? gx.data_ptr<T>() : nullptr;
+  // sums of gy*xh, gy and xh^2, kept apart for real (0-2) and padded (3-5) rows
+  Sums<A> sums(want_sums ? 6 * C : 0);
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<A> stage(want_sums ? 6 * C : 0, A(0)), buf(Cg);
+    double* dst = want_sums ? sums.local() : nullptr;
+    const A *ipv = ip.data(), *hpv = shift.data(), *wpv = wp.data(), *jpv = jp.data(), *apv = ap.data(),
+            *bpv = bp.data();
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp + n * C;
+      const T* __restrict__ gr = gp + n * C;
+      const bool is_real = real(n);
+      const A m = (is_real || correct_pads) ? A(1) : A(0);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t lo = g * Cg, hi = lo + Cg;
+        const A r = sp ? sp[n * G + g] : A(1);
+        if (want_sums && !op) {
+          A* __restrict__ s0 = stage.data() + (is_real ? 0 : 3 * C);
+          A* __restrict__ s1 = s0 + C;
+          A* __restrict__ s2 = s1 + C;
+#pragma omp simd
+          for (int64_t c = lo; c < hi; ++c) {
+            const A xh = A(xr[c]) * r * ipv[c] - hpv[c], gc = A(gr[c]);
+            s0[c] += gc * xh;
+            s1[c] += gc;
+            s2[c] += xh * xh;
+          }
+        }
+        if (!op) continue;
+        if (want_sums) {  // Algorithm 2's one pass: the sums and the gradient together
+          A* __restrict__ s0 = stage.data() + (is_real ? 0 : 3 * C);
+          A* __restrict__ s1 = s0 + C;
+          A* __restrict__ s2 = s1 + C;
+          A* __restrict__ gv = buf.data() - lo;
+          A dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t c = lo; c < hi; ++c) {
+            const A xs = A(xr[c]) * r, xh = xs * ipv[c] - hpv[c], gc = A(gr[c]);
+            s0[c] += gc * xh;
+            s1[c] += gc;
+            s2[c] += xh * xh;
+            const A d = (gc * wpv[c] - m * (apv[c] + bpv[c] * xh)) * jpv[c];
+            gv[c] = d;
+            dot += d * xs;
+          }
+          const A k = sp ? dot / A(Cg) * r : A(0);
+          T* __restrict__ out = op + n * C;
+#pragma omp simd
+          for (int64_t c = lo; c < hi; ++c) out[c] = T(r * (gv[c] - A(xr[c]) * k));
+          continue;
+        }
+        T* __restrict__ out = op + n * C;
+        if (!sp) {
+#pragma omp simd
+          for (int64_t c = lo; c < hi; ++c) {
+            const A xh = A(xr[c]) * ipv[c] - hpv[c];
+            out[c] = T((A(gr[c]) * wpv[c] - m * (apv[c] + bpv[c] * xh)) * jpv[c]);
+          }
+          continue;
+        }
+        // dL/dxs of the group into buf, then back through its scaling, the group still in cache
+        A* __restrict__ gv = buf.data() - lo;
+        A dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = lo; c < hi; ++c) {
+          const A xs = A(xr[c]) * r, xh = xs * ipv[c] - hpv[c];
+          const A d = (A(gr[c]) * wpv[c] - m * (apv[c] + bpv[c] * xh)) * jpv[c];
+          gv[c] = d;
+          dot += d * xs;
+        }
+        const A k = dot / A(Cg) * r;
+#pragma omp simd
+        for (int64_t c = lo; c < hi; ++c) out[c] = T(r * (gv[c] - A(xr[c]) * k));
+      }
+      if (want_sums && (n - begin) % kFlush == kFlush - 1) flush(stage, dst);
+    }
+    if (want_sums) flush(stage, dst);
+  });
+  Tensor part = torch::empty({0}, x.options().dtype(torch::kFloat64));
+  if (want_sums) {  // (1, 5, C): gy*xh and gy over every row, gy*xh and xh^2 over real rows, xh^2 over every row
+    const std::vector<double> s = sums.total();
+    part = torch::empty({1, 5, C}, torch::kFloat64);
+    double* p = part.data_ptr<double>();
+    for (int64_t c = 0; c < C; ++c) {
+      p[c] = s[c] + s[3 * C + c];
+      p[C + c] = s[C + c] + s[4 * C + c];
+      p[2 * C + c] = s[c];
+      p[3 * C + c] = s[2 * C + c];
+      p[4 * C + c] = s[2 * C + c] + s[5 * C + c];
+    }
+  }
+  return {gx, part};
+}
+
+// Contract "finish_stats": the batch's statistics from forward's part (P, 3, C)
+// added in order, and the running statistics' update (functions.UPDATES), all
+// channels or none: a batch of padding or a non-finite statistic leaves them.
+std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
+                                 const Tensor& steps, const std::string& update, double momentum, double eps,
+                                 int64_t warmup) {
+  const Tensor pt = part.to(torch::kFloat64).contiguous();
+  const int64_t P = pt.size(0), C = pt.size(2);
+  const double* p = pt.data_ptr<double>();
+  const bool bn = update == "bn";
+  const auto sd = second_buf.scalar_type();
+  double n = 0;
+  for (int64_t i = 0; i < P; ++i) n += p[i * 3 * C];
+  const double ns = std::max(n, 1.0);
+  const bool real = n > 0;
+  const double k = steps.numel() ? double(steps.data_ptr<int64_t>()[0]) + 1 : 1.0;
+  const std::vector<double> old = doubles(second_buf), old_mean = bn ? doubles(mean_buf) : std::vector<double>();
+  std::vector<double> mean(C, 0.0), inv(C), inv_batch(C), next(C), next_mean(bn ? C : 0);
+  bool finite = true;
+  for (int64_t c = 0; c < C; ++c) {
+    double s1 = 0, s2 = 0;
+    for (int64_t i = 0; i < P; ++i) {
+      s1 += p[i * 3 * C + c] * p[(i * 3 + 1) * C + c];
+      s2 += p[(i * 3 + 2) * C + c];
+    }
+    double second = s2 / ns;
+    if (bn) {  // Chan et al.'s pairwise formula: each part's M2 plus its mean's spread
+      mean[c] = s1 / ns;
+      double m2 = 0;
+      for (int64_t i = 0; i < P; ++i) {
+        const double dm = p[(i * 3 + 1) * C + c] - mean[c];
+        m2 += p[(i * 3 + 2) * C + c] + p[i * 3 * C + c] * dm * dm;
+      }
+      second = std::max(m2 / ns, 0.0);
+      next_mean[c] = old_mean[c] + momentum * (mean[c] - old_mean[c]);
+      finite = finite && std::isfinite(mean[c]);
+    }
+    finite = finite && std::isfinite(second);
+    const double ib = 1.0 / std::sqrt(second + eps), ir = 1.0 / std::sqrt(old[c] + eps);
+    if (bn) {
+      const double unbiased = second * n / std::max(n - 1, 1.0);
+      next[c] = n > 1 ? old[c] + momentum * (unbiased - old[c]) : old[c];
+    } else if (update == "pn-v" || update == "pn") {  // Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
+      next[c] = old[c] + momentum * (second - old[c]);
+    } else if (update == "pn-warm") {  // cumulative mean
+      next[c] = old[c] * ((k - 1) / k) + second / k;
+    } else {  // the released code's: a cumulative mean before its warmup ends, an EMA on top
+      next[c] = k < warmup ? old[c] * ((k - 1) / k) + second / k : old[c];
+      next[c] = next[c] + momentum * (second - next[c]);
+    }
+    inv_batch[c] = real ? ib : ir;
+    inv[c] = (update == "pn" || update == "reference") ? ir : inv_batch[c];
+    if (bn && !real) mean[c] = old_mean[c];
+  }
+  if (real && finite) {
+    second_buf.copy_(from(next, sd));
+    if (bn) mean_buf.copy_(from(next_mean, mean_buf.scalar_type()));
+  }
+  if (steps.numel() && real) steps.data_ptr<int64_t>()[0] += 1;
+  return {bn ? from(mean, sd) : torch::empty({0}, second_buf.options()), from(inv, sd), from(inv_batch, sd),
+          torch::full({1}, n, torch::kFloat64)};
+}
+
+// Contract "finish_backward": from backward's part (P, 5, C), the weight and
+// bias gradients, the exact gradient's A and B, and nu's update.
+std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n_t, const Tensor& nu,
+                                    double rate, const std::string& kind, bool center, int64_t rows) {
+  const Tensor pt = part.to(torch::kFloat64).contiguous();
+  const int64_t P = pt.size(0), C = pt.size(2);
+  const double* p = pt.data_ptr<double>();
+  std::vector<std::vector<double>> s(5, std::vector<double>(C, 0.0));
+  for (int64_t i = 0; i < P; ++i)
+    for (int64_t j = 0; j < 5; ++j)
+      for (int64_t c = 0; c < C; ++c) s[j][c] += p[(i * 5 + j) * C + c];
+  const std::vector<double> w = doubles(weight);
+  const double n = n_t.to(torch::kFloat64).data_ptr<double>()[0], ns = std::max(n, 1.0);
+  const auto sd = nu.numel() ? nu.scalar_type()
+                             : (weight.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
+  const bool exact = kind == "exact";
+  std::vector<double> a(C), b(C);
+  for (int64_t c = 0; c < C; ++c) {  // means over the real tokens of sums over every position
+    b[c] = w[c] * s[0][c] / ns;
+    a[c] = w[c] * s[1][c] / ns;
+  }
+  if (nu.numel()) {
+    const std::vector<double> old = doubles(nu);
+    std::vector<double> next(C);
+    bool ok = n > 0;
+    for (int64_t c = 0; c < C; ++c) {
+      if (kind == "reference") {  // mean over every position of g' * xh, g' = g - (1 - a) nu xh
+        next[c] = old[c] + (w[c] * s[0][c] - rate * old[c] * s[4][c]) / double(rows);
+      } else {  // Algorithm 2: Lambda_t = mean(g xh), Gamma_t = mean(xh^2) over the real tokens
+        const double lam = w[c] * s[2][c] / ns, gam = s[3][c] / ns;
+        ok = ok && std::isfinite(lam) && std::isfinite(gam);
+        next[c] = old[c] * (1 - rate * gam) + rate * lam;
+      }
+    }
+    if (ok) nu.copy_(from(next, sd));
+  }
+  const auto wd = weight.scalar_type();
+  const auto none = [&] { return torch::empty({0}, torch::TensorOptions().dtype(sd)); };
+  return {from(s[0], wd), from(s[1], wd), exact && center ? from(a, sd) : none(), exact ? from(b, sd) : none()};
+}
+
+// The per-token norms, one row at a time: y = x * f * w with f = 1 / rms(x)
+// (RMSNorm, dims = C, eps inside the root) or 1 / max(||x||, eps) (ScaleNorm,
+// dims = 1, w = its scalar g). Returns {y, per-row statistic}: RMSNorm's f,
+// ScaleNorm's clamped norm 1 / f.
+template <typename T>
+std::vector<Tensor> rows_forward(const Tensor& x, const std::vector<at::opmath_type<T>>& w, double eps,
+                                 bool scalenorm) {
+  using A = at::opmath_type<T>;
+  const int64_t N = x.size(0), C = x.size(1);
+  Tensor y = torch::empty_like(x), stat = torch::empty({N}, x.options().dtype(stat_dtype<T>()));
+  const T* xp = x.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  A* st = stat.data_ptr<A>();
+  const A* wp = w.data();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp + n * C;
+      T* __restrict__ yr = yp + n * C;
+      A ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t c = 0; c < C; ++c) ss += A(xr[c]) * A(xr[c]);
+      const double norm = scalenorm ? std::max(std::sqrt(double(ss)), eps) : 0.0;
+      const A f = A(scalenorm ? 1.0 / norm : 1.0 / std::sqrt(double(ss) / C + eps));
+      st[n] = scalenorm ? A(norm) : f;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = T(A(xr[c]) * f * wp[c]);
+    }
+  });
+  return {y, stat};
+}
+
+// dL/dx = f * (g - x * f^2 <g, x> / dims), g = gy * w (no correction where
+// ScaleNorm's norm is clamped); and the parameter's gradient: the sum of
+// <gy, x> f over rows (ScaleNorm's g), or per channel of gy * x * f (RMSNorm's w).
+template <typename T>
+std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Tensor& gy,
+                                  const std::vector<at::opmath_type<T>>& w, double eps, bool scalenorm) {
+  using A = at::opmath_type<T>;
+  const int64_t N = x.size(0), C = x.size(1);
+  Tensor gx = torch::empty_like(x);
+  Sums<A> sums(scalenorm ? 1 : C);
+  const T *xp = x.data_ptr<T>(), *gp = gy.data_ptr<T>();
+  const A *st = stat.data_ptr<A>(), *wp = w.data();
+  T* op = gx.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<A> stage(scalenorm ? 0 : C, A(0));
+    double* dst = sums.local();
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp + n * C;
+      const T* __restrict__ gr = gp + n * C;
+      T* __restrict__ out = op + n * C;
+      A* __restrict__ sw = stage.data();
+      const A f = scalenorm ? A(1) / st[n] : st[n];
+      A dot = 0, k = 0;
+      if (scalenorm) {  // one g: <gy, x> is the row's whole contribution
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < C; ++c) dot += A(gr[c]) * A(xr[c]);
+        dst[0] += double(dot) * f;
+        k = double(st[n]) <= eps ? A(0) : dot * wp[0] * f * f;
+      } else {
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < C; ++c) {
+          const A gc = A(gr[c]), xc = A(xr[c]);
+          sw[c] += gc * xc * f;
+          dot += gc * wp[c] * xc;
+        }
+        k = dot * f * f / A(C);
+        if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
+      }
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) out[c] = T(f * (A(gr[c]) * wp[c] - A(xr[c]) * k));
     }
     flush(stage, dst);
   });
-  return {gx, acc.reduce(1, C)[0]};
+  return {gx, from(sums.total(), torch::kFloat64)};
 }
 
-std::vector<Tensor> forward(const Tensor& x, const Tensor& keep, int64_t G, double gs_eps,
-                            const Tensor& mean, const Tensor& inv, const Tensor& w, const Tensor& b,
-                            bool want_y, bool want_stats, const Tensor& shift) {
+#define DISPATCH(x, name, ...) AT_DISPATCH_FLOATING_TYPES((x).scalar_type(), name, __VA_ARGS__)
+
+void check_rows(const Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (N, C) tensor");
+}
+
+std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups, double gs_eps,
+                            const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
+                            const Tensor& bias, bool want_y, bool want_stats, bool center) {
+  check_rows(x);
   std::vector<Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "powernorm_forward", [&] {
-    out = forward_impl<scalar_t>(x, keep, G, gs_eps, mean, inv, w, b, want_y, want_stats, shift);
+  DISPATCH(x, "powernorm_forward", [&] {
+    out = forward_impl<scalar_t>(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats,
+                                 center);
   });
   return out;
 }
 
-std::vector<Tensor> backward(const Tensor& x, const Tensor& keep, const Tensor& scale,
-                             const Tensor& gy, const Tensor& w, const Tensor& mean,
-                             const Tensor& inv_fwd, const Tensor& inv_bwd, const Tensor& A,
-                             const Tensor& B, int64_t G, bool correct_pads, bool want_gx,
-                             bool want_sums) {
-  TORCH_CHECK(x.is_contiguous() && gy.is_contiguous(), "x and gy must be contiguous");
+std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& grad_y,
+                             const Tensor& weight, const Tensor& mean, const Tensor& inv_fwd,
+                             const Tensor& inv_bwd, const Tensor& A, const Tensor& B, double b_scale,
+                             int64_t groups, bool correct_pads, bool want_gx, bool want_sums) {
+  check_rows(x);
+  TORCH_CHECK(grad_y.is_contiguous(), "grad_y must be contiguous");
   std::vector<Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "powernorm_backward", [&] {
-    out = backward_impl<scalar_t>(x, keep, scale, gy, w, mean, inv_fwd, inv_bwd, A, B, G,
-                                  correct_pads, want_gx, want_sums);
+  DISPATCH(x, "powernorm_backward", [&] {
+    out = backward_impl<scalar_t>(x, mask, scale.contiguous(), grad_y, weight, mean, inv_fwd, inv_bwd, A, B,
+                                  b_scale, groups, correct_pads, want_gx, want_sums);
   });
   return out;
 }
 
-// the scale is read from the tensor's memory (a CPU tensor of x's dtype), not
-// through an op: reading a value through the dispatcher would count as a wait
+// ScaleNorm's g is read from its tensor's memory, not through an op: reading a
+// value through the dispatcher would count as a host wait
+template <typename A>
+std::vector<A> scalar_weight(const Tensor& scale, int64_t C) {
+  TORCH_CHECK(scale.numel() == 1, "scale: one value");
+  return std::vector<A>(C, A(scale.to(torch::kFloat64).data_ptr<double>()[0]));
+}
+
 std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (N, C) tensor");
-  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == x.scalar_type(), "scale: one value of x's dtype");
+  check_rows(x);
   std::vector<Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scalenorm_forward", [&] {
-    out = scalenorm_forward_impl<scalar_t>(x, double(*scale.data_ptr<scalar_t>()), eps);
+  DISPATCH(x, "scalenorm_forward", [&] {
+    using A = at::opmath_type<scalar_t>;
+    out = rows_forward<scalar_t>(x, scalar_weight<A>(scale, x.size(1)), eps, true);
   });
   return out;
 }
 
-std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& gy,
+std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& grad_y,
                                        const Tensor& scale, double eps) {
-  TORCH_CHECK(scale.numel() == 1 && scale.scalar_type() == x.scalar_type(), "scale: one value of x's dtype");
+  check_rows(x);
   std::vector<Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "scalenorm_backward", [&] {
-    out = scalenorm_backward_impl<scalar_t>(x, norms, gy, double(*scale.data_ptr<scalar_t>()), eps);
+  DISPATCH(x, "scalenorm_backward", [&] {
+    using A = at::opmath_type<scalar_t>;
+    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(1)), eps, true);
+  });
+  return {out[0], out[1].sum().reshape({}).to(scale.scalar_type())};
+}
+
+std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps) {
+  check_rows(x);
+  std::vector<Tensor> out;
+  DISPATCH(x, "rmsnorm_forward", [&] {
+    out = rows_forward<scalar_t>(x, channels<at::opmath_type<scalar_t>>(weight, x.size(1)), eps, false);
   });
   return out;
 }
 
-std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& w, double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w.scalar_type() == x.scalar_type(),
-              "x: a contiguous (N, C) tensor, weight of its dtype");
+std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& grad_y,
+                                     const Tensor& weight) {
+  check_rows(x);
   std::vector<Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rmsnorm_forward",
-                             [&] { out = rmsnorm_forward_impl<scalar_t>(x, w.contiguous(), eps); });
-  return out;
-}
-
-std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& gy, const Tensor& w) {
-  TORCH_CHECK(x.is_contiguous() && gy.is_contiguous(), "x and gy must be contiguous");
-  std::vector<Tensor> out;
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rmsnorm_backward",
-                             [&] { out = rmsnorm_backward_impl<scalar_t>(x, rstd, gy, w.contiguous()); });
-  return out;
+  DISPATCH(x, "rmsnorm_backward", [&] {
+    out = rows_backward<scalar_t>(x, rstd, grad_y.contiguous(), channels<at::opmath_type<scalar_t>>(weight, x.size(1)),
+                                  0.0, false);
+  });
+  return {out[0], out[1].to(weight.scalar_type())};
 }
 
 }  // namespace
@@ -420,14 +574,18 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
 // The argument names are the contract's (kernels/contract.py), checked when the module loads.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::arg;
-  m.def("forward", &forward, arg("x"), arg("keep"), arg("groups"), arg("gs_eps"), arg("mean"), arg("inv"),
-        arg("weight"), arg("bias"), arg("want_y"), arg("want_stats"), arg("shift"));
-  m.def("backward", &backward, arg("x"), arg("keep"), arg("scale"), arg("grad_y"), arg("weight"), arg("mean"),
-        arg("inv_fwd"), arg("inv_bwd"), arg("A"), arg("B"), arg("groups"), arg("correct_pads"), arg("want_gx"),
-        arg("want_sums"));
+  m.def("forward", &forward, arg("x"), arg("mask"), arg("groups"), arg("gs_eps"), arg("mean"), arg("inv"),
+        arg("inv_eps"), arg("weight"), arg("bias"), arg("want_y"), arg("want_stats"), arg("center"));
+  m.def("finish_stats", &finish_stats, arg("part"), arg("mean_buf"), arg("second_buf"), arg("steps"),
+        arg("update"), arg("momentum"), arg("eps"), arg("warmup"));
+  m.def("backward", &backward, arg("x"), arg("mask"), arg("scale"), arg("grad_y"), arg("weight"), arg("mean"),
+        arg("inv_fwd"), arg("inv_bwd"), arg("A"), arg("B"), arg("b_scale"), arg("groups"), arg("correct_pads"),
+        arg("want_gx"), arg("want_sums"));
+  m.def("finish_backward", &finish_backward, arg("part"), arg("weight"), arg("n"), arg("nu"), arg("rate"),
+        arg("kind"), arg("center"), arg("rows"));
   m.def("scalenorm_forward", &scalenorm_forward, arg("x"), arg("scale"), arg("eps"));
-  m.def("rmsnorm_forward", &rmsnorm_forward, arg("x"), arg("weight"), arg("eps"));
-  m.def("rmsnorm_backward", &rmsnorm_backward, arg("x"), arg("rstd"), arg("grad_y"), arg("weight"));
   m.def("scalenorm_backward", &scalenorm_backward, arg("x"), arg("norms"), arg("grad_y"), arg("scale"),
         arg("eps"));
+  m.def("rmsnorm_forward", &rmsnorm_forward, arg("x"), arg("weight"), arg("eps"));
+  m.def("rmsnorm_backward", &rmsnorm_backward, arg("x"), arg("rstd"), arg("grad_y"), arg("weight"));
 }
