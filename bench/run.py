@@ -39,7 +39,7 @@ TARGETS = {"layers": {"pn": 1.3, "bn": 1.5, "pn-v": 1.5, "scalenorm": 1.0, "rmsn
 # ---------------------------------------------------------------- 1. layers
 def layer_options(kind, C):
     # as the model builds them: PN with the authors' group scaling over 4 heads
-    return dict(group_scaling=True, groups=4) if kind == "pn" else {}
+    return dict(layer_scale=True, groups=4) if kind == "pn" else {}
 
 
 def bench_layers(shapes, reps, dtypes, device="cpu"):
@@ -141,9 +141,9 @@ def measure_bandwidth(device="cpu", n=None):
 #: (label, norm, options) of the launches section: each norm in each of its modes
 LAUNCH_ROWS = [
     ("ln (F.layer_norm)", "ln", {}),
-    ("pn (Algorithm 2)", "pn", {"group_scaling": True, "groups": 4}),
-    ("pn in warmup", "pn", {"group_scaling": True, "groups": 4, "warmup_updates": 10}),
-    ("pn reference backward", "pn", {"group_scaling": True, "groups": 4, "backward": "reference"}),
+    ("pn (Algorithm 2)", "pn", {"layer_scale": True, "groups": 4}),
+    ("pn in warmup", "pn", {"layer_scale": True, "groups": 4, "warmup_updates": 10}),
+    ("pn reference backward", "pn", {"layer_scale": True, "groups": 4, "backward": "reference"}),
     ("pn-v", "pn-v", {}),
     ("bn", "bn", {}),
     ("bn --layer-scale", "bn", {"layer_scale": True, "groups": 4}),

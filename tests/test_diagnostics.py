@@ -132,7 +132,7 @@ def test_pn_v_distance_and_gradient_term():
 
 @pytest.mark.parametrize("warmup", [0, 5])
 def test_pn_measures_the_scale_its_forward_used(warmup):
-    model, norm, diag = probed("pn", warmup_updates=warmup, group_scaling=True, groups=2)
+    model, norm, diag = probed("pn", warmup_updates=warmup, layer_scale=True, groups=2)
     x, pad, grad_y = batch(3)
     running = norm.running_psi2.clone()
     got = logged(norm, x, pad, grad_y, diag)

@@ -17,7 +17,7 @@ T, C = 6, 8
 # tokens in step 1: its sentences are all padding), and the sentence lengths
 SPLITS = [([0, 1], [2, 3, 4]), ([0, 1, 2], [3, 4]), ([0], [1, 2, 3, 4])]
 LENGTHS = [[6, 2, 5, 1, 3], [4, 6, 3, 0, 0], [1, 6, 6, 2, 4]]
-OPTIONS = {"bn": {}, "pn-v": {}, "pn": dict(warmup_updates=1, group_scaling=True, groups=2)}
+OPTIONS = {"bn": {}, "pn-v": {}, "pn": dict(warmup_updates=1, layer_scale=True, groups=2)}
 
 
 def steps():

@@ -27,8 +27,8 @@ T, B, C = 23, 7, 200
 KINDS = [
     ("bn", {}), ("pn-v", {}), ("scalenorm", {}), ("rmsnorm", {}),
     ("pn", {"warmup_updates": 2}),
-    ("pn", {"warmup_updates": 2, "group_scaling": True, "groups": 4}),
-    ("pn", {"warmup_updates": 2, "backward": "reference", "group_scaling": True, "groups": 2}),
+    ("pn", {"warmup_updates": 2, "layer_scale": True, "groups": 4}),
+    ("pn", {"warmup_updates": 2, "backward": "reference", "layer_scale": True, "groups": 2}),
 ]
 IDS = [f"{k}-{'-'.join(f'{a}={b}' for a, b in o.items())}" if o else k for k, o in KINDS]
 
@@ -189,8 +189,8 @@ def sweep_kinds(C, groups=(2, 4, 5, 8)):
              ("pn-v", {}), ("bn", {}), ("scalenorm", {}), ("rmsnorm", {})]
     for g in groups:
         if C % g == 0:
-            kinds += [("pn", {"group_scaling": True, "groups": g}),
-                      ("pn", {"warmup_updates": 1, "group_scaling": True, "groups": g}),
+            kinds += [("pn", {"layer_scale": True, "groups": g}),
+                      ("pn", {"warmup_updates": 1, "layer_scale": True, "groups": g}),
                       ("bn", {"layer_scale": True, "groups": g})]
     return kinds
 

@@ -21,7 +21,7 @@ T, B, C = 7, 3, 64
 TARGETS = [
     ("pn", {}, 4),  # Algorithm 2, after warmup
     ("pn", {"warmup_updates": 10}, 6),
-    ("pn", {"group_scaling": True, "groups": 4}, 4),
+    ("pn", {"layer_scale": True, "groups": 4}, 4),
     ("pn-v", {}, 6),
     ("bn", {}, 6),
     ("bn", {"layer_scale": True, "groups": 4}, 6),

@@ -67,10 +67,10 @@ def test_pn_flags_reach_the_layers(toy_data):
     assert isinstance(pn, PowerNorm)
     assert (pn.alpha_fwd, pn.alpha_bwd, pn.eps, pn.backward) == (0.8, 0.7, 1e-4, "reference")
     assert pn.warmup_updates == 7  # the run's --warmup-updates
-    assert pn.group_scaling and pn.groups == 4  # on by default, groups = heads
+    assert pn.layer_scale and pn.groups == 4  # on by default, groups = heads
     model, _ = build(toy_data, "--no-pn-group-scaling", "--pn-warmup-updates", "0")
     pn = model.encoder.layer_norm
-    assert not pn.group_scaling and pn.warmup_updates == 0
+    assert not pn.layer_scale and pn.warmup_updates == 0
 
 
 def test_released_final_norm_warmup_in_reference_mode(toy_data):
@@ -89,7 +89,7 @@ def test_layer_scale_flag(toy_data, kind):
     batch-statistic norm; unset, only pn has it (--pn-group-scaling)."""
     def scaled(model):
         norms = [m for m in norms_of(model.encoder) if norm_type_of(m) == kind]
-        flags = {m.group_scaling if kind == "pn" else m.layer_scale for m in norms}
+        flags = {m.layer_scale for m in norms}
         assert len(flags) == 1 and all(m.groups == 4 for m in norms)
         return flags.pop()
 

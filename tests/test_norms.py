@@ -69,7 +69,7 @@ def test_registry_is_the_source_of_kinds_options_and_running_statistics():
     for kind in NORM_TYPES:  # every kind builds from its declared options
         build_norm(kind, C, **norm_options(cfg, kind, heads=2))
     assert norm_options(cfg, "groupnorm", heads=2) == {"groups": 2}
-    assert norm_options(cfg, "pn", heads=2)["group_scaling"] and not norm_options(cfg, "bn", heads=2)["layer_scale"]
+    assert norm_options(cfg, "pn", heads=2)["layer_scale"] and not norm_options(cfg, "bn", heads=2)["layer_scale"]
     with pytest.raises(ValueError, match="unknown norm type 'rms'"):
         norm_options(cfg, "rms", heads=2)
 
@@ -91,7 +91,7 @@ def test_pn_rejects_bad_backward_and_groups():
     with pytest.raises(ValueError, match="backward must be 'paper' or 'reference'"):
         build_norm("pn", C, backward="exact")
     with pytest.raises(ValueError, match="groups must divide"):
-        build_norm("pn", C, group_scaling=True, groups=3)
+        build_norm("pn", C, layer_scale=True, groups=3)
 
 
 def test_layer_norm_matches_reference():
@@ -188,7 +188,7 @@ def test_pn_paper_and_reference_differ():
 @pytest.mark.parametrize("backward", ["paper", "reference"])
 def test_pn_group_scaling_is_applied_before_pn(backward):
     groups = 4
-    norm = build_norm("pn", C, group_scaling=True, groups=groups, backward=backward).double()
+    norm = build_norm("pn", C, layer_scale=True, groups=groups, backward=backward).double()
     plain = build_norm("pn", C, backward=backward).double()
     x, pad, grad_y = batch(60)
     xs = x.clone().requires_grad_(True)

@@ -1,8 +1,11 @@
-"""The norm library: every norm takes (T, B, C) and fairseq's padding mask.
+"""The norm library: every norm takes (T, B, C) with fairseq's padding mask,
+(B, T, C) with batch_first=True and attention_mask=, or (N, C) tokens (base.py).
 
 ``build_norm(kind, dim, **options)`` is the one way to make a norm; its
 registry ``NORMS`` also gives the command-line choices (``NORM_TYPES``).
 """
+
+import inspect
 
 from torch import nn
 
@@ -36,6 +39,10 @@ def build_norm(kind: str, dim: int, **options) -> nn.Module:
     """A norm of type ``kind`` (one of ``NORM_TYPES``) over ``dim`` channels."""
     if kind not in NORMS:
         raise ValueError(f"unknown norm type {kind!r}; choose one of {', '.join(NORM_TYPES)}")
+    takes = [name for name in inspect.signature(NORMS[kind]).parameters if name != "dim"]
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise ValueError(f"{kind} takes no option {', '.join(unknown)}; its options: {', '.join(takes) or 'none'}")
     return NORMS[kind](dim, **options)
 
 

@@ -1,9 +1,18 @@
 """What every norm shares: the forward signature and the padding mask.
 
-Every norm takes ``x`` of shape ``(seq_len, batch, channels)`` and fairseq's
-padding mask of shape ``(batch, seq_len)``, True at padding. fairseq's layers
-call their norms with ``x`` alone, so the encoder and decoder of this plugin
-hand the mask over with :func:`padding_mask` for the duration of a forward.
+Every norm takes, in the same call:
+
+* ``x`` of shape ``(seq_len, batch, channels)`` and fairseq's padding mask
+  ``pad_mask`` of shape ``(batch, seq_len)``, True at padding;
+* ``x`` of shape ``(batch, seq_len, channels)`` with ``batch_first=True``;
+* ``attention_mask=`` instead of ``pad_mask``: HuggingFace's convention,
+  (batch, seq_len), 1 or True at real tokens, in either layout;
+* ``x`` of shape ``(tokens, channels)``, every row a real token, no mask.
+
+A mask that is not bool must hold only 0 and 1 (checked, which reads it on the
+host); anything else is refused in one line, never guessed at. fairseq's
+layers call their norms with ``x`` alone, so the encoder and decoder of this
+plugin hand the mask over with :func:`padding_mask` for a forward.
 """
 
 from contextlib import contextmanager
@@ -39,15 +48,35 @@ class Norm(nn.Module):
         coming training forward will compute them (see ``diagnostics``)."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, pad_mask: Optional[Tensor] = None) -> Tensor:
-        if pad_mask is None:
-            pad_mask = self.pad_mask
-        if pad_mask is not None and pad_mask.shape != (x.size(1), x.size(0)):
+    def forward(self, x: Tensor, pad_mask: Optional[Tensor] = None, *, batch_first: bool = False,
+                attention_mask: Optional[Tensor] = None) -> Tensor:
+        """x: (T, B, C), or (B, T, C) with ``batch_first``, or (N, C) tokens;
+        ``pad_mask`` (B, T) True at padding, or ``attention_mask`` (B, T) 1 at
+        real tokens. Returns y in x's layout."""
+        if attention_mask is not None:
+            if pad_mask is not None:
+                raise ValueError("pass pad_mask (True at padding) or attention_mask (1 at real tokens), not both")
+            pad_mask, name = ~as_bool_mask(attention_mask, "attention_mask"), "attention_mask"
+        else:
+            pad_mask = self.pad_mask if pad_mask is None else as_bool_mask(pad_mask, "pad_mask")
+            name = "pad_mask"
+        if x.dim() == 2:  # (N, C): every row a token
+            if pad_mask is not None:
+                raise ValueError(f"x of shape {tuple(x.shape)} is (tokens, channels) and takes no {name}; "
+                                 "pass only the real tokens, or x as (T, B, C) / (B, T, C) with the mask")
+            return self.normalize(x.unsqueeze(1), None).squeeze(1)
+        if x.dim() != 3:
+            raise ValueError(f"x has shape {tuple(x.shape)}: expected (seq_len, batch, channels), "
+                             "(batch, seq_len, channels) with batch_first=True, or (tokens, channels)")
+        xt = x.transpose(0, 1) if batch_first else x  # (T, B, C)
+        if pad_mask is not None and pad_mask.shape != (xt.size(1), xt.size(0)):
+            layout = "(batch, seq_len, channels) with batch_first=True" if batch_first else "(seq_len, batch, channels)"
             raise ValueError(
-                f"pad_mask has shape {tuple(pad_mask.shape)}, expected "
-                f"(batch, seq_len) = ({x.size(1)}, {x.size(0)})"
+                f"{name} has shape {tuple(pad_mask.shape)}, expected (batch, seq_len) = "
+                f"({xt.size(1)}, {xt.size(0)}) for x of shape {tuple(x.shape)} read as {layout}"
             )
-        return self.normalize(x, pad_mask)
+        y = self.normalize(xt, pad_mask)
+        return y.transpose(0, 1) if batch_first else y
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         raise NotImplementedError
@@ -66,6 +95,20 @@ class Norm(nn.Module):
             if buf.dtype in (torch.float16, torch.bfloat16):
                 self._buffers[name] = buf.to(dtype)
         return self
+
+
+def as_bool_mask(mask: Tensor, name: str) -> Tensor:
+    """``mask`` as bool: bool as it is, another dtype only if it holds just 0 and 1.
+
+    ``~`` on an integer mask flips its bits rather than its truth, and a float
+    mask may be an additive one (0 and -inf): either would be misread."""
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_complex() or ((mask != 0) & (mask != 1)).any():
+        values = mask.unique()[:4].tolist()
+        raise ValueError(f"{name} of dtype {str(mask.dtype).replace('torch.', '')} holds values other than "
+                         f"0 and 1 (e.g. {values}): pass a bool mask, or 0/1 (an additive mask is not one)")
+    return mask != 0
 
 
 def momentum_option(cfg) -> dict:

@@ -148,12 +148,17 @@ class PowerNorm(Norm):
         alpha_bwd: float = 0.9,
         warmup_updates: int = 0,
         eps: float = 1e-5,
-        group_scaling: bool = False,
+        layer_scale: bool = False,
         groups: int = 1,
         backward: str = "paper",
         sync: Optional[str] = None,
+        group_scaling: Optional[bool] = None,
     ):
         super().__init__()
+        if group_scaling is not None:  # the earlier, pn-only spelling of layer_scale
+            if layer_scale and not group_scaling:
+                raise ValueError("layer_scale=True contradicts group_scaling=False; pass layer_scale alone")
+            layer_scale = group_scaling
         if sync is None:  # the released code never synchronised
             sync = "none" if backward == "reference" else "batch"
         sync_mod.active(sync)  # validates
@@ -172,7 +177,7 @@ class PowerNorm(Norm):
         self.dim, self.eps = dim, eps
         self.alpha_fwd, self.alpha_bwd = alpha_fwd, alpha_bwd
         self.warmup_updates, self.backward = warmup_updates, backward
-        self.group_scaling, self.groups, self.sync = group_scaling, groups, sync
+        self.layer_scale, self.groups, self.sync = layer_scale, groups, sync
         self.weight = nn.Parameter(torch.ones(dim))
         self.bias = nn.Parameter(torch.zeros(dim))
         self.register_buffer("running_psi2", torch.ones(dim))
@@ -183,6 +188,11 @@ class PowerNorm(Norm):
         # num_steps on the host, so that a step never waits to read it: set
         # here and by a load (from the state dict's value, at load time)
         self._steps = 0
+
+    @property
+    def group_scaling(self) -> bool:
+        """The earlier name of ``layer_scale``."""
+        return self.layer_scale
 
     def _next_step(self) -> int:
         """k of the coming training forward (1-based); :meth:`_count_step` commits it."""
@@ -201,7 +211,7 @@ class PowerNorm(Norm):
             warmup_updates=RELEASED_FINAL_WARMUP if final and reference else cfg.pn_warmup_updates,
             eps=cfg.pn_eps,
             # the layer scale: on unless --no-layer-scale (or its pn-only spelling --no-pn-group-scaling)
-            group_scaling=layer_scale_option(cfg, cfg.pn_group_scaling is not False),
+            layer_scale=layer_scale_option(cfg, cfg.pn_group_scaling is not False),
             groups=heads,
             backward=cfg.pn_backward,
             sync=cfg.norm_sync,
@@ -254,7 +264,7 @@ class PowerNorm(Norm):
 
     def scaled(self, xf: Tensor) -> Tensor:
         """The input psi^2 is taken of: group-scaled if asked."""
-        return group_scale(xf, self.groups) if self.group_scaling else xf
+        return group_scale(xf, self.groups) if self.layer_scale else xf
 
     def _with_running_psi2(self, xs):
         """Eval, or a training batch without real tokens: the running psi^2, no update."""
@@ -279,7 +289,7 @@ class PowerNorm(Norm):
 
     def _synced(self, xf, pad_mask):
         """Training under ``--norm-sync batch|running`` (plain PyTorch operations)."""
-        xs = group_scale(xf, self.groups) if self.group_scaling else xf
+        xs = group_scale(xf, self.groups) if self.layer_scale else xf
         keep, n = real_tokens(xs, pad_mask)
         N, _, psi2_global = sync_mod.moments(xs, keep, center=False)
         if N == 0:  # every worker's batch is padding: as in eval, no update
@@ -314,7 +324,7 @@ class PowerNorm(Norm):
             update, mode = ("reference-warm" if warm else "reference"), "reference"
         else:
             update, mode = ("pn-warm", "exact") if warm else ("pn", "paper")
-        groups = self.groups if self.group_scaling else 0
+        groups = self.groups if self.layer_scale else 0
         plan = fused.Step(k.NAME, groups, False, update, mode, 1.0 - self.alpha_fwd, self.eps, self.warmup_updates,
                           1.0 - self.alpha_bwd, self.sync if sync_mod.active(self.sync) else "none")
         x2, mask = fused.rows(x, pad_mask)
@@ -324,7 +334,7 @@ class PowerNorm(Norm):
 
     def _plain(self, xf, pad_mask, mode, batch_scale):
         """The same computation in plain PyTorch operations."""
-        if self.group_scaling:
+        if self.layer_scale:
             xf = group_scale(xf, self.groups)
         keep, n = real_tokens(xf, pad_mask)
         psi2_batch = token_mean(xf * xf, keep, n).detach()  # psi_B^2
@@ -340,6 +350,6 @@ class PowerNorm(Norm):
         return (
             f"{self.dim}, alpha_fwd={self.alpha_fwd}, alpha_bwd={self.alpha_bwd}, "
             f"warmup_updates={self.warmup_updates}, eps={self.eps}, "
-            f"group_scaling={self.group_scaling}, groups={self.groups}, "
+            f"layer_scale={self.layer_scale}, groups={self.groups}, "
             f"backward={self.backward!r}, sync={self.sync!r}"
         )
