@@ -24,6 +24,7 @@ setup(
             "powernorm-average=powernorm_fairseq.cli.average:main",
             "powernorm-score=powernorm_fairseq.cli.score:main",
             "powernorm-analyze=powernorm_fairseq.cli.analyze:main",
+            "powernorm-flags=powernorm_fairseq.cli.flags:main",
         ]
     },
 )

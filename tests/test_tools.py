@@ -183,3 +183,18 @@ print("running:", dist.is_initialized(), threads() - before > 0)
 """
     out = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert out.split("\n")[:2] == ["running: True True", "at exit: False 0"], out
+
+
+@pytest.mark.slow
+def test_powernorm_flags_lists_every_flag_the_models_take():
+    """Every flag of the models' parsers, with its default, from the one definition (NormConfig)."""
+    from powernorm_fairseq.models.options import add_norm_args
+
+    out = cli("powernorm-flags", "--format", "markdown").stdout
+    listed = {line.split("`")[1].split(" / ")[0] for line in out.splitlines()[2:]}
+    for lm in (False, True):
+        parser = argparse.ArgumentParser()
+        add_norm_args(parser, lm=lm)
+        flags = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+        assert {f for f in flags if not f.startswith("--no-")} <= listed
+    assert "| `--pn-alpha-fwd` | `0.9` |" in out and "| `--norm-placement` | `pre` | `pre,post` |" in out

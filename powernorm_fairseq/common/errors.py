@@ -1,7 +1,13 @@
 """The plugin's errors: each ends a command in one line naming the flag or file."""
 
+try:  # fairseq-hydra-train runs under hydra, which prints its compact errors as their message alone
+    from hydra.errors import CompactHydraException as _Compact
+except ImportError:  # the norm library without fairseq
+    class _Compact(Exception):
+        pass
 
-class PowerNormConfigError(ValueError):
+
+class PowerNormConfigError(ValueError, _Compact):
     """A flag value or combination this plugin cannot honour."""
 
 

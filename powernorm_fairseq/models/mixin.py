@@ -2,9 +2,11 @@
 parents: flag checks, SmallInit, diagnostics, FixNorm embeddings and a
 one-line error for a checkpoint with other norms."""
 
+import argparse
 import math
 
 from fairseq.modules import MultiheadAttention
+from omegaconf import OmegaConf
 from torch import nn
 
 from .. import patches
@@ -26,6 +28,10 @@ class PowerNormModelMixin:
     @classmethod
     def build_model(cls, args, task):
         patches.for_the_models()  # also for generate, eval-lm and each distributed worker
+        if OmegaConf.is_config(args):  # fairseq-hydra-train, or a checkpoint's saved config
+            # fairseq's parents copy a config into a TransformerConfig field by field and
+            # drop the keys it does not declare (the norm flags); a namespace keeps them all
+            args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         check_args(args)
         model = super().build_model(args, task)
         if args.small_init:

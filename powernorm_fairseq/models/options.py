@@ -7,14 +7,16 @@ them into its constructor options, :meth:`powernorm_fairseq.norms.Norm.options`)
 """
 
 import argparse
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from fairseq.dataclass import FairseqDataclass
 
 from .. import patches
 from ..common.errors import PowerNormConfigError
 from ..common.flags import at_least, fraction, positive
 from ..norms import NORM_TYPES, RUNNING_STAT_TYPES
 from ..norms.sync import MODES as SYNC_MODES
-
-
 
 SUBLAYER_FLAGS = {
     "--encoder-norm-self": "every encoder self-attention sublayer",
@@ -26,6 +28,7 @@ SUBLAYER_FLAGS = {
 LM_SUBLAYER_FLAGS = ("--decoder-norm-self", "--decoder-norm-ff")
 #: the spellings of the authors' released code (its --encoder-norm-self etc.)
 ORIGINAL_SPELLINGS = {"layer": "ln", "batch": "bn", "power": "pn"}
+KINDS = "{" + ",".join(NORM_TYPES) + "}"
 
 
 def _sublayer_kind(text):
@@ -43,71 +46,118 @@ def all_kinds(args):
     return {args.norm_type, args.decoder_norm_type, *(k for k in subs if k)}
 
 
+def _flag(default, help, lm=True, **argparse_options):
+    """A field of :class:`NormConfig`: its default (what a run gets when the
+    flag is not given; None: decided per run, see ``powernorm_defaults``),
+    help, and how argparse reads it (``lm``: the language model has it too)."""
+    return field(default=default, metadata=dict(help=help, lm=lm, argparse=argparse_options))
+
+
+def _sublayer(flag, lm=True):
+    return _flag(None, f"the norm of {SUBLAYER_FLAGS[flag]}, overriding the type of its side (default: that "
+                 "type); also takes the original code's layer, batch, power", lm=lm, type=_sublayer_kind,
+                 metavar=KINDS)
+
+
+def _choice(values):
+    return dict(choices=values, metavar="{" + ",".join(values) + "}")
+
+
+@dataclass
+class NormConfig(FairseqDataclass):
+    """Every norm flag of the plugin's models, defined once: the fields of the
+    models' hydra configs, and (``add_norm_args``) their command-line flags."""
+
+    # fmt: off
+    norm_type: str = _flag("pn", "every encoder norm: attention, FFN and the final norm; in the language "
+                           "model every norm", **_choice(NORM_TYPES))
+    decoder_norm_type: str = _flag("ln", "every decoder norm (ln, as in the paper)", lm=False, **_choice(NORM_TYPES))
+    encoder_norm_self: Optional[str] = _sublayer("--encoder-norm-self", lm=False)
+    encoder_norm_ff: Optional[str] = _sublayer("--encoder-norm-ff", lm=False)
+    decoder_norm_self: Optional[str] = _sublayer("--decoder-norm-self")
+    decoder_norm_cross: Optional[str] = _sublayer("--decoder-norm-cross", lm=False)
+    decoder_norm_ff: Optional[str] = _sublayer("--decoder-norm-ff")
+    norm_placement: str = _flag("pre", "norm before each sublayer (pre) or after the residual sum (post)",
+                                **_choice(("pre", "post")))
+    fixnorm: bool = _flag(False, "unit-length word embeddings times a learned scale (needs tied embeddings)",
+                          action="store_true")
+    small_init: bool = _flag(False, "attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))",
+                             action="store_true")
+    pn_alpha_fwd: float = _flag(0.9, "PN running psi^2 decay, in (0, 1)", type=fraction("--pn-alpha-fwd"))
+    pn_alpha_bwd: float = _flag(0.9, "PN running nu decay, in (0, 1)", type=fraction("--pn-alpha-bwd"))
+    pn_warmup_updates: Optional[int] = _flag(None, "PN forwards that use batch statistics (default: "
+                                             "--warmup-updates)", type=at_least(0))
+    pn_eps: float = _flag(1e-5, "PN and PN-V epsilon", type=positive)
+    pn_group_scaling: Optional[bool] = _flag(None, "per-token RMS scaling over groups = heads before PN, as "
+                                             "in the authors' code (default: on); the pn-only spelling of "
+                                             "--layer-scale", action=argparse.BooleanOptionalAction)
+    layer_scale: Optional[bool] = _flag(None, "the paper's layer scale (Appendix A): per-token RMS scaling "
+                                        "over groups = heads before every bn, pn-v and pn (default: on for "
+                                        "pn, off for bn and pn-v)", action=argparse.BooleanOptionalAction)
+    pn_backward: str = _flag("paper", "PN backward: Algorithm 2 of the paper, or the authors' released code",
+                             **_choice(("paper", "reference")))
+    norm_momentum: Optional[float] = _flag(None, "running-statistics momentum of bn, pn-v and bn-original "
+                                           "(default: 0.1; 0.05 for bn-original, as in the authors' code)",
+                                           type=fraction("--norm-momentum"))
+    adanorm_scale: float = _flag(1.0, "AdaNorm's C in z = C (1 - y/10) y", type=positive, metavar="C")
+    detachnorm_detach: str = _flag("both", "what DetachNorm treats as constant in the backward pass",
+                                   **_choice(("both", "mean", "var")))
+    layernorm_simple_std: str = _flag("biased", "the divisor of layernorm-simple and detachnorm: sqrt(biased "
+                                      "var + eps), as LayerNorm, or unbiased std + eps, as Xu et al.'s code",
+                                      **_choice(("biased", "unbiased")))
+    norm_groups: Optional[int] = _flag(None, "channel groups of groupnorm (default: the attention heads)",
+                                       type=at_least(1, "--norm-groups"), metavar="G")
+    norm_sync: Optional[str] = _flag(None, "statistics of bn, pn-v and pn across data-parallel workers: batch = "
+                                     "normalise with the global batch (exact gradient through the all-reduce), "
+                                     "running = per-worker batch, identical running statistics, none = per "
+                                     "worker (default: batch; none with --pn-backward reference; bn-original "
+                                     "is always none)", **_choice(SYNC_MODES))
+    norm_diagnostics: bool = _flag(False, "log batch vs running statistics distances and the gradient terms of "
+                                   "the statistics for every bn, bn-original, pn-v and pn layer (diag/... "
+                                   "metrics)", action="store_true")
+    norm_diagnostics_interval: int = _flag(1, "measure every N updates",
+                                           type=at_least(1, "--norm-diagnostics-interval"), metavar="N")
+    # fmt: on
+
+
+def norm_fields(lm=False):
+    """The fields of :class:`NormConfig` a model has."""
+    return [f for f in fields(NormConfig) if "argparse" in f.metadata and (f.metadata["lm"] or not lm)]
+
+
 def add_norm_args(parser, lm=False):
     """The norm flags of powernorm_transformer, or of the decoder-only
-    powernorm_transformer_lm (``lm``: one side, so no decoder/encoder split)."""
-    # fmt: off
-    if lm:
-        parser.add_argument("--norm-type", choices=NORM_TYPES, metavar="{" + ",".join(NORM_TYPES) + "}",
-                            help="every norm of the language model (default: pn)")
-    else:
-        parser.add_argument("--norm-type", choices=NORM_TYPES, metavar="{" + ",".join(NORM_TYPES) + "}",
-                            help="every encoder norm: attention, FFN and the final norm (default: pn)")
-        parser.add_argument("--decoder-norm-type", choices=NORM_TYPES,
-                            metavar="{" + ",".join(NORM_TYPES) + "}",
-                            help="every decoder norm (default: ln, as in the paper)")
-    for flag, what in SUBLAYER_FLAGS.items():
-        if lm and flag not in LM_SUBLAYER_FLAGS:
+    powernorm_transformer_lm (``lm``: one side, so no decoder/encoder split),
+    from :class:`NormConfig`. A flag not given is left out of the namespace
+    (fairseq's model groups suppress defaults), and ``powernorm_defaults``
+    fills it in."""
+    for f in norm_fields(lm):
+        options = dict(f.metadata["argparse"])
+        shown = f.default if f.default is not None or options.get("action") else None
+        text = f.metadata["help"]
+        if shown is not None and "default:" not in text and options.get("action") != "store_true":
+            text += f" (default: {shown})"
+        parser.add_argument("--" + f.name.replace("_", "-"), help=text, **options)
+
+
+def check_values(args):
+    """The flags' own checks, for values that did not come through argparse
+    (a hydra config, a checkpoint's saved config): one line naming the flag."""
+    for f in norm_fields():
+        value, options = getattr(args, f.name, None), f.metadata["argparse"]
+        if value is None:
             continue
-        parser.add_argument(flag, type=_sublayer_kind, metavar="{" + ",".join(NORM_TYPES) + "}",
-                            help=f"the norm of {what}, overriding the type of its side; also takes the "
-                                 "original code's layer, batch, power")
-    parser.add_argument("--norm-placement", choices=("pre", "post"),
-                        help="norm before each sublayer (pre) or after the residual sum (post); default: pre")
-    parser.add_argument("--fixnorm", action="store_true",
-                        help="unit-length word embeddings times a learned scale (needs tied embeddings)")
-    parser.add_argument("--small-init", action="store_true",
-                        help="attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))")
-    parser.add_argument("--pn-alpha-fwd", type=fraction("--pn-alpha-fwd"),
-                        help="PN running psi^2 decay, in (0, 1) (default: 0.9)")
-    parser.add_argument("--pn-alpha-bwd", type=fraction("--pn-alpha-bwd"),
-                        help="PN running nu decay, in (0, 1) (default: 0.9)")
-    parser.add_argument("--pn-warmup-updates", type=at_least(0),
-                        help="PN forwards that use batch statistics (default: --warmup-updates)")
-    parser.add_argument("--pn-eps", type=positive, help="PN and PN-V epsilon (default: 1e-5)")
-    parser.add_argument("--pn-group-scaling", action=argparse.BooleanOptionalAction,
-                        help="per-token RMS scaling over groups = heads before PN, "
-                             "as in the authors' code (default: on); the pn-only spelling of --layer-scale")
-    parser.add_argument("--layer-scale", action=argparse.BooleanOptionalAction,
-                        help="the paper's layer scale (Appendix A): per-token RMS scaling over groups = "
-                             "heads before every bn, pn-v and pn (default: on for pn, off for bn and pn-v)")
-    parser.add_argument("--pn-backward", choices=("paper", "reference"),
-                        help="PN backward: Algorithm 2 of the paper, or the authors' "
-                             "released code (default: paper)")
-    parser.add_argument("--norm-momentum", type=fraction("--norm-momentum"),
-                        help="running-statistics momentum of bn, pn-v and bn-original "
-                             "(default: 0.1; 0.05 for bn-original, as in the authors' code)")
-    parser.add_argument("--adanorm-scale", type=positive, metavar="C",
-                        help="AdaNorm's C in z = C (1 - y/10) y (default: 1)")
-    parser.add_argument("--detachnorm-detach", choices=("both", "mean", "var"),
-                        help="what DetachNorm treats as constant in the backward pass (default: both)")
-    parser.add_argument("--layernorm-simple-std", choices=("biased", "unbiased"),
-                        help="the divisor of layernorm-simple and detachnorm: sqrt(biased var + eps), "
-                             "as LayerNorm, or unbiased std + eps, as Xu et al.'s code (default: biased)")
-    parser.add_argument("--norm-groups", type=at_least(1, "--norm-groups"), metavar="G",
-                        help="channel groups of groupnorm (default: the attention heads)")
-    parser.add_argument("--norm-sync", choices=SYNC_MODES,
-                        help="statistics of bn, pn-v and pn across data-parallel workers: batch = "
-                             "normalise with the global batch (exact gradient through the all-reduce), "
-                             "running = per-worker batch, identical running statistics, none = per "
-                             "worker (default: batch; none with --pn-backward reference; "
-                             "bn-original is always none)")
-    parser.add_argument("--norm-diagnostics", action="store_true",
-                        help="log batch vs running statistics distances and the gradient terms "
-                             "of the statistics for every bn, bn-original, pn-v and pn layer (diag/... metrics)")
-    parser.add_argument("--norm-diagnostics-interval", type=at_least(1, "--norm-diagnostics-interval"), metavar="N",
-                        help="measure every N updates (default: 1)")
-    # fmt: on
+        flag = "--" + f.name.replace("_", "-")
+        allowed = options.get("choices")
+        if allowed is not None and value not in allowed:
+            raise PowerNormConfigError(f"{flag} {value}: choose one of {', '.join(allowed)}")
+        parse = options.get("type")
+        if parse is not None:
+            try:
+                setattr(args, f.name, parse(str(value)))
+            except (argparse.ArgumentTypeError, ValueError) as err:
+                text = str(err)
+                raise PowerNormConfigError(text if text.startswith(flag) else f"{flag} {text}") from None
 
 
 def check_args(args):
@@ -161,9 +211,10 @@ def powernorm_defaults(args):
     save directory: the run of a plugin model gets ``patches.WITH_THE_MODELS``
     here (fairseq calls every model's ``add_args`` at import, so that cannot)."""
     patches.for_the_models()
-    args.norm_type = getattr(args, "norm_type", "pn")
-    args.decoder_norm_type = getattr(args, "decoder_norm_type", "ln")
-    args.norm_placement = getattr(args, "norm_placement", "pre")
+    for f in norm_fields():  # NormConfig's defaults; None ones are decided below or per kind
+        if getattr(args, f.name, None) is None:
+            setattr(args, f.name, f.default)
+    check_values(args)  # a hydra config's values have not been through argparse
     pre = args.norm_placement == "pre"
     for side in ("encoder", "decoder"):
         flag = f"{side}_normalize_before"
@@ -173,27 +224,7 @@ def powernorm_defaults(args):
                 "use --norm-placement {pre,post} alone"
             )
         setattr(args, flag, pre)
-    args.fixnorm = getattr(args, "fixnorm", False)
     if args.fixnorm:  # the FixNorm length g replaces fairseq's sqrt(d) embedding scale
         args.no_scale_embedding = True
-    args.small_init = getattr(args, "small_init", False)
-    args.pn_alpha_fwd = getattr(args, "pn_alpha_fwd", 0.9)
-    args.pn_alpha_bwd = getattr(args, "pn_alpha_bwd", 0.9)
-    args.pn_warmup_updates = getattr(args, "pn_warmup_updates", getattr(args, "warmup_updates", 0))
-    args.pn_eps = getattr(args, "pn_eps", 1e-5)
-    args.pn_group_scaling = getattr(args, "pn_group_scaling", None)  # see modules.layer_scale
-    args.layer_scale = getattr(args, "layer_scale", None)
-    args.pn_backward = getattr(args, "pn_backward", "paper")
-    args.norm_momentum = getattr(args, "norm_momentum", None)  # per kind, see norm_options
-    for flag in SUBLAYER_FLAGS:
-        name = flag[2:].replace("-", "_")
-        value = getattr(args, name, None)
-        setattr(args, name, ORIGINAL_SPELLINGS.get(value, value))
-    args.adanorm_scale = getattr(args, "adanorm_scale", 1.0)
-    args.detachnorm_detach = getattr(args, "detachnorm_detach", "both")
-    args.layernorm_simple_std = getattr(args, "layernorm_simple_std", "biased")
-    args.norm_groups = getattr(args, "norm_groups", None)
-    args.norm_sync = getattr(args, "norm_sync", None)
-    args.norm_diagnostics = getattr(args, "norm_diagnostics", False)
-    args.norm_diagnostics_interval = getattr(args, "norm_diagnostics_interval", 1)
-
+    if args.pn_warmup_updates is None:
+        args.pn_warmup_updates = getattr(args, "warmup_updates", 0) or 0

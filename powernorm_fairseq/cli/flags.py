@@ -1,0 +1,46 @@
+"""``powernorm-flags``: every norm flag of the plugin's models, with its
+default and allowed values, from the one place they are defined
+(``models.options.NormConfig``). fairseq's ``--help`` does not list a model's
+flags, so this is where to find them."""
+
+import argparse
+
+
+def rows():
+    """(flag, default, values, models, help) of every norm flag."""
+    from ..models.options import norm_fields
+
+    lm = {f.name for f in norm_fields(lm=True)}
+    for f in norm_fields():
+        options = f.metadata["argparse"]
+        flag = "--" + f.name.replace("_", "-")
+        action = options.get("action")
+        if action is argparse.BooleanOptionalAction:
+            flag += " / --no-" + f.name.replace("_", "-")
+        values = ",".join(options["choices"]) if "choices" in options else options.get("metavar", "")
+        if action == "store_true":
+            values, default = "", "off"
+        else:
+            default = "see meaning" if f.default is None else str(f.default)
+        models = "both" if f.name in lm else "translation"
+        yield flag, default, values, models, " ".join(f.metadata["help"].split())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="powernorm-flags", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--format", choices=("table", "markdown"), default="table")
+    args = parser.parse_args(argv)
+    table = list(rows())
+    if args.format == "markdown":
+        print("| flag | default | values | models | meaning |\n|---|---|---|---|---|")
+        for row in table:
+            print("| " + " | ".join(f"`{c}`" if i < 3 and c else c for i, c in enumerate(row)) + " |")
+        return
+    width = max(len(r[0]) for r in table)
+    for flag, default, values, models, text in table:
+        print(f"{flag:<{width}}  default {default}; {values + '; ' if values else ''}{models}\n"
+              f"{'':<{width}}  {text}")
+
+
+if __name__ == "__main__":
+    main()
