@@ -48,7 +48,7 @@ if [[ -x "$VENV/bin/python" ]]; then
   [[ "$venv_has" == "$have" ]] \
     || fail ".venv has Python $venv_has, not $have ($PYTHON): remove .venv to rebuild it with $have"
 fi
-want="$(cat scripts/setup.sh requirements.txt setup.py | sha256sum | cut -d' ' -f1) $have $TORCH_INDEX"
+want="$(cat scripts/setup.sh requirements.txt setup.py powernorm_fairseq/norms/kernels/csrc/norms.cpp | sha256sum | cut -d' ' -f1) $have $TORCH_INDEX"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
   exit 0  # up to date
 fi
@@ -67,7 +67,8 @@ pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 # another torch), built against the torch, numpy and Cython installed above
 "$VENV/bin/python" -m pip uninstall -y -q ve-fairseq 2>/dev/null || true
 "${pip[@]}" --no-deps --no-build-isolation "$FAIRSEQ"
-"${pip[@]}" --no-deps -e .
+# the plugin, editable; its build compiles the CPU kernels (setup.py) against the torch above
+"${pip[@]}" --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -c "import torch, fairseq, powernorm_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 echo "$want" > "$STAMP"
 built=$("$VENV/bin/python" -c "import torch; print(torch.__version__, 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU only')")

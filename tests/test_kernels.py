@@ -266,9 +266,41 @@ def test_pn_step_counter_is_read_again_after_a_load(backend):
     assert int(norm.num_steps) == 6
 
 
+#: the tests of the build on first use: not the kernels pip install built
+JIT = {**os.environ, "POWERNORM_JIT": "1"}
 LOAD = ("from powernorm_fairseq.norms.kernels import cpu\n"
         "assert cpu.available(), cpu.failure\n"
         "print('loaded')\n")
+
+
+@pytest.mark.slow
+def test_the_kernels_pip_install_built_load_without_a_build(tmp_path):
+    """setup.py builds the kernels (kernels._C) at install: a run uses them and builds nothing."""
+    fresh = tmp_path / "torch_extensions"
+    run = ("import torch\nfrom powernorm_fairseq.norms import build_norm, kernels\n"
+           "from powernorm_fairseq.norms.kernels import cpu\n"
+           "build_norm('pn', 8).train()(torch.randn(3, 2, 8)).sum().backward()\n"
+           "print(kernels.describe(torch.randn(1)), cpu.load().__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(fresh)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["cpu", "powernorm_fairseq.norms.kernels._C"]
+    assert not fresh.exists() or not any(fresh.rglob("*.so"))  # nothing built
+
+
+@pytest.mark.fast
+def test_installed_kernels_of_another_source_are_not_used(monkeypatch, caplog):
+    from powernorm_fairseq.norms.kernels import cpu
+
+    backend_or_fail("cpu")
+    assert cpu.installed() is not None  # scripts/setup.sh built them
+    monkeypatch.setattr(cpu, "source_digest", lambda: "srcanother")
+    with caplog.at_level("INFO"):
+        assert cpu.installed() is None
+    assert "built from another csrc/norms.cpp" in caplog.text
+    monkeypatch.undo()
+    monkeypatch.setenv("POWERNORM_JIT", "1")  # asks for a build for this machine
+    assert cpu.installed() is None
 
 
 @pytest.mark.slow
@@ -280,7 +312,7 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_run():
     stale = k.build_directory() / "lock"
     stale.touch()
     try:
-        proc = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=300, env=JIT)
         removed = not stale.exists()
     finally:
         stale.unlink(missing_ok=True)
@@ -296,7 +328,7 @@ def test_a_stale_lock_in_a_fresh_extensions_directory_and_the_norm_still_runs(tm
     ``lock`` left. The next run removes it, builds, and the norm runs on the kernels."""
     k = backend_or_fail("cpu")
     fresh = tmp_path / "torch_extensions"
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(fresh)}
+    env = {**JIT, "TORCH_EXTENSIONS_DIR": str(fresh)}
     where = subprocess.run([sys.executable, "-c", "from powernorm_fairseq.norms.kernels import cpu\n"
                             "print(cpu.build_directory())"], capture_output=True, text=True, env=env, check=True)
     build = Path(where.stdout.strip())
@@ -322,7 +354,7 @@ def test_a_run_waiting_for_another_build_says_so_and_then_proceeds():
     with open(k.build_directory() / "powernorm-build.flock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another process "building"
         proc = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, env=JIT)
         line, deadline = "", time.time() + 120
         while "waiting" not in line and time.time() < deadline and proc.poll() is None:
             line = proc.stderr.readline()
@@ -342,7 +374,7 @@ def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs
     with open(k.build_directory() / "powernorm-build.flock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # a build that hangs
         proc = subprocess.run([sys.executable, "-c", norm_run], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "POWERNORM_BUILD_WAIT": "2"})
+                              env={**JIT, "POWERNORM_BUILD_WAIT": "2"})
     assert proc.returncode == 0 and "torch.Size([3, 2, 8])" in proc.stdout, proc.stderr[-2000:]
     assert "at most 2 s" in proc.stderr
     assert "norms run on the plain PyTorch path (cpu kernels unavailable: TimeoutError" in proc.stderr

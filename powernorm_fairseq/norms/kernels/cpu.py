@@ -1,14 +1,18 @@
-"""The CPU backend: C++ kernels (``csrc/norms.cpp``), compiled on first use.
+"""The CPU backend: C++ kernels (``csrc/norms.cpp``).
 
-They are built with torch's C++ extension loader and cached, so only the first
-process on a machine pays the compile (about a minute). Where no compiler is
-present the norms run their plain PyTorch path instead, and the dispatch
-(``kernels/__init__.py``) says so.
+``pip install`` builds them (``setup.py``, the extension ``kernels._C``), so a
+run starts at once. Where that build is missing, was made from another
+version of the source, or needs instructions this CPU lacks, they are built
+on first use with torch's C++ extension loader and cached per source, torch
+build and environment, so only the first process pays the compile (about a
+minute). Where no compiler is present the norms run their plain PyTorch path
+instead, and the dispatch (``kernels/__init__.py``) says so.
 """
 
 import hashlib
 import logging
 import os
+import platform
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +38,10 @@ def load():
     global _module, failure
     if _module is not None or failure is not None:
         return _module
+    module = installed()
+    if module is not None:
+        _module = module
+        return _module
     try:
         from torch.utils.cpp_extension import load as load_extension
 
@@ -56,6 +64,47 @@ def load():
     return _module
 
 
+def source_digest() -> str:
+    """What setup.py's build records of the source it compiled."""
+    return "src" + hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+
+
+#: what setup.py builds for, on x86-64 (-march=x86-64-v3): these CPU flags must all be present
+X86_64_V3 = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"}
+
+
+def installed():
+    """The kernels ``pip install`` built, or None (logged) where they cannot serve
+    or ``POWERNORM_JIT=1`` asks for a build for this machine (-march=native)."""
+    if os.environ.get("POWERNORM_JIT", "0") == "1":
+        return None
+    try:
+        if platform.machine() in ("x86_64", "AMD64"):
+            flags = set()
+            with open("/proc/cpuinfo") as info:
+                for line in info:
+                    if line.startswith("flags"):
+                        flags = set(line.split(":", 1)[1].split())
+                        break
+            if not X86_64_V3 <= flags:
+                logger.info("powernorm_fairseq: this CPU lacks AVX2/FMA: building the CPU kernels for it")
+                return None
+        from . import _C
+    except (ImportError, OSError) as err:  # not built at install, or built against another torch
+        logger.debug("powernorm_fairseq: no installed CPU kernels (%s)", err)
+        return None
+    if getattr(_C, "source", None) != source_digest():
+        logger.info("powernorm_fairseq: the installed CPU kernels were built from another csrc/norms.cpp: "
+                    "building this one (rerun scripts/setup.sh or pip install to build it at install)")
+        return None
+    try:
+        contract.check(_C, "installed cpu")
+    except TypeError as err:
+        logger.info("powernorm_fairseq: %s", err)
+        return None
+    return _C
+
+
 def build_directory() -> Path:
     """Where torch's loader builds and caches the kernels: under its own root,
     one directory per source and environment, so that two checkouts (or two
@@ -67,7 +116,7 @@ def build_directory() -> Path:
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     flavour = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
     source = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
-    environment = hashlib.sha256(f"{sys.prefix}\n{_SOURCE}".encode()).hexdigest()[:8]
+    environment = hashlib.sha256(f"{sys.prefix}\n{_SOURCE}\n{torch.__version__}".encode()).hexdigest()[:8]
     return (Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}"
             / f"powernorm_fairseq_kernels-{source}-{environment}")
 

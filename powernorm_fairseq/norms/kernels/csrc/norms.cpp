@@ -571,9 +571,16 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
 
 }  // namespace
 
+#ifndef POWERNORM_SOURCE  // set by setup.py's build: which version of this file the module was built from
+#define POWERNORM_SOURCE jit
+#endif
+#define POWERNORM_STR2(x) #x
+#define POWERNORM_STR(x) POWERNORM_STR2(x)
+
 // The argument names are the contract's (kernels/contract.py), checked when the module loads.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::arg;
+  m.attr("source") = POWERNORM_STR(POWERNORM_SOURCE);
   m.def("forward", &forward, arg("x"), arg("mask"), arg("groups"), arg("gs_eps"), arg("mean"), arg("inv"),
         arg("inv_eps"), arg("weight"), arg("bias"), arg("want_y"), arg("want_stats"), arg("center"));
   m.def("finish_stats", &finish_stats, arg("part"), arg("mean_buf"), arg("second_buf"), arg("steps"),
