@@ -75,6 +75,10 @@ def test_interactive_translates(toy_data, trained):
     (["--norm-diagnostics-interval", "0"],
      "argument --norm-diagnostics-interval: --norm-diagnostics-interval must be >= 1, got 0"),
     (["--no-share-all-embeddings-please"], "unrecognized arguments"),
+    (["--norm-typ", "pn"], "unrecognized arguments: --norm-typ pn (--norm-typ: did you mean --norm-type?)"),
+    (["--arch", "transformer_iwslt_de_en", "--norm-type", "pn"],
+     "unrecognized arguments: --norm-type pn (--norm-type: a flag of the plugin's architectures, which --arch "
+     "must name: powernorm_transformer, powernorm_transformer_iwslt_de_en"),
 ])
 def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)
@@ -94,6 +98,9 @@ def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
     (["--encoder-norm-ff", "bn-original", "--norm-sync", "running"],
      "bn-original reproduces the released code, which never synchronised statistics across workers: "
      "use --norm-sync none (got --norm-sync running)"),
+    pytest.param(["--fp16"], "--fp16 without a GPU: fairseq's flattened fp16 master weights need CUDA; train on "
+                 "a GPU, or add --cpu --fp16-no-flatten-grads",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU takes --fp16")),
 ])
 def test_bad_flag_combinations_fail_in_one_line(toy_data, tmp_path, flags, message):
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)

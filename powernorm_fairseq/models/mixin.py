@@ -6,6 +6,7 @@ import argparse
 import math
 
 from fairseq.modules import MultiheadAttention
+import torch
 from omegaconf import OmegaConf
 from torch import nn
 
@@ -33,6 +34,10 @@ class PowerNormModelMixin:
             # drop the keys it does not declare (the norm flags); a namespace keeps them all
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         check_args(args)
+        if getattr(args, "fp16", False) and not getattr(args, "fp16_no_flatten_grads", False) \
+                and not torch.cuda.is_available():
+            raise PowerNormConfigError("--fp16 without a GPU: fairseq's flattened fp16 master weights need CUDA; "
+                                       "train on a GPU, or add --cpu --fp16-no-flatten-grads")
         model = super().build_model(args, task)
         if args.small_init:
             small_init_(model)

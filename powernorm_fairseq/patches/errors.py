@@ -62,7 +62,31 @@ def _one_line_usage_error(self, message):
     """argparse's error without the usage block before it (fairseq's is about
     190 lines, which bury the one line that says what is wrong); ``--help``
     still prints the usage."""
+    if message.startswith("unrecognized arguments:"):
+        message += _unrecognized_hint(self, message.split(":", 1)[1].split())
     self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _unrecognized_hint(parser, words):
+    """Why flags were not recognised: a plugin flag given with a stock
+    architecture, or a misspelling of a flag the parser has."""
+    import difflib
+
+    from ..models.options import norm_fields
+
+    flags = [w.split("=")[0] for w in words if w.startswith("--")]
+    ours = {"--" + f.name.replace("_", "-") for f in norm_fields()}
+    plugin = [f for f in flags if f in ours or f.replace("--no-", "--", 1) in ours]
+    if plugin:
+        from fairseq.models import ARCH_MODEL_REGISTRY
+
+        archs = sorted(a for a in ARCH_MODEL_REGISTRY if a.startswith("powernorm_"))
+        return (f" ({', '.join(plugin)}: a flag of the plugin's architectures, which --arch must name: "
+                f"{', '.join(archs)})")
+    known = [o for o in parser._option_string_actions if o.startswith("--")]
+    close = [(f, difflib.get_close_matches(f, known, n=1, cutoff=0.75)) for f in flags]
+    said = [f"{f}: did you mean {match[0]}?" for f, match in close if match]
+    return f" ({'; '.join(said)})" if said else ""
 
 
 @installs_once
