@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import backend_or_fail
+from conftest import ROOT, backend_or_fail
 from powernorm_fairseq.norms import build_norm, kernels
 from powernorm_fairseq.norms.kernels import gpu
 
@@ -286,6 +286,27 @@ def test_the_kernels_pip_install_built_load_without_a_build(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["cpu", "powernorm_fairseq.norms.kernels._C"]
     assert not fresh.exists() or not any(fresh.rglob("*.so"))  # nothing built
+
+
+@pytest.mark.slow
+def test_a_fresh_pip_install_runs_on_the_kernels_it_built(tmp_path):
+    """``pip install .`` (not editable, into a directory of its own) builds the
+    kernels; a run from there uses them and compiles nothing."""
+    target, fresh = tmp_path / "site", tmp_path / "torch_extensions"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                              "--target", str(target), str(ROOT)], capture_output=True, text=True, timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    assert list((target / "powernorm_fairseq" / "norms" / "kernels").glob("_C*.so"))
+    run = ("import torch, powernorm_fairseq\nfrom powernorm_fairseq.norms import build_norm\n"
+           "from powernorm_fairseq.norms.kernels import cpu\n"
+           "build_norm('bn', 8).train()(torch.randn(3, 2, 8)).sum().backward()\n"
+           "print(powernorm_fairseq.__file__, cpu.load().__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(target), "TORCH_EXTENSIONS_DIR": str(fresh)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    where, module = proc.stdout.split()
+    assert where.startswith(str(target)) and module == "powernorm_fairseq.norms.kernels._C"
+    assert not fresh.exists()  # nothing built on first use
 
 
 @pytest.mark.fast
