@@ -138,8 +138,12 @@ def test_debris_is_removed_and_a_broken_last_checkpoint_is_replaced(toy_data, tm
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, max_update=6))
     log = proc.stdout + proc.stderr
     assert "removed 2 partial file(s)" in log and not any(p.exists() for p in debris)
-    assert "checkpoint_last.pt is unreadable: resuming from checkpoint_best.pt" in log
-    assert re.search(r"Loaded checkpoint .*checkpoint_last.pt \(epoch \d+ @ 4 updates\)", log), log[-3000:]
+    said = re.search(r"resuming from \S*/(checkpoint\w*\.pt): \1 \(4 updates\) is the newest complete checkpoint; "
+                     r"checkpoint_last.pt is incomplete \(kept as checkpoint_last.pt.incomplete-\d+T\d+\)", log)
+    assert said, "\n".join(line[-300:] for line in log.splitlines() if "resum" in line)
+    assert re.search(rf"Loaded checkpoint .*{said.group(1)} \(epoch \d+ @ 4 updates\)", log), log[-3000:]
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("checkpoint_last.pt.incomplete-")]
+    assert len(kept) == 1 and len(kept[0].read_bytes()) == 1000  # set aside, not overwritten
     umask = os.umask(0o022)
     os.umask(umask)
     for name in ("checkpoint_last.pt", "checkpoint_best.pt"):
@@ -236,6 +240,50 @@ def test_a_bad_binarized_file_is_named_in_one_line(data_copy, tmp_path, fault, n
     one_line_error(proc, data_copy / named, "fairseq-train")
 
 
+def newest_on_disk(save):
+    """The most updates of any complete checkpoint in ``save``, read with
+    torch alone (what a rerun must resume from, whatever the killed run said)."""
+    newest = 0
+    for path in save.glob("checkpoint*.pt"):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception:  # truncated: not complete
+            continue
+        newest = max(newest, state["optimizer_history"][-1]["num_updates"])
+    return newest
+
+
+def test_a_rerun_resumes_from_the_newest_complete_checkpoint_by_its_updates(toy_data, tmp_path):
+    """checkpoint_last.pt older than a complete checkpoint_1_10.pt (a kill or a full
+    disk during the copies after a save): the rerun resumes at 10 updates, and
+    says which file and why."""
+    argv = train_args(toy_data, tmp_path, "--save-interval-updates", "5", max_update=10)
+    cli("fairseq-train", *argv)
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt"):  # as a kill during the copies after the save at 10
+        shutil.copy(tmp_path / "checkpoint_1_5.pt", tmp_path / name)
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--save-interval-updates", "5", max_update=12))
+    log = proc.stdout + proc.stderr
+    assert ("checkpoint_1_10.pt (10 updates) is the newest complete checkpoint; checkpoint_last.pt has 5 updates"
+            in log), log[-3000:]
+    assert re.search(r"Loaded checkpoint .*checkpoint_1_10.pt \(epoch \d+ @ 10 updates\)", log), log[-3000:]
+
+
+def test_a_legacy_format_last_checkpoint_is_judged_complete_and_kept(toy_data, tmp_path):
+    """torch's legacy (non-zip) format is complete when it loads: it is resumed
+    from, not called unreadable and replaced by an older file."""
+    cli("fairseq-train", *train_args(toy_data, tmp_path, "--save-interval-updates", "5", max_update=10))
+    last = tmp_path / "checkpoint_last.pt"
+    state = torch.load(last, map_location="cpu", weights_only=False)
+    torch.save(state, last, _use_new_zipfile_serialization=False)
+    legacy = last.read_bytes()
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--save-interval-updates", "5", max_update=12))
+    log = proc.stdout + proc.stderr
+    assert "checkpoint_last.pt (10 updates) is the newest complete checkpoint" in log, log[-3000:]
+    assert re.search(r"Loaded checkpoint .*checkpoint_last.pt \(epoch \d+ @ 10 updates\)", log), log[-3000:]
+    assert not any(p.name.startswith("checkpoint_last.pt.") for p in tmp_path.iterdir())
+    assert legacy[:2] != b"PK"
+
+
 def test_kills_at_random_moments_lose_nothing_complete(toy_data, tmp_path):
     """Fault injection on the save path: kill -9 a training at a random moment
     around one of its saves, several times; each rerun resumes from the newest
@@ -247,7 +295,7 @@ def test_kills_at_random_moments_lose_nothing_complete(toy_data, tmp_path):
     env = {"PYTHONUNBUFFERED": "1"}  # every log line out before the kill
     saves = re.compile(r"Saved checkpoint .*\(epoch \d+ @ (\d+) updates")
     loaded = re.compile(r"Loaded checkpoint .* @ (\d+) updates\)")
-    complete = 0  # updates of the newest checkpoint a run said it saved
+    complete = 0  # updates of the newest complete checkpoint on disk
     for attempt in range(5):
         log_path = tmp_path / f"attempt{attempt}.log"
         with open(log_path, "w") as out:
@@ -262,13 +310,13 @@ def test_kills_at_random_moments_lose_nothing_complete(toy_data, tmp_path):
         log = log_path.read_text()
         if attempt:
             resumed = loaded.search(log)
-            assert resumed and int(resumed.group(1)) >= complete, log[-3000:]
-        complete = max([complete, *map(int, saves.findall(log))])
+            assert resumed and int(resumed.group(1)) == complete, log[-3000:]
+        complete = newest_on_disk(save)
     assert complete > 0
     final = cli("fairseq-train", *argv, check=False)
     log = final.stdout + final.stderr
     assert final.returncode == 0, log[-3000:]
-    assert int(loaded.search(log).group(1)) >= complete
+    assert int(loaded.search(log).group(1)) == complete
     assert not [p.name for p in save.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".checkpoint")]
     state = torch.load(save / "checkpoint_last.pt", weights_only=True)
     assert state["optimizer_history"][-1]["num_updates"] == 200

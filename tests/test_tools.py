@@ -63,6 +63,21 @@ def test_average_cli_errors(tmp_path):
     assert "Traceback" not in proc.stderr and not (tmp_path / "avg.pt").exists()
 
 
+@pytest.mark.slow
+def test_average_refuses_to_write_over_one_of_its_inputs(tmp_path):
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    fake_checkpoint(a, 1, steps=1)
+    fake_checkpoint(b, 3, steps=3)
+    before = a.read_bytes()
+    for output in (a, tmp_path / "." / "a.pt"):
+        proc = cli("powernorm-average", "--inputs", a, b, "--output", output, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"powernorm-average: error: --output {output} is one of the inputs ({a}): it would be overwritten; "
+            "name another file"]
+    assert a.read_bytes() == before
+
+
 GENERATE = """S-1\tdas haus
 T-1\tThe house
 H-1\t-0.2\tthe house

@@ -108,28 +108,37 @@ def main(argv=None):
                         help="ignore checkpoints after epoch (or update) K")
     args = parser.parse_args(argv)
 
+    def fail(message):  # one line, as the plugin's other refusals: no usage block
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
     n = args.num_epoch_checkpoints or args.num_update_checkpoints
     if n is not None:
         if n < 1:
-            parser.error("--num-*-checkpoints must be >= 1")
+            fail("--num-*-checkpoints must be >= 1")
         if len(args.inputs) != 1 or not Path(args.inputs[0]).is_dir():
-            parser.error("--num-*-checkpoints needs exactly one directory in --inputs")
+            fail("--num-*-checkpoints needs exactly one directory in --inputs")
         kind = "epoch" if args.num_epoch_checkpoints else "update"
         try:
             paths = last_checkpoints(args.inputs[0], n, kind, args.checkpoint_upper_bound)
         except ValueError as err:
-            parser.error(str(err))
+            fail(str(err))
     else:
         if args.checkpoint_upper_bound is not None:
-            parser.error("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
+            fail("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
         paths = [Path(p) for p in args.inputs]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
-            parser.error(f"no such checkpoint: {', '.join(missing)}")
+            fail(f"no such checkpoint: {', '.join(missing)}")
+    clash = [str(p) for p in paths if Path(args.output).resolve() == p.resolve()]
+    if clash:
+        fail(f"--output {args.output} is one of the inputs ({clash[0]}): it would be overwritten; "
+                     "name another file")
+    if Path(args.output).is_dir():
+        fail(f"--output {args.output} is a directory: name the checkpoint file to write")
     try:
         save_atomically(average_checkpoints(paths), args.output)
     except (InputFileError, OSError) as err:
-        parser.exit(2, f"{parser.prog}: error: {err}\n")
+        fail(err)
     names = ", ".join(p.name for p in paths)
     print(f"averaged {len(paths)} checkpoints ({names}): parameters and running statistics "
           f"-> {args.output}", file=sys.stderr)

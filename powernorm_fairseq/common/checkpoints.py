@@ -10,6 +10,7 @@ writes keeps the safe loader on while ``fairseq-generate``,
 import argparse
 import os
 import pickle
+import re
 import zipfile
 
 import torch
@@ -26,10 +27,17 @@ def allow_fairseq_checkpoints():
     torch.serialization.add_safe_globals(SAFE_GLOBALS)
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether torch.load's weights-only loader refused a pickle for a global it
+    does not allow (code), rather than failing on a truncated file: torch names
+    the pickle opcode, GLOBAL, in either wording it has used ("Unsupported
+    global: GLOBAL x" and "unsupported GLOBAL x whose module is blocked")."""
+    return isinstance(exc, pickle.UnpicklingError) and re.search(r"\bGLOBAL\b", str(exc)) is not None
+
+
 def why_unreadable(path, exc: BaseException) -> str:
     """One line naming ``path`` and what is wrong with it, for an exception of torch.load."""
-    text = str(exc)
-    if isinstance(exc, pickle.UnpicklingError) and "Unsupported global" in text:
+    if refused(exc):
         return (f"{path}: refused: it holds what the weights-only loader does not read (objects other "
                 "than tensors and a configuration, i.e. code that loading would run)")
     return f"{path}: not a readable checkpoint (truncated, corrupt or another kind of file)"

@@ -10,11 +10,16 @@
   ``checkpoint*.pt.tmp`` and the hidden ``.checkpoint*.pt.*`` of this plugin's
   atomic copies. With the lock held (no other training writes there), they
   are removed at start, and the log says which.
-* **Resume.** When ``checkpoint_last.pt`` is missing or unreadable but the
-  directory holds complete checkpoints, the newest readable one becomes
-  ``checkpoint_last.pt`` again (an atomic copy), so the run resumes from it,
-  and the log says which. A run resumed at ``--max-update`` ends there (fairseq
-  would train one update past it).
+* **Resume.** A run resumes from the newest complete checkpoint in the
+  directory by its saved update count, not from ``checkpoint_last.pt`` alone
+  (a kill or a full disk during the copies that follow a save leaves
+  ``checkpoint_last.pt`` older than the file just saved). Completeness is
+  judged per format: a zip checkpoint by its central directory and pickle, a
+  legacy (non-zip) one by loading it. A ``checkpoint_last.pt`` that is not
+  complete is never overwritten: it is renamed aside,
+  ``checkpoint_last.pt.<why>-<time>``. The log says which file the run
+  resumed from and why. A run resumed at ``--max-update`` ends there
+  (fairseq would train one update past it).
 """
 
 import atexit
@@ -23,12 +28,11 @@ import fcntl
 import logging
 import os
 import re
-import shutil
+import time
 import zipfile
 from pathlib import Path
 
 from ..common.errors import InputFileError
-from ..common.files import atomic_path
 from .base import installs_once
 
 logger = logging.getLogger(__name__)
@@ -78,32 +82,63 @@ def clean_debris(save_dir) -> list:
     return removed
 
 
-def readable(path: Path) -> bool:
-    """Whether ``path`` looks like a complete checkpoint: torch's zip format
-    ends with a central directory that a truncated file lacks."""
+def saved_updates(path: Path):
+    """``(updates, None)`` of a complete checkpoint, or ``(None, why)``: why
+    it is not one (``incomplete``: truncated or not a checkpoint; ``refused``:
+    it holds what the weights-only loader does not read)."""
+    import torch
+
+    from ..common.checkpoints import UNREADABLE, allow_fairseq_checkpoints, refused
+
+    allow_fairseq_checkpoints()
     try:
-        with zipfile.ZipFile(path) as archive:
-            return any(name.endswith("data.pkl") for name in archive.namelist())
-    except (OSError, zipfile.BadZipFile):
-        return False
+        with open(path, "rb") as f:
+            zipped = f.read(4) == b"PK\x03\x04"
+        if zipped:  # the zip format: a truncated file lacks its central directory
+            with zipfile.ZipFile(path) as archive:
+                if not any(name.endswith("data.pkl") for name in archive.namelist()):
+                    return None, "incomplete"
+        # the zip format's tensors are mapped, not read; the legacy format is judged by a whole load
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
+    except OSError:
+        return None, "unreadable"
+    except (*UNREADABLE, zipfile.BadZipFile) as exc:
+        return None, "refused" if refused(exc) else "incomplete"
+    history = state.get("optimizer_history") if isinstance(state, dict) else None
+    if not history or "num_updates" not in history[-1]:
+        return None, "incomplete"
+    return int(history[-1]["num_updates"]), None
 
 
-def recover_last(save_dir) -> str:
-    """Make ``checkpoint_last.pt`` the newest complete checkpoint when it is
-    missing or unreadable; the name of the one it was copied from, or ''."""
+def newest_complete(save_dir, set_aside: bool):
+    """The checkpoint to resume from: the complete one with the most saved
+    updates, with a sentence saying why, or
+    (None, why). With ``set_aside``, a ``checkpoint_last.pt`` that is not
+    complete is renamed aside, never overwritten (by the master worker only)."""
     last = Path(save_dir) / "checkpoint_last.pt"
-    if last.exists() and readable(last):
-        return ""
-    candidates = [p for p in Path(save_dir).glob("checkpoint*.pt")
-                  if CHECKPOINT.fullmatch(p.name) and p.name != last.name]
-    for path in sorted(candidates, key=lambda p: p.stat().st_mtime, reverse=True):
-        if readable(path):
-            with atomic_path(last) as tmp:
-                shutil.copyfile(path, tmp)
-            logger.warning("%s is %s: resuming from %s, the newest complete checkpoint",
-                           last, "unreadable" if last.exists() else "missing", path.name)
-            return path.name
-    return ""
+    found, said = {}, ""
+    for path in Path(save_dir).glob("checkpoint*.pt"):
+        if not CHECKPOINT.fullmatch(path.name):
+            continue
+        updates, why = saved_updates(path)
+        if updates is not None:
+            found[path] = updates
+        elif path == last:
+            said = f"checkpoint_last.pt is {why}"
+            if set_aside:
+                aside = last.with_name(f"{last.name}.{why}-{time.strftime('%Y%m%dT%H%M%S')}")
+                os.replace(last, aside)
+                said += f" (kept as {aside.name})"
+    if not found:
+        return None, said
+    # on a tie: checkpoint_last.pt, then a numbered checkpoint, then checkpoint_best.pt, by name
+    newest = max(found, key=lambda p: (found[p], p == last, p.name != "checkpoint_best.pt", p.name))
+    if newest == last:
+        return last, f"checkpoint_last.pt ({found[last]} updates) is the newest complete checkpoint"
+    if not said:
+        said = (f"checkpoint_last.pt has {found[last]} updates" if last in found
+                else "checkpoint_last.pt is missing")
+    return newest, f"{newest.name} ({found[newest]} updates) is the newest complete checkpoint; {said}"
 
 
 @installs_once
@@ -124,14 +159,35 @@ def guard_training_runs():
             atexit.register(_remove_if_empty, save_dir)
 
     def load_checkpoint(cfg, trainer, **passthrough_args):
-        if trainer.is_data_parallel_master and os.path.isdir(cfg.save_dir):
+        master = trainer.is_data_parallel_master
+        if cfg.restore_file != "checkpoint_last.pt" and not os.path.exists(cfg.restore_file):
+            # fairseq would train from scratch, and say nothing
+            raise InputFileError(f"--restore-file {cfg.restore_file}: no such checkpoint")
+        resuming = cfg.restore_file == "checkpoint_last.pt" and os.path.isdir(cfg.save_dir)
+        chosen, why = None, ""
+        if master and os.path.isdir(cfg.save_dir):
             hold(cfg.save_dir)
             clean_debris(cfg.save_dir)
-            if cfg.restore_file == "checkpoint_last.pt":
-                recover_last(cfg.save_dir)
+            if resuming:
+                chosen, why = newest_complete(cfg.save_dir, set_aside=True)
+                if chosen is not None:
+                    logger.info("resuming from %s: %s", chosen, why)
+                elif why:
+                    logger.warning("%s, and no complete checkpoint is left: training from the start", why)
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()  # every worker sees the recovered checkpoint_last.pt
-        loaded = load(cfg, trainer, **passthrough_args)
+            dist.barrier()  # every worker sees the directory as the master left it
+            if resuming and not master:
+                chosen, _ = newest_complete(cfg.save_dir, set_aside=False)
+        if chosen is None or chosen.name == "checkpoint_last.pt":
+            loaded = load(cfg, trainer, **passthrough_args)
+        else:  # fairseq reads --restore-file as given when it is not the default
+            with _writable(cfg):
+                cfg.restore_file = str(chosen)
+            try:
+                loaded = load(cfg, trainer, **passthrough_args)
+            finally:
+                with _writable(cfg):
+                    cfg.restore_file = "checkpoint_last.pt"
         done, limit = trainer.get_num_updates(), trainer.cfg.optimization.max_update
         if 0 < limit <= done:  # fairseq would train one more update before it checks
             logger.info("the checkpoint has %d updates, --max-update is %d: nothing left to train", done, limit)
@@ -140,6 +196,14 @@ def guard_training_runs():
 
     checkpoint_utils.load_checkpoint = load_checkpoint
     checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory
+
+
+def _writable(cfg):
+    from contextlib import nullcontext
+
+    from omegaconf import OmegaConf, open_dict
+
+    return open_dict(cfg) if OmegaConf.is_config(cfg) else nullcontext()
 
 
 def _remove_if_empty(directory):
