@@ -3,6 +3,7 @@
 # exactly as the PowerNorm paper reports BLEU, plus sacreBLEU with its signature.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/lib.sh"  # tied
 
 usage() {
   cat <<USAGE
@@ -81,7 +82,7 @@ generate=(fairseq-generate "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "
 if [[ -n "${VERBOSE:-}" ]]; then
   "${generate[@]}" > "$OUT.tmp" 2> >(tee -a "$LOG" >&2)
 else
-  "${generate[@]}" > "$OUT.tmp" 2>> "$LOG" || { rm -f "$OUT.tmp"; die "fairseq-generate failed: $(tail -n 1 "$LOG")"; }
+  tied "${generate[@]}" > "$OUT.tmp" 2>> "$LOG" || { rm -f "$OUT.tmp"; die "fairseq-generate failed: $(tail -n 1 "$LOG")"; }
 fi
 mv "$OUT.tmp" "$OUT"
 grep '^H-' "$OUT" | sort -t- -k2 -n | cut -f3 > "$OUT.hyp"

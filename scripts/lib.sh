@@ -1,6 +1,21 @@
 # shellcheck shell=bash
-# What scripts/train.sh and scripts/train-lm.sh share. The caller defines die()
-# and usage() and sets the variables each function names.
+# What the scripts share. The caller defines die() and usage() and sets the
+# variables each function names.
+
+# tied CMD...: run CMD so that it ends when this script ends. Ctrl-C reaches
+# the whole process group anyway; a SIGTERM (a scheduler's preemption,
+# `timeout`) reaches only the script, which dies at once, and its children then
+# get SIGTERM from the kernel (setpriv --pdeathsig; util-linux, present on any
+# Linux: without it, CMD runs untied).
+tied() {
+  if ! command -v setpriv >/dev/null; then
+    "$@"
+  elif [[ "$BASHPID" != "$$" ]]; then  # a pipeline's subshell: become CMD, a child of the script itself
+    exec setpriv --pdeathsig TERM -- "$@"
+  else
+    setpriv --pdeathsig TERM -- "$@"
+  fi
+}
 
 # read_config ARGS...: source the file that follows --config in ARGS, if any, so
 # that the options given on the command line, parsed afterwards, win over it
@@ -81,19 +96,23 @@ devices() {
   return 0
 }
 
-# launch SUMMARY CMD...: print CMD with --dry-run (DRY_RUN set); else keep it in
-# SAVE_DIR/command.txt and run it, its whole output in SAVE_DIR/train.log
+# launch SUMMARY CMD...: print CMD with --dry-run (DRY_RUN set); else run it,
+# its whole output in SAVE_DIR/train.log and the command in SAVE_DIR/command.txt,
+# both written once the run is accepted: a run refused before it trains (a busy
+# --save-dir, a bad flag) writes nothing there and shows its one error line
 launch() {
   local summary=$1; shift
   if [[ -n "$DRY_RUN" ]]; then
     printf '%q ' "$@"; echo
     return 0
   fi
+  local made=""
+  [[ -d "$SAVE_DIR" ]] || made="$SAVE_DIR"
   mkdir -p "$SAVE_DIR"
-  printf '%q ' "$@" > "$SAVE_DIR/command.txt"; echo >> "$SAVE_DIR/command.txt"
   echo "$summary, $WORKERS worker(s) x $MAX_TOKENS tokens x update-freq $UPDATE_FREQ -> $SAVE_DIR" >&2
   echo "  log: $SAVE_DIR/train.log" >&2
-  logged "$SAVE_DIR/train.log" "$@"
+  COMMAND_FILE="$SAVE_DIR/command.txt" COMMAND_TEXT="$(printf '%q ' "$@")" MADE_DIR="$made" \
+    logged "$SAVE_DIR/train.log" "$@"
 }
 
 # logged LOG CMD...: run CMD, its output and errors appended to LOG; the
@@ -103,10 +122,16 @@ launch() {
 logged() {
   local log=$1 status=0; shift
   if [[ -n "${VERBOSE:-}" ]]; then
-    "$@" 2>&1 | tee -a "$log"
+    [[ -z "${COMMAND_FILE:-}" ]] || echo "$COMMAND_TEXT" > "$COMMAND_FILE"
+    tied "$@" 2>&1 | tee -a "$log"
     return
   fi
-  "$@" 2>&1 | python -m powernorm_fairseq.cli.progress --log "$log" --prefix "  " || status=$?
+  local codes
+  tied "$@" 2>&1 | tied python -m powernorm_fairseq.cli.progress --log "$log" --prefix "  " \
+    ${COMMAND_FILE:+--command-file "$COMMAND_FILE" --command "$COMMAND_TEXT"} \
+    ${MADE_DIR:+--remove-if-empty "$MADE_DIR"} && codes=(0 0) || codes=("${PIPESTATUS[@]}")
+  status=${codes[0]}
+  (( ${codes[1]} == 3 )) && return "$(( status ? status : 2 ))"  # refused: its error line is shown, nothing written
   (( status == 0 )) && return 0
   local last; last=$(tail -n 1 "$log")
   if [[ "$last" == *": error: "* ]]; then

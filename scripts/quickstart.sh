@@ -29,9 +29,10 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
+source "$ROOT/scripts/lib.sh"  # tied: a SIGTERM to this script ends its children too
 bash "$ROOT/scripts/setup.sh"
 source "$ROOT/.venv/bin/activate"
-bash "$ROOT/data-prep/prepare-quickstart.sh" --out "$OUT/data"
+tied bash "$ROOT/data-prep/prepare-quickstart.sh" --out "$OUT/data"
 
 # one GPU when there is one, else the CPU
 DEVICE=$(python -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')")
@@ -46,13 +47,13 @@ for norm in $NORMS; do
   if [[ -f "$run/checkpoint_last.pt" ]] && grep -q "done training" "$run/train.log" 2>/dev/null; then
     echo "quickstart: $run already trained (remove it to train again)" >&2
   else
-    bash "$ROOT/scripts/train.sh" --dataset quickstart --data "$OUT/data/bin" --norm "$norm" \
+    tied bash "$ROOT/scripts/train.sh" --dataset quickstart --data "$OUT/data/bin" --norm "$norm" \
       --seed "$SEED" --gpus "$GPUS" --save-dir "$run" -- --log-interval 20
   fi
   if [[ -f "$run/bleu-test.json" && "$run/bleu-test.json" -nt "$run/checkpoint_last.pt" ]]; then
     echo "quickstart: $run already evaluated (remove $run/bleu-test.json to evaluate again)" >&2
   else
-    bash "$ROOT/scripts/evaluate.sh" --dataset quickstart --data "$OUT/data/bin" --save-dir "$run" "${CPU[@]}"
+    tied bash "$ROOT/scripts/evaluate.sh" --dataset quickstart --data "$OUT/data/bin" --save-dir "$run" "${CPU[@]}"
   fi
 done
 

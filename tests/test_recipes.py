@@ -251,9 +251,13 @@ def test_train_average_evaluate(iwslt, tmp_path):
     assert console_epochs(more.stderr) == {4: epoch_records((save / "train.log").read_text())[4]}
     verbose = sh("scripts/train.sh", *flags, "--verbose", "--", *fairseq_flags, "--max-epoch", "4")
     assert "| INFO | fairseq_cli.train |" in verbose.stdout and "done training" in verbose.stdout
-    bad = sh("scripts/train.sh", *flags, "--", *fairseq_flags, "--pn-eps", "-1", check=False)
+    log_before, command_before = (save / "train.log").read_bytes(), (save / "command.txt").read_text()
+    bad = sh("scripts/train.sh", *flags, "--seed", "2", "--", *fairseq_flags, "--pn-eps", "-1", check=False)
     assert bad.returncode != 0 and bad.stderr.splitlines()[-1].startswith("fairseq-train: error: ")
-    assert "--pn-eps" in bad.stderr.splitlines()[-1]
+    assert "--pn-eps" in bad.stderr.splitlines()[-1] and "failed" not in bad.stderr
+    # refused: nothing written into the run's directory
+    assert (save / "train.log").read_bytes() == log_before and (save / "command.txt").read_text() == command_before
+    assert "--seed 1" in command_before
     proc = sh("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
               "--average", "2", "--cpu")
     assert "| INFO |" not in proc.stderr and "Translated 20 sentences" in (save / "generate.log").read_text()
@@ -452,3 +456,50 @@ def test_language_model_train_script_options():
 def test_train_scripts_refuse_bad_run_options(script, flags, message):
     bad = sh(f"scripts/{script}", *flags, "--dry-run", check=False)
     assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == f"{script}: error: {message}"
+
+
+def processes_mentioning(text):
+    """Pids of running processes whose command line contains ``text``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and int(entry) != os.getpid():
+                found.append(int(entry))
+    return found
+
+
+def test_sigterm_to_train_sh_ends_the_whole_tree_and_the_rerun_resumes(toy_data, tmp_path):
+    """A scheduler's SIGTERM (Slurm's preemption, timeout) reaches only the
+    script; fairseq-train and the log reader end with it, and a rerun resumes."""
+    import signal
+    import time
+
+    save = tmp_path / "run"
+    flags = ["--dataset", "iwslt14", "--data", toy_data, "--norm", "pn", "--gpus", "0", "--save-dir", save]
+    fairseq_flags = [*TINY, "--warmup-updates", "4", "--max-tokens", "600", "--tensorboard-logdir", "",
+                     "--save-interval-updates", "5"]
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
+    script = subprocess.Popen(["bash", "scripts/train.sh", *map(str, flags), "--", *fairseq_flags,
+                               "--max-update", "100000"], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not (save / "checkpoint_1_5.pt").exists():
+            assert time.time() < deadline and script.poll() is None, "the run never saved"
+            time.sleep(0.2)
+        assert len(processes_mentioning(str(save))) >= 2  # the script and fairseq-train
+        script.send_signal(signal.SIGTERM)
+        script.wait(timeout=60)
+        deadline = time.time() + 60
+        while processes_mentioning(str(save)) and time.time() < deadline:
+            time.sleep(0.2)
+        assert processes_mentioning(str(save)) == []  # nothing left training under ppid 1
+    finally:
+        for pid in processes_mentioning(str(save)):
+            os.kill(pid, signal.SIGKILL)
+    rerun = sh("scripts/train.sh", *flags, "--", *fairseq_flags, "--max-update", "12")
+    assert re.search(r"resumed from \S+ \(epoch \d+, (\d+) updates\)", rerun.stderr), rerun.stderr[-2000:]

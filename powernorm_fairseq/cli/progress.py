@@ -9,12 +9,20 @@ and fairseq's errors::
 
     fairseq-train ... 2>&1 | python -m powernorm_fairseq.cli.progress --log RUN/train.log
 
+A run that is refused before it trains (a busy --save-dir, a bad flag, a
+checkpoint of other norms) writes nothing: the lines are held until training
+starts (fairseq's "Start iterating over samples"), and a stream that ends
+before it with an error line is dropped, its error line printed, and the
+exit status is REFUSED. ``--command-file`` is written, with ``--command``, only
+once the run is accepted, as the log is.
+
 It imports neither torch nor fairseq, so it starts at once.
 """
 
 import argparse
 import datetime
 import json
+import os
 import re
 import signal
 import sys
@@ -23,6 +31,9 @@ import sys
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (?P<level>[A-Z]+) \| (?P<logger>[\w.]+) \| (?P<message>.*)$")
 DONE = re.compile(r"done training in ([\d.]+) seconds")
 RESUMED = re.compile(r"Loaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
+STARTED = "Start iterating over samples"  # fairseq-train's first epoch begins: the run was accepted
+ERROR = re.compile(r"^[\w.-]+: error: ")  # a command's one-line refusal
+REFUSED = 3  # the exit status of a run refused before it trained
 
 
 def epoch_stats(tag: str, body: str):
@@ -91,16 +102,45 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--log", required=True, help="the file every line is appended to")
     parser.add_argument("--prefix", default="", help="put before each console line")
+    parser.add_argument("--command-file", help="written with --command once the run is accepted")
+    parser.add_argument("--command", default="", help="the command line, for --command-file")
+    parser.add_argument("--remove-if-empty", metavar="DIR",
+                        help="a directory made for the run: removed when a refused run leaves it empty")
     args = parser.parse_args(argv)
     # Ctrl-C reaches the whole pipeline: fairseq saves and prints why it
     # stopped, and this reads on until it ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    summary = Summary()
-    with open(args.log, "a", buffering=1) as log:
-        for line in sys.stdin:
+    summary, held, log = Summary(), [], None
+
+    def accept():
+        nonlocal log
+        if args.command_file:
+            with open(args.command_file, "w") as f:
+                f.write(args.command + "\n")
+        log = open(args.log, "a", buffering=1)
+        log.writelines(held)
+
+    for line in sys.stdin:
+        if log is None:
+            held.append(line)
+            if STARTED in line:
+                accept()
+        else:
             log.write(line)
-            for shown in summary.lines(line.rstrip("\n")):
-                print(f"{args.prefix}{shown}", file=sys.stderr, flush=True)
+        for shown in summary.lines(line.rstrip("\n")):
+            print(f"{args.prefix}{shown}", file=sys.stderr, flush=True)
+    if log is None:
+        refusal = next((h.strip() for h in reversed(held) if ERROR.match(h.strip())), None)
+        if refusal is not None:  # refused before training: nothing written
+            print(refusal, file=sys.stderr)
+            if args.remove_if_empty:
+                try:
+                    os.rmdir(args.remove_if_empty)
+                except OSError:
+                    pass
+            sys.exit(REFUSED)
+        accept()  # ended before training for another reason (a crash): kept, as it is evidence
+    log.close()
 
 
 if __name__ == "__main__":
