@@ -225,10 +225,30 @@ def data_copy(toy_data, tmp_path):
     ("truncated-bin", "train.de-en.de.bin"),
     ("idx-of-another-split", "train.de-en.de.bin"),
     ("truncated-idx", "train.de-en.de.idx"),
+    ("empty-idx", "train.de-en.de.idx"),
+    ("random-idx", "train.de-en.de.idx"),
+    ("corrupt-idx-header", "train.de-en.de.idx"),
+    ("dict-line-without-count", "dict.de.txt"),
+    ("dict-not-utf8", "dict.de.txt"),
 ])
 def test_a_bad_binarized_file_is_named_in_one_line(data_copy, tmp_path, fault, named):
     base = data_copy / "train.de-en.de"
-    if fault == "truncated-bin":
+    idx, dictionary = Path(f"{base}.idx"), data_copy / "dict.de.txt"
+    if fault == "empty-idx":
+        idx.write_bytes(b"")
+    elif fault == "random-idx":
+        idx.write_bytes(random.Random(1).randbytes(5000))
+    elif fault == "corrupt-idx-header":
+        data = bytearray(idx.read_bytes())
+        data[9:17] = b"\xff" * 8
+        idx.write_bytes(bytes(data))
+    elif fault == "dict-line-without-count":
+        lines = dictionary.read_text().splitlines()
+        lines[4] = lines[4].rsplit(" ", 1)[0]
+        dictionary.write_text("\n".join(lines) + "\n")
+    elif fault == "dict-not-utf8":
+        dictionary.write_bytes(dictionary.read_bytes() + b"abc\xff 5\n")
+    elif fault == "truncated-bin":
         data = Path(f"{base}.bin").read_bytes()
         Path(f"{base}.bin").write_bytes(data[: len(data) // 2])
     elif fault == "idx-of-another-split":
