@@ -47,6 +47,27 @@ def malicious_checkpoint(path, marker, fmt="zip"):
     return path
 
 
+class SystemPayload:
+    """os.system itself as the global (torch names it "posix.system, whose module is blocked")."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.fast
+def test_an_os_system_pickle_is_called_refused_not_corrupt(tmp_path):
+    from powernorm_fairseq.common.checkpoints import why_unreadable
+
+    path = tmp_path / "bad.pt"
+    torch.save({"model": {}, "args": SystemPayload(tmp_path / "marker")}, path)
+    with pytest.raises(pickle.UnpicklingError) as err:
+        torch.load(path, weights_only=True)
+    assert "refused" in why_unreadable(path, err.value) and not (tmp_path / "marker").exists()
+
+
 def one_line_error(proc, path, tool):
     """The command failed, without a traceback, its last line naming ``path``."""
     assert proc.returncode != 0, proc.stdout[-2000:]
@@ -347,3 +368,45 @@ def test_a_run_on_a_missing_data_directory_leaves_no_save_directory(tmp_path):
     proc = cli("fairseq-train", *train_args(tmp_path / "no-such-data", save, max_update=2), check=False)
     one_line_error(proc, tmp_path / "no-such-data", "fairseq-train")
     assert not save.exists()
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"POWERNORM_BACKEND": "bogus"}, "POWERNORM_BACKEND='bogus': choose one of plain, cpu, triton"),
+    pytest.param({"POWERNORM_BACKEND": "triton", "TRITON_INTERPRET": "0"}, "POWERNORM_BACKEND=triton needs a GPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the triton kernels")),
+    ({"POWERNORM_BUILD_WAIT": "abc"}, "POWERNORM_BUILD_WAIT='abc': give a whole number of seconds >= 0"),
+])
+def test_a_bad_environment_is_refused_before_the_run_in_one_line(toy_data, tmp_path, env, message):
+    save = tmp_path / "run"
+    proc = cli("fairseq-train", *train_args(toy_data, save, max_update=2), check=False, env={**os.environ, **env})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == f"fairseq-train: error: {message}" or \
+        proc.stderr.strip().splitlines()[-1].startswith(f"fairseq-train: error: {message}")
+    assert not save.exists() or not list(save.iterdir())  # no crash.pt, nothing
+
+
+def test_paths_that_cannot_serve_are_refused_in_one_line(toy_data, trained, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    proc = cli("fairseq-train", *train_args(toy_data, afile, max_update=2), check=False)
+    one_line_error(proc, f"--save-dir {afile}: is a file, not a directory", "fairseq-train")
+    for tool in ("fairseq-generate", "fairseq-interactive"):
+        proc = cli(tool, toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "missing.pt", input="haus\n",
+                   check=False)
+        one_line_error(proc, f"--path {tmp_path / 'missing.pt'}: no such checkpoint", tool)
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path / "run", "--restore-file", tmp_path / "missing.pt",
+                                            max_update=2), check=False)
+    one_line_error(proc, f"--restore-file {tmp_path / 'missing.pt'}: no such checkpoint", "fairseq-train")
+    proc = cli("powernorm-analyze", "--logs", tmp_path, "--out", afile, check=False)
+    one_line_error(proc, f"--out {afile} is a file", "powernorm-analyze")
+    assert afile.read_text() == "x"
+
+
+def test_resuming_with_other_dimensions_is_refused_in_one_line(toy_data, trained, tmp_path):
+    save = tmp_path / "run"
+    shutil.copytree(trained("pn"), save)
+    args = train_args(toy_data, save, max_update=50)
+    args[args.index("--encoder-ffn-embed-dim") + 1] = "48"
+    proc = cli("fairseq-train", *args, check=False)
+    one_line_error(proc, "the checkpoint's tensors have other shapes than the model's", "fairseq-train")
+    assert "checkpoint [64, 32], model [48, 32]" in proc.stderr

@@ -447,6 +447,8 @@ def main(argv=None):
         parser.error(f"--data {args.data} has no fairseq dictionary (dict.*.txt)")
 
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        parser.exit(2, f"{parser.prog}: error: --out {out} is a file: name a directory for the CSV and PNG files\n")
     logging.getLogger().setLevel(logging.WARNING)  # fairseq's INFO lines while loading
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")
     try:

@@ -5,15 +5,15 @@ one-line error for a checkpoint with other norms."""
 import argparse
 import math
 
-from fairseq.modules import MultiheadAttention
 import torch
+from fairseq.modules import MultiheadAttention
 from omegaconf import OmegaConf
 from torch import nn
 
 from .. import patches
 from ..common.errors import PowerNormConfigError
 from ..modules import FixNormEmbedding, PowerNormDecoderLayer, PowerNormEncoderLayer
-from ..norms import NORM_TYPES, Norm, build_norm, norm_type_of
+from ..norms import NORM_TYPES, Norm, build_norm, kernels, norm_type_of
 from .diagnostics import NormDiagnostics
 from .options import check_args
 
@@ -34,6 +34,10 @@ class PowerNormModelMixin:
             # drop the keys it does not declare (the norm flags); a namespace keeps them all
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
         check_args(args)
+        try:
+            kernels.check_environment()
+        except ValueError as err:
+            raise PowerNormConfigError(str(err)) from None
         if getattr(args, "fp16", False) and not getattr(args, "fp16_no_flatten_grads", False) \
                 and not torch.cuda.is_available():
             raise PowerNormConfigError("--fp16 without a GPU: fairseq's flattened fp16 master weights need CUDA; "
@@ -62,6 +66,15 @@ class PowerNormModelMixin:
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         check_norm_state(self, state_dict, self.NORM_FLAGS)
+        own = self.state_dict()
+        differ = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()
+                  if k in own and hasattr(v, "shape") and tuple(v.shape) != tuple(own[k].shape)]
+        if differ:
+            name, theirs, ours = differ[0]
+            raise PowerNormConfigError(
+                f"the checkpoint's tensors have other shapes than the model's ({len(differ)}, e.g. {name}: "
+                f"checkpoint {list(theirs)}, model {list(ours)}): it was trained with other dimensions or "
+                "another dictionary; pass its flags and data, or another --save-dir")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
 

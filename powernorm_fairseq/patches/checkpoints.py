@@ -24,6 +24,8 @@ def name_unreadable_checkpoints():
     original = checkpoint_utils.load_checkpoint_to_cpu
 
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        if "://" not in str(path) and not os.path.exists(path):
+            raise InputFileError(f"{path}: no such checkpoint")
         try:
             return original(path, arg_overrides, load_on_all_ranks)
         except UNREADABLE as exc:

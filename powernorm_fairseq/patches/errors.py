@@ -1,6 +1,7 @@
 """Bad input ends a command with one line naming the flag or file, not a traceback."""
 
 import os
+import re
 import sys
 
 from ..common.errors import PowerNormConfigError
@@ -29,6 +30,9 @@ def _input_error(exc):
     error = _config_error(exc)
     if error is not None:
         return str(error)
+    missing = re.match(r"Model file not found: (.+)", str(exc)) if isinstance(exc, OSError) else None
+    if missing:  # generate, interactive, eval-lm: before any model code runs
+        return f"--path {missing[1]}: no such checkpoint"
     if not name_fairseq_input_errors.installed:
         return None
     if isinstance(exc, FileNotFoundError) and exc.filename:

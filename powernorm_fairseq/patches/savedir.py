@@ -154,7 +154,13 @@ def guard_training_runs():
 
     def verify_checkpoint_directory(save_dir):
         created = not os.path.exists(save_dir)
-        verify(save_dir)  # fairseq creates it before it reads the data
+        if os.path.exists(save_dir) and not os.path.isdir(save_dir):
+            raise InputFileError(f"--save-dir {save_dir}: is a file, not a directory; pass another --save-dir")
+        try:
+            verify(save_dir)  # fairseq creates it, and writes a file to try it, before it reads the data
+        except OSError as exc:
+            raise InputFileError(f"--save-dir {save_dir}: cannot be written ({exc.strerror or exc}); "
+                                 "pass a writable --save-dir") from None
         if created:  # a run that stops before writing anything leaves no empty directory behind
             atexit.register(_remove_if_empty, save_dir)
 

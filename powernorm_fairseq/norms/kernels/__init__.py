@@ -83,6 +83,18 @@ def select(x: torch.Tensor):
     return _MODULES[name]
 
 
+def check_environment() -> None:
+    """Refuse, before a run starts, what the environment asks for and cannot
+    get (``POWERNORM_BACKEND``, ``POWERNORM_BUILD_WAIT``): ValueError, one line."""
+    name = forced()
+    cpu.build_wait()
+    if name == "triton" and not gpu.available():
+        raise ValueError(f"POWERNORM_BACKEND=triton: the triton kernels are unavailable ({_why(gpu)})")
+    if name == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("POWERNORM_BACKEND=triton needs a GPU, or TRITON_INTERPRET=1 to run the kernels "
+                         "in Triton's interpreter on the CPU (slowly: for tests)")
+
+
 def describe(x: torch.Tensor) -> str:
     """The name of the backend that :func:`select` gives ``x``."""
     k = select(x)
@@ -99,4 +111,4 @@ def _say(what: str, warn: bool = False):
         (logger.warning if warn else logger.info)("powernorm_fairseq: norms run on the %s", what)
 
 
-__all__ = ["BACKENDS", "cpu", "describe", "forced", "gpu", "select", "use"]
+__all__ = ["BACKENDS", "check_environment", "cpu", "describe", "forced", "gpu", "select", "use"]

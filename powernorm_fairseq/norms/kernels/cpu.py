@@ -27,8 +27,17 @@ NAME = "cpu"
 DTYPES = (torch.float32, torch.float64)  # half inputs are upcast by the caller
 
 _SOURCE = Path(__file__).parent / "csrc" / "norms.cpp"
-#: how long a process waits for another one's build of the kernels (a build takes about a minute)
-BUILD_WAIT_S = int(os.environ.get("POWERNORM_BUILD_WAIT", "600"))
+def build_wait() -> int:
+    """How long a process waits for another one's build of the kernels
+    (``POWERNORM_BUILD_WAIT``, seconds; a build takes about a minute)."""
+    text = os.environ.get("POWERNORM_BUILD_WAIT", "600")
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = -1
+    if seconds < 0:
+        raise ValueError(f"POWERNORM_BUILD_WAIT={text!r}: give a whole number of seconds >= 0")
+    return seconds
 _module = None
 failure = None  # why the kernels could not be built, once tried
 
@@ -139,11 +148,11 @@ def _build_lock(build: Path):
         held.acquire(timeout=0)
     except Timeout:
         logger.warning("powernorm_fairseq: waiting for another process to build the CPU kernels "
-                       "(lock %s, at most %d s)", held.lock_file, BUILD_WAIT_S)
+                       "(lock %s, at most %d s)", held.lock_file, build_wait())
         try:  # bounded: past it the caller falls back to the plain path, with a warning
-            held.acquire(timeout=BUILD_WAIT_S, poll_interval=0.5)
+            held.acquire(timeout=build_wait(), poll_interval=0.5)
         except Timeout:
-            raise TimeoutError(f"another process has held {held.lock_file} for over {BUILD_WAIT_S} s") from None
+            raise TimeoutError(f"another process has held {held.lock_file} for over {build_wait()} s") from None
     try:
         stale = build / "lock"
         if stale.exists():
