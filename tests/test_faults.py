@@ -410,3 +410,25 @@ def test_resuming_with_other_dimensions_is_refused_in_one_line(toy_data, trained
     proc = cli("fairseq-train", *args, check=False)
     one_line_error(proc, "the checkpoint's tensors have other shapes than the model's", "fairseq-train")
     assert "checkpoint [64, 32], model [48, 32]" in proc.stderr
+
+
+@pytest.mark.parametrize("size, named", [
+    ("1000k", "checkpoint_last.pt"),  # the first save fits, its copy to checkpoint_last.pt does not
+    ("400k", "checkpoint_best.pt"),  # torch.save itself runs out of room
+])
+def test_a_full_file_system_ends_the_run_in_one_line_with_no_partial_file(toy_data, tmp_path, size, named):
+    """On a real small file system (tmpfs; mounting one needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        save = disk / "run"
+        proc = cli("fairseq-train", *train_args(toy_data, save, max_update=4), check=False)
+        one_line_error(proc, save / named, "fairseq-train")
+        assert "could not be written (No space left on device)" in proc.stderr.strip().splitlines()[-1]
+        left = [p.name for p in save.iterdir()]
+        assert not [n for n in left if n.endswith(".tmp") or n.startswith(".checkpoint")], left
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

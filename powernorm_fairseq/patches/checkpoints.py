@@ -3,6 +3,7 @@ atomic copies, exact resume and failed saves named (see ``patches``)."""
 
 import errno
 import os
+import re
 import shutil
 
 import torch
@@ -56,8 +57,11 @@ def atomic_checkpoint_copies():
             return original(src_path, dst_path, overwrite)
         if os.path.exists(dst_path) and not overwrite:
             return False
-        with atomic_path(dst_path) as tmp:
-            shutil.copyfile(src_path, tmp)
+        try:
+            with atomic_path(dst_path) as tmp:  # removed again when the copy fails
+                shutil.copyfile(src_path, tmp)
+        except OSError as exc:
+            raise InputFileError(f"{dst_path}: could not be written ({exc.strerror or exc}); {SAVED_BEFORE}") from exc
         return True
 
     PathManager.copy = staticmethod(copy)
@@ -103,6 +107,24 @@ def resume_with_the_same_batches():
     FairseqTask.get_batch_iterator = get_batch_iterator
 
 
+SAVED_BEFORE = "the checkpoints saved before it are complete, and the next run resumes from the newest"
+
+
+def write_failure(exc: BaseException, filename):
+    """Why ``filename`` could not be written, when ``exc`` says that it could
+    not (a full disk, a quota, a read-only file system), or None. torch.save
+    reports a full disk as a RuntimeError of its zip writer, not an OSError."""
+    if isinstance(exc, OSError):
+        return exc.strerror or str(exc)
+    if isinstance(exc, RuntimeError) and re.search(r"unexpected pos|failed writing|write failed", str(exc)):
+        try:
+            free = shutil.disk_usage(os.path.dirname(os.path.abspath(filename))).free
+        except OSError:
+            free = None
+        return "No space left on device" if free is not None and free < 2**20 else "the write failed"
+    return None
+
+
 @installs_once
 def name_failed_saves():
     """A checkpoint fairseq cannot write (a full disk) ends the run in one line
@@ -115,7 +137,7 @@ def name_failed_saves():
     def once_if_full(obj, f):
         try:
             return torch.save(obj, f)
-        except OSError as exc:
+        except OSError as exc:  # a RuntimeError (torch's zip writer on a full disk) is not retried either
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise
         return retried_save(obj, f)
@@ -123,11 +145,13 @@ def name_failed_saves():
     def torch_persistent_save(obj, filename, async_write=False):
         try:
             return persistent_save(obj, filename, async_write)
-        except OSError as exc:
+        except (OSError, RuntimeError) as exc:
+            why = write_failure(exc, filename)
+            if why is None:
+                raise
             if os.path.exists(f"{filename}.tmp"):
                 os.unlink(f"{filename}.tmp")
-            raise InputFileError(f"{filename}: could not be written ({exc.strerror or exc}); the checkpoints "
-                                 "saved before it are complete, and the next run resumes from the newest") from exc
+            raise InputFileError(f"{filename}: could not be written ({why}); {SAVED_BEFORE}") from exc
 
     checkpoint_utils._torch_persistent_save = once_if_full
     checkpoint_utils.torch_persistent_save = torch_persistent_save
