@@ -432,3 +432,14 @@ def test_a_full_file_system_ends_the_run_in_one_line_with_no_partial_file(toy_da
         assert not [n for n in left if n.endswith(".tmp") or n.startswith(".checkpoint")], left
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_an_overlong_line_is_skipped_by_fairseq_interactive_which_goes_on(toy_data, trained):
+    lines = "haus baum\n" + " ".join(["haus"] * 1100) + "\nkatze hund\n"
+    proc = cli("fairseq-interactive", toy_data, "--user-dir", USER_DIR, "--path", trained("pn") / "checkpoint_last.pt",
+               "-s", "de", "-t", "en", input=lines, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(re.findall(r"^H-(\d+)\t", proc.stdout, re.M)) == ["0", "2"]  # the lines around it translated
+    said = [line for line in proc.stderr.splitlines() if line.startswith("fairseq-interactive: skipped")]
+    assert said == ["fairseq-interactive: skipped a line of 1101 tokens, more than the model takes (1024): "
+                    "'haus haus haus haus haus haus haus haus ...'"]

@@ -111,3 +111,36 @@ def name_fairseq_input_errors():
 def install_excepthook():
     """Print :class:`PowerNormConfigError` as one line; leave the rest alone."""
     sys.excepthook = _excepthook
+
+
+@installs_once
+def skip_overlong_interactive_lines():
+    """fairseq-interactive ends at a line longer than the model takes (rc 1,
+    the lines after it never translated). Here such a line gets one line on
+    stderr and is skipped, as fairseq's --skip-invalid-size-inputs-valid-test
+    skips it, and the next lines are translated."""
+    interactive = sys.modules.get("fairseq_cli.interactive")
+    if interactive is None:  # not fairseq-interactive
+        return
+    from omegaconf import open_dict
+
+    make_batches = interactive.make_batches
+
+    def checked_make_batches(lines, cfg, task, max_positions, encode_fn):
+        sources = [line.split("\t")[0] if cfg.generation.constraints else line for line in lines]
+        _, lengths = task.get_interactive_tokens_and_lengths(sources, encode_fn)
+        limit = max_positions[0] if isinstance(max_positions, (tuple, list)) else max_positions
+        for source, length in zip(sources, lengths):
+            if limit is not None and length > limit:
+                shown = source if len(source) <= 40 else source[:40] + "..."
+                print(f"fairseq-interactive: skipped a line of {length} tokens, more than the model takes "
+                      f"({limit}): {shown!r}", file=sys.stderr, flush=True)
+        with open_dict(cfg):
+            skip, cfg.dataset.skip_invalid_size_inputs_valid_test = cfg.dataset.skip_invalid_size_inputs_valid_test, True
+        try:
+            yield from make_batches(lines, cfg, task, max_positions, encode_fn)
+        finally:
+            with open_dict(cfg):
+                cfg.dataset.skip_invalid_size_inputs_valid_test = skip
+
+    interactive.make_batches = checked_make_batches
