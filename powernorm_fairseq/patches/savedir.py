@@ -102,7 +102,7 @@ def saved_updates(path: Path):
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipped)
     except OSError:
         return None, "unreadable"
-    except (*UNREADABLE, zipfile.BadZipFile) as exc:
+    except UNREADABLE as exc:  # zipfile.BadZipFile among them
         return None, "refused" if refused(exc) else "incomplete"
     history = state.get("optimizer_history") if isinstance(state, dict) else None
     if not history or "num_updates" not in history[-1]:
