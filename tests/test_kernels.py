@@ -105,6 +105,7 @@ def test_triton_half_precision_is_within_the_plain_paths_own_error(kind, options
             assert err_fast <= 1.5 * err_plain + 2 * unit, (step, i, err_fast, err_plain)
 
 
+@pytest.mark.slow  # Triton's driver starts processes (ldconfig, the compiler) on first use
 @pytest.mark.skipif(not torch.cuda.is_available() or gpu.interpreting(),
                     reason="the compiled kernels on a GPU: run `TRITON_INTERPRET=0 pytest -k cuda` on a GPU machine")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

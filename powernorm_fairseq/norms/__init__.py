@@ -35,12 +35,17 @@ NORM_TYPES = tuple(NORMS)
 RUNNING_STAT_TYPES = tuple(kind for kind, cls in NORMS.items() if cls.running_stats)
 
 
+#: what every norm takes as torch's own layers do (``device=``, ``dtype=``), beside its options
+TORCH_OPTIONS = ("device", "dtype")
+
+
 def build_norm(kind: str, dim: int, **options) -> nn.Module:
-    """A norm of type ``kind`` (one of ``NORM_TYPES``) over ``dim`` channels."""
+    """A norm of type ``kind`` (one of ``NORM_TYPES``) over ``dim`` channels;
+    ``device=`` and ``dtype=`` place its parameters, as for ``nn.LayerNorm``."""
     if kind not in NORMS:
         raise ValueError(f"unknown norm type {kind!r}; choose one of {', '.join(NORM_TYPES)}")
-    takes = [name for name in inspect.signature(NORMS[kind]).parameters if name != "dim"]
-    unknown = sorted(set(options) - set(takes))
+    takes = [name for name in inspect.signature(NORMS[kind]).parameters if name not in ("dim", *TORCH_OPTIONS)]
+    unknown = sorted(set(options) - set(takes) - set(TORCH_OPTIONS))
     if unknown:
         raise ValueError(f"{kind} takes no option {', '.join(unknown)}; its options: {', '.join(takes) or 'none'}")
     return NORMS[kind](dim, **options)

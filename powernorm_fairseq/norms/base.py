@@ -9,17 +9,24 @@ Every norm takes, in the same call:
   (batch, seq_len), 1 or True at real tokens, in either layout;
 * ``x`` of shape ``(tokens, channels)``, every row a real token, no mask.
 
-A mask that is not bool must hold only 0 and 1 (checked, which reads it on the
-host); anything else is refused in one line, never guessed at. fairseq's
-layers call their norms with ``x`` alone, so the encoder and decoder of this
-plugin hand the mask over with :func:`padding_mask` for a forward.
+``attention_mask=`` means HuggingFace's (batch, seq_len, channels) layout
+unless ``batch_first=False`` says otherwise; with neither layout given, an
+``x`` whose first two sizes are equal could be read either way, and is refused.
+A mask that is not bool must hold only 0 and 1 (checked: in eager mode by one
+read on the host, under torch.compile and torch.export on the device);
+anything else is refused in one line, never guessed at. fairseq's layers call
+their norms with ``x`` alone, so the encoder and decoder of this plugin hand
+the mask over with :func:`padding_mask` for a forward.
 """
 
+import logging
 from contextlib import contextmanager
 from typing import Optional
 
 import torch
 from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
 
 
 class Norm(nn.Module):
@@ -31,10 +38,13 @@ class Norm(nn.Module):
     for those, :meth:`diagnostics_view` (what ``--norm-diagnostics`` measures).
     """
 
-    #: set by :func:`padding_mask` for calls that cannot pass the mask
+    #: set by :func:`padding_mask` for calls that cannot pass the mask, with its layout
     pad_mask: Optional[Tensor] = None
+    mask_batch_first: bool = False
     #: keeps running statistics of its training batches (eval uses them)
     running_stats = False
+    #: set by the models for a norm inside a causal decoder (see :meth:`warn_leak`)
+    in_causal_decoder = False
 
     @classmethod
     def options(cls, cfg, heads: int, final: bool = False) -> dict:
@@ -48,18 +58,30 @@ class Norm(nn.Module):
         coming training forward will compute them (see ``diagnostics``)."""
         raise NotImplementedError
 
-    def forward(self, x: Tensor, pad_mask: Optional[Tensor] = None, *, batch_first: bool = False,
+    def forward(self, x: Tensor, pad_mask: Optional[Tensor] = None, *, batch_first: Optional[bool] = None,
                 attention_mask: Optional[Tensor] = None) -> Tensor:
         """x: (T, B, C), or (B, T, C) with ``batch_first``, or (N, C) tokens;
         ``pad_mask`` (B, T) True at padding, or ``attention_mask`` (B, T) 1 at
-        real tokens. Returns y in x's layout."""
+        real tokens. ``batch_first`` defaults to False, and to True with
+        ``attention_mask``. Returns y in x's layout."""
         if attention_mask is not None:
             if pad_mask is not None:
                 raise ValueError("pass pad_mask (True at padding) or attention_mask (1 at real tokens), not both")
+            if batch_first is None:
+                if x.dim() == 3 and x.size(0) == x.size(1):
+                    raise ValueError(
+                        f"x of shape {tuple(x.shape)} with attention_mask and no layout: its first two sizes are "
+                        "equal, so it could be (batch, seq_len, channels) or (seq_len, batch, channels); pass "
+                        "batch_first=True (HuggingFace's layout) or batch_first=False")
+                batch_first = True
             pad_mask, name = ~as_bool_mask(attention_mask, "attention_mask"), "attention_mask"
+        elif pad_mask is None and self.pad_mask is not None:
+            pad_mask, name = self.pad_mask, "pad_mask"
+            batch_first = self.mask_batch_first if batch_first is None else batch_first
         else:
-            pad_mask = self.pad_mask if pad_mask is None else as_bool_mask(pad_mask, "pad_mask")
+            pad_mask = None if pad_mask is None else as_bool_mask(pad_mask, "pad_mask")
             name = "pad_mask"
+        batch_first = bool(batch_first)
         if x.dim() == 2:  # (N, C): every row a token
             if pad_mask is not None:
                 raise ValueError(f"x of shape {tuple(x.shape)} is (tokens, channels) and takes no {name}; "
@@ -81,6 +103,26 @@ class Norm(nn.Module):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         raise NotImplementedError
 
+    def reset_parameters(self) -> None:
+        """Gain 1 and bias 0, as ``nn.LayerNorm`` and ``nn.BatchNorm1d`` start."""
+        with torch.no_grad():
+            for name, p in self.named_parameters(recurse=False):
+                p.fill_(0.0 if name == "bias" else 1.0)
+
+    def reset_running_stats(self) -> None:
+        """The running statistics as at construction (a norm without them has nothing to reset)."""
+
+    _warned = set()
+
+    def warn_leak(self, kind: str):
+        """Once per process and kind: batch statistics in a causal decoder let
+        each token see the later tokens of the batch while training."""
+        if self.in_causal_decoder and kind not in Norm._warned and not torch.compiler.is_compiling():
+            Norm._warned.add(kind)
+            logger.warning("powernorm_fairseq: %s in a causal decoder normalises each training token with "
+                           "statistics of the whole batch, later tokens included (a leak of the future that "
+                           "generation does not have); --norm-causal uses running statistics instead", kind)
+
     def _apply(self, fn, recurse=True):
         # Running statistics stay float32 when the model is cast to float16
         # or bfloat16 (fairseq's --fp16 / --bf16 call .half() / .to(bfloat16)):
@@ -101,14 +143,32 @@ def as_bool_mask(mask: Tensor, name: str) -> Tensor:
     """``mask`` as bool: bool as it is, another dtype only if it holds just 0 and 1.
 
     ``~`` on an integer mask flips its bits rather than its truth, and a float
-    mask may be an additive one (0 and -inf): either would be misread."""
+    mask may be an additive one (0 and -inf): either would be misread. In
+    eager mode the check reads the host once; compiled or exported, it runs
+    on the device (``torch._assert_async``), so the graph does not break."""
     if mask.dtype == torch.bool:
         return mask
-    if mask.is_complex() or ((mask != 0) & (mask != 1)).any():
+    dtype = str(mask.dtype).replace("torch.", "")
+    if mask.is_complex():
+        raise ValueError(f"{name} of dtype {dtype}: pass a bool mask, or 0/1")
+    binary = ((mask == 0) | (mask == 1)).all()
+    if torch.compiler.is_compiling():
+        torch._assert_async(binary, f"{name} of dtype {dtype} holds values other than 0 and 1: pass a bool "
+                                    "mask, or 0/1 (an additive mask is not one)")
+    elif not binary:
         values = mask.unique()[:4].tolist()
-        raise ValueError(f"{name} of dtype {str(mask.dtype).replace('torch.', '')} holds values other than "
+        raise ValueError(f"{name} of dtype {dtype} holds values other than "
                          f"0 and 1 (e.g. {values}): pass a bool mask, or 0/1 (an additive mask is not one)")
     return mask != 0
+
+
+def recomputing() -> bool:
+    """Whether this forward runs inside a backward pass: activation
+    checkpointing's recomputation (``torch.utils.checkpoint``, reentrant or
+    not, and the wrappers built on it), which must give the first forward's
+    output again and leave the running statistics alone. Under torch.compile
+    a checkpointed region is recomputed in the compiled backward, never here."""
+    return not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
 
 
 def momentum_option(cfg) -> dict:
@@ -124,7 +184,7 @@ def layer_scale_option(cfg, default: bool) -> bool:
 class NoNorm(Norm):
     """``none``: the identity, for "w/o Norm" ablations."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, device=None, dtype=None):
         super().__init__()
         self.dim = dim
 
@@ -136,14 +196,24 @@ class NoNorm(Norm):
 
 
 @contextmanager
-def padding_mask(module: nn.Module, pad_mask: Optional[Tensor]):
-    """Give every :class:`Norm` inside ``module`` the padding mask (B, T)."""
+def padding_mask(module: nn.Module, pad_mask: Optional[Tensor] = None, *, batch_first: bool = False,
+                 attention_mask: Optional[Tensor] = None):
+    """Give every :class:`Norm` inside ``module`` the mask for calls with ``x``
+    alone: fairseq's ``pad_mask`` (B, T), True at padding, or HuggingFace's
+    ``attention_mask`` (B, T), 1 at real tokens; ``batch_first``: the norms
+    see (B, T, C) inputs (HuggingFace's models), else (T, B, C)."""
+    if attention_mask is not None:
+        if pad_mask is not None:
+            raise ValueError("pass pad_mask (True at padding) or attention_mask (1 at real tokens), not both")
+        pad_mask = ~as_bool_mask(attention_mask, "attention_mask")
+    elif pad_mask is not None:
+        pad_mask = as_bool_mask(pad_mask, "pad_mask")
     norms = [m for m in module.modules() if isinstance(m, Norm)]
     for norm in norms:
-        norm.pad_mask = pad_mask
+        norm.pad_mask, norm.mask_batch_first = pad_mask, batch_first
     try:
         yield
     finally:
         for norm in norms:
-            norm.pad_mask = None
+            norm.pad_mask, norm.mask_batch_first = None, False
 

@@ -15,8 +15,9 @@ from torch import Tensor, nn
 
 from . import kernels
 from . import sync as sync_mod
-from .base import Norm, layer_scale_option, momentum_option
+from .base import Norm, layer_scale_option, momentum_option, recomputing
 from .kernels import functions as fused
+from .kernels import plain
 from .stats import assign_if_finite, group_scale, real_tokens, token_mean, upcast
 
 
@@ -29,13 +30,22 @@ class BatchStatNorm(Norm):
     normalization layer" (Appendix A), the authors' per-token RMS scaling of
     each of ``groups`` channel groups (:func:`stats.group_scale`); the
     statistics are then those of the scaled input, and the gradient flows
-    back through the scaling."""
+    back through the scaling.
+
+    ``causal``: normalise with the running statistics in training too (they
+    are updated from the batch after the forward, and are constants of the
+    gradient), so no token's output depends on another token of the batch:
+    for causal decoders, where batch statistics leak later tokens.
+
+    Every training step runs on the backend :func:`kernels.select` gives
+    (``kernels/functions.py``); a recomputation of activation checkpointing
+    gives the first forward's output again and updates nothing."""
 
     center = True
     running_stats = True
 
     def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch",
-                 layer_scale: bool = False, groups: int = 1):
+                 layer_scale: bool = False, groups: int = 1, causal: bool = False, device=None, dtype=None):
         super().__init__()
         if not 0.0 < momentum < 1.0:
             raise ValueError(f"momentum must be in (0, 1), got {momentum}")
@@ -43,9 +53,10 @@ class BatchStatNorm(Norm):
             raise ValueError(f"groups must divide dim={dim}, got {groups}")
         sync_mod.active(sync)  # validates
         self.dim, self.momentum, self.eps, self.sync = dim, momentum, eps, sync
-        self.layer_scale, self.groups = layer_scale, groups
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
+        self.layer_scale, self.groups, self.causal = layer_scale, groups, causal
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+        self._given = None  # the statistics the last training forward was given (causal), for its replay
 
     @classmethod
     def options(cls, cfg, heads, final=False):
@@ -60,21 +71,30 @@ class BatchStatNorm(Norm):
         return {"psi2": (psi2, self.running(xs)[1].clone())}, (xs, None, torch.rsqrt(psi2 + self.eps))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        k = kernels.select(x) if self.training else None
-        if k is not None:
-            return self._fused(k, x if x.dtype in k.DTYPES else upcast(x), pad_mask).to(x.dtype)
-        xf = self.scaled(upcast(x))
-        if self.training and sync_mod.active(self.sync):
-            return self._normalized(xf, *self.synced_stats(xf, pad_mask)).to(x.dtype)
-        keep, n = real_tokens(x, pad_mask) if self.training else (None, 0)
-        if n == 0:  # eval, or a training batch that is all padding
-            mean, second = self.running(xf)
-        else:  # autograd through the masked statistics gives the exact gradient
-            mean = token_mean(xf, keep, n) if self.center else None
-            centred = xf - mean if self.center else xf
-            second = token_mean(centred * centred, keep, n)
-            self.update_running(mean, second, n)
-        return self._normalized(xf, mean, second).to(x.dtype)
+        if not self.training:
+            return self._with_running(x).to(x.dtype)
+        k = kernels.select(x)
+        xk = x if x.dtype in k.DTYPES else upcast(x)
+        x2, mask = fused.rows(xk, pad_mask)
+        groups = self.groups if self.layer_scale else 0  # the kernels scale each row in registers
+        mean_buf, second_buf = self.kernel_buffers()
+        given, mode = (x2.new_empty(0), x2.new_empty(0)), "exact"
+        replay = recomputing()
+        if self.causal:
+            mode = "fixed"
+            given = self._given if replay else (
+                mean_buf.clone() if self.center else mean_buf, plain.running_scale(second_buf, self.eps))
+            self._given = None if replay else given
+        else:
+            self.warn_leak(norm_type_of_class(type(self)))
+        if replay:  # the recomputed step updates copies
+            mean_buf, second_buf = mean_buf.clone(), second_buf.clone()
+        step = fused.Step(k.NAME, groups, self.center, self.update, mode, self.momentum, self.eps,
+                          sync=self.sync if sync_mod.active(self.sync) else "none")
+        none = x2.new_empty(0)  # PN's step counter and nu
+        y, _ = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, mean_buf, second_buf, none, none,
+                                            *given, step)
+        return y.view_as(xk).to(x.dtype)
 
     def _normalized(self, xf: Tensor, mean: Optional[Tensor], second: Tensor) -> Tensor:
         """gamma * (xf - mean) / sqrt(var + eps) + beta (Eq. 3's forward; no
@@ -86,52 +106,10 @@ class BatchStatNorm(Norm):
         """The input the statistics are taken of: layer-scaled if asked."""
         return group_scale(xf, self.groups) if self.layer_scale else xf
 
-    def _fused(self, k, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        """Training on backend ``k``: a statistics pass, one normalising pass,
-        and the exact gradient in two (``kernels/functions.py``)."""
-        x2, mask = fused.rows(x, pad_mask)
-        groups = self.groups if self.layer_scale else 0  # the kernels scale each row in registers
-        step = fused.Step(k.NAME, groups, self.center, self.update, "exact", self.momentum, self.eps,
-                          sync=self.sync if sync_mod.active(self.sync) else "none")
-        mean_buf, second_buf = self.kernel_buffers()
-        steps, nu = x.new_empty(0), x.new_empty(0)  # PN's; apart, as the kernels write the one
-        y = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, mean_buf, second_buf, steps, nu, step)
-        return y.view_as(x)
-
     def _with_running(self, x: Tensor) -> Tensor:
         """Normalised with the running statistics, as in eval."""
         xf = self.scaled(upcast(x))
         return self._normalized(xf, *self.running(xf))
-
-    def synced_stats(self, xf: Tensor, pad_mask: Optional[Tensor]):
-        """(mean or None, variance or psi^2) to normalise with under ``--norm-sync``."""
-        keep, n = real_tokens(xf, pad_mask)
-        if self.sync == "running":  # global statistics for the buffers only
-            N, g_mean, g_second = sync_mod.moments(xf, keep, self.center)
-            if N > 0:
-                self.update_running(g_mean, g_second, N)
-            if n == 0:
-                return self.running(xf)
-            mean = token_mean(xf, keep, n) if self.center else None
-            centred = xf - mean if self.center else xf
-            return mean, token_mean(centred * centred, keep, n)
-        # batch: the statistics of the union of the workers' batches, with
-        # autograd through the all-reduce (the exact gradient, Eq. 3 / Eq. 6)
-        C = xf.size(-1)
-        masked = (lambda v: v) if keep is None else (lambda v: v * keep)
-        first = masked(xf).sum(dim=(0, 1)) if self.center else masked(xf * xf).sum(dim=(0, 1))
-        packed = sync_mod.all_sum(torch.cat([first, first.new_tensor([float(n)])]), differentiable=True)
-        N = int(packed[-1].item())
-        if N == 0:  # every worker's batch is padding
-            return self.running(xf)
-        if self.center:
-            mean = packed[:C] / N
-            centred = xf - mean
-            second = sync_mod.all_sum(masked(centred * centred).sum(dim=(0, 1)), differentiable=True) / N
-        else:
-            mean, second = None, packed[:C] / N
-        self.update_running(mean, second, N)
-        return mean, second
 
     def running(self, like: Tensor) -> Tuple[Optional[Tensor], Tensor]:
         raise NotImplementedError
@@ -140,22 +118,30 @@ class BatchStatNorm(Norm):
         """(running mean or empty, running second moment) that the kernels update in place."""
         raise NotImplementedError
 
-    def update_running(self, mean: Optional[Tensor], second: Tensor, n: int):
-        raise NotImplementedError
-
     def extra_repr(self) -> str:
         scale = f", layer_scale=True, groups={self.groups}" if self.layer_scale else ""
-        return f"{self.dim}, momentum={self.momentum}, eps={self.eps}, sync={self.sync!r}{scale}"
+        causal = ", causal=True" if self.causal else ""
+        return f"{self.dim}, momentum={self.momentum}, eps={self.eps}, sync={self.sync!r}{scale}{causal}"
+
+
+def norm_type_of_class(cls) -> str:
+    """The name a leak warning gives a norm class."""
+    return {"MaskedBatchNorm": "bn", "PowerNormV": "pn-v", "PowerNorm": "pn (in its warmup)",
+            "OriginalBatchNorm": "bn-original"}.get(cls.__name__, cls.__name__)
 
 
 class MaskedBatchNorm(BatchStatNorm):
     """BatchNorm whose batch is the set of real tokens of a (T, B, C) input."""
 
     def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch",
-                 layer_scale: bool = False, groups: int = 1):
-        super().__init__(dim, momentum, eps, sync, layer_scale, groups)
-        self.register_buffer("running_mean", torch.zeros(dim))
-        self.register_buffer("running_var", torch.ones(dim))
+                 layer_scale: bool = False, groups: int = 1, causal: bool = False, device=None, dtype=None):
+        super().__init__(dim, momentum, eps, sync, layer_scale, groups, causal, device, dtype)
+        self.register_buffer("running_mean", torch.zeros(dim, device=device))
+        self.register_buffer("running_var", torch.ones(dim, device=device))
+
+    def reset_running_stats(self) -> None:
+        self.running_mean.zero_()
+        self.running_var.fill_(1.0)
 
     update = "bn"  # how the kernels update the running statistics (kernels/functions.py)
 
@@ -202,12 +188,17 @@ class OriginalBatchNorm(MaskedBatchNorm):
     Momentum 0.05 by default, and never synchronised across workers, as there.
     """
 
-    def __init__(self, dim: int, momentum: float = 0.05, eps: float = 1e-5, sync: str = "none"):
+    def __init__(self, dim: int, momentum: float = 0.05, eps: float = 1e-5, sync: str = "none", device=None,
+                 dtype=None):
         if sync != "none":
             raise ValueError(f"bn-original reproduces code that never synchronised its statistics: "
                              f"use sync='none', got {sync!r}")
-        super().__init__(dim, momentum, eps, sync)
-        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+        super().__init__(dim, momentum, eps, sync, device=device, dtype=dtype)
+        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device))
+
+    def reset_running_stats(self) -> None:
+        super().reset_running_stats()
+        self.num_batches_tracked.zero_()
 
     @classmethod
     def options(cls, cfg, heads, final=False):
@@ -220,10 +211,12 @@ class OriginalBatchNorm(MaskedBatchNorm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xs, n = self.fill(upcast(x), pad_mask)
         if self.training and n > 0:
-            self.num_batches_tracked += 1
+            self.warn_leak("bn-original")
             mean = xs.mean(dim=(0, 1))
             var = (xs - mean).pow(2).mean(dim=(0, 1))
-            self.update_running(mean, var, xs.size(0) * xs.size(1))
+            if not recomputing():  # activation checkpointing's second forward updates nothing
+                self.num_batches_tracked += 1
+                self.update_running(mean, var, xs.size(0) * xs.size(1))
         else:  # eval, or a training batch that is all padding
             mean, var = self.running(xs)
         y = (xs - mean) * torch.rsqrt(var + self.eps)

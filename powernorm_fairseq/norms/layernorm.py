@@ -22,11 +22,11 @@ from .stats import upcast
 class LayerNorm(Norm):
     """Per-token mean and variance over channels."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
         self.dim, self.eps = dim, eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
@@ -58,7 +58,7 @@ class LayerNormSimple(Norm):
     ``std="unbiased"`` divides by the unbiased std + eps, as the authors' code
     (lancopku/AdaNorm) does, instead of LayerNorm's sqrt(biased var + eps)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, std: str = "biased"):
+    def __init__(self, dim: int, eps: float = 1e-5, std: str = "biased", device=None, dtype=None):
         super().__init__()
         _check_std(std)
         self.dim, self.eps, self.std = dim, eps, std
@@ -85,7 +85,8 @@ class DetachNorm(Norm):
 
     DETACH = ("both", "mean", "var")
 
-    def __init__(self, dim: int, eps: float = 1e-5, detach: str = "both", std: str = "biased"):
+    def __init__(self, dim: int, eps: float = 1e-5, detach: str = "both", std: str = "biased", device=None,
+                 dtype=None):
         super().__init__()
         if detach not in self.DETACH:
             raise ValueError(f"detach must be one of {', '.join(self.DETACH)}, got {detach!r}")
@@ -116,7 +117,7 @@ class AdaNorm(Norm):
 
     K = 0.1
 
-    def __init__(self, dim: int, eps: float = 1e-5, scale: float = 1.0):
+    def __init__(self, dim: int, eps: float = 1e-5, scale: float = 1.0, device=None, dtype=None):
         super().__init__()
         if not scale > 0:
             raise ValueError(f"scale must be > 0, got {scale}")
@@ -140,13 +141,13 @@ class GroupNorm(Norm):
     """Per token, LayerNorm over each of ``groups`` channel groups, then a gain
     and bias per channel (GroupNorm with one token as the spatial extent)."""
 
-    def __init__(self, dim: int, groups: int = 4, eps: float = 1e-5):
+    def __init__(self, dim: int, groups: int = 4, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
         if groups < 1 or dim % groups:
             raise ValueError(f"groups must divide dim={dim}, got {groups}")
         self.dim, self.groups, self.eps = dim, groups, eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
 
     @classmethod
     def options(cls, cfg, heads, final=False):

@@ -15,20 +15,16 @@ from .stats import upcast
 
 
 class RMSNorm(Norm):
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
         self.dim, self.eps = dim, eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         k = kernels.select(x)
-        if k is not None:
-            xk = x if x.dtype in k.DTYPES else upcast(x)
-            y = FusedRMSNorm.apply(xk.contiguous().view(-1, self.dim), self.weight, self.eps, k.NAME)
-            return y.view_as(x).to(x.dtype)
-        xf = upcast(x)
-        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (y * self.weight.to(xf)).to(x.dtype)
+        xk = x if x.dtype in k.DTYPES else upcast(x)
+        y = FusedRMSNorm.apply(xk.contiguous().view(-1, self.dim), self.weight, self.eps, k.NAME)
+        return y.view_as(xk).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

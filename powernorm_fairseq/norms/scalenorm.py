@@ -20,20 +20,20 @@ from .stats import upcast
 class ScaleNorm(Norm):
     """Per-token l2 normalisation to a learned length."""
 
-    def __init__(self, dim: int, eps: float = 1e-5):
+    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
         self.dim, self.eps = dim, eps
-        self.scale = nn.Parameter(torch.tensor(math.sqrt(dim)))
+        self.scale = nn.Parameter(torch.tensor(math.sqrt(dim), device=device, dtype=dtype))
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.scale.fill_(math.sqrt(self.dim))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         k = kernels.select(x)
-        if k is not None:
-            xk = x if x.dtype in k.DTYPES else upcast(x)
-            y = FusedScaleNorm.apply(xk.contiguous().view(-1, self.dim), self.scale, self.eps, k.NAME)
-            return y.view_as(x).to(x.dtype)
-        xf = upcast(x)
-        norm = torch.linalg.vector_norm(xf, dim=-1, keepdim=True)
-        return (self.scale.to(xf) * xf / norm.clamp(min=self.eps)).to(x.dtype)
+        xk = x if x.dtype in k.DTYPES else upcast(x)
+        y = FusedScaleNorm.apply(xk.contiguous().view(-1, self.dim), self.scale, self.eps, k.NAME)
+        return y.view_as(xk).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

@@ -2,8 +2,8 @@
 
 Three backends, side by side:
 
-* ``plain``: each norm's own PyTorch code (``norms/*.py``), the reference
-  every other backend is tested against; it runs anywhere.
+* ``plain``: the same entry points in PyTorch operations (``plain.py``); it
+  runs anywhere, on any dtype.
 * ``cpu``: C++ kernels for CPU tensors in float32/float64 (``cpu.py``,
   ``csrc/norms.cpp``), compiled on first use.
 * ``triton``: Triton kernels for CUDA tensors in float16, bfloat16, float32 and
@@ -23,12 +23,12 @@ from typing import Optional
 
 import torch
 
-from . import cpu, gpu
+from . import cpu, gpu, plain
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("plain", "cpu", "triton")
-_MODULES = {"cpu": cpu, "triton": gpu}
+_MODULES = {"plain": plain, "cpu": cpu, "triton": gpu}
 _forced: Optional[str] = None
 _said = set()
 
@@ -59,14 +59,14 @@ def use(name: Optional[str]):
 
 
 def select(x: torch.Tensor):
-    """The backend module for input ``x``, or None for the plain PyTorch path."""
+    """The backend module for input ``x``."""
     name = forced()
     if name is None:  # automatic: the device's kernels where they are available
         name = "triton" if x.is_cuda else "cpu" if x.device.type == "cpu" else "plain"
-        k = _MODULES.get(name)
-        if k is not None and not (k.available() and k.takes(x)):
+        k = _MODULES[name]
+        if not (k.available() and k.takes(x)):
             _say(f"plain PyTorch path ({name} kernels unavailable: {_why(k)})", warn=True)
-            return None
+            return plain
     elif name != "plain":
         k = _MODULES[name]
         if not k.available():
@@ -76,10 +76,10 @@ def select(x: torch.Tensor):
                                f"{x.device.type} tensors")
     if name == "plain":
         _say("plain PyTorch path")
-        return None
+        return plain
     _say(f"{name} kernels")
     if x.numel() == 0:  # an empty batch: nothing to launch; the plain path gives its (empty) result
-        return None
+        return plain
     return _MODULES[name]
 
 
@@ -97,8 +97,7 @@ def check_environment() -> None:
 
 def describe(x: torch.Tensor) -> str:
     """The name of the backend that :func:`select` gives ``x``."""
-    k = select(x)
-    return "plain" if k is None else k.NAME
+    return select(x).NAME
 
 
 def _why(k) -> str:

@@ -18,6 +18,11 @@ backward), and per mode:
 * ``paper`` (Algorithm 2): A = 0, B = nu_{t-1}, inv the running one.
 * ``reference`` (the released code): A = 0, B = (1 - alpha_bwd) * nu, padding
   included, inv_bwd from the batch statistic.
+* ``fixed`` (the causal mode's running statistics): A = B = 0, the statistics
+  constants of the gradient; PN's nu still follows Algorithm 2.
+
+Every backward here is once differentiable: a second derivative through a
+norm with batch statistics (``create_graph=True``) raises, on every backend.
 
 Per-channel vectors are kept in the statistics dtype (float32 for half
 inputs), activations in their own; per-program sums are added in float64.
@@ -27,6 +32,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .. import sync as sync_mod
 from ..stats import GROUP_EPS, update_nu
@@ -41,13 +47,13 @@ P = torch.ops.powernorm
 UPDATES = ("bn", "pn-v", "pn-warm", "pn", "reference-warm", "reference")
 #: the updates after which the forward normalised with the running psi^2_{t-1}
 RUNNING_SCALE = ("pn", "reference")
-MODES = ("exact", "paper", "reference")
+MODES = ("exact", "paper", "reference", "fixed")
 
 
 class Step(NamedTuple):
     """What one :class:`FusedChannelNorm` call does beyond its tensors."""
 
-    backend: str  # "cpu" or "triton" (ops.py)
+    backend: str  # "plain", "cpu" or "triton" (ops.py)
     groups: int  # group scaling of each row in this many channel groups (0: none)
     center: bool  # subtract the mean (BN), or not (PN-V, PN)
     update: str  # one of UPDATES
@@ -57,6 +63,7 @@ class Step(NamedTuple):
     warmup: int = 0  # the released PN's warmup (reference updates)
     rate: float = 0.0  # PN's 1 - alpha_bwd
     sync: str = "none"  # --norm-sync where workers are synchronised: "batch" or "running" (sync.py)
+    clock: int = -1  # the key of PN's warmup clock, advanced once the step is committed (norms/clock.py)
 
 
 class FusedChannelNorm(torch.autograd.Function):
@@ -70,15 +77,26 @@ class FusedChannelNorm(torch.autograd.Function):
     reduces the per-program sums in a fixed order and updates the running
     statistics (``finish_stats``, ``finish_backward``). Nothing is read back to
     the host: the real-token count stays on the device.
+
+    ``given_mean`` and ``given_inv`` (empty when not given) fix the statistics
+    the forward normalises with, in one pass that still sums the batch's for
+    the running update: the causal mode's running statistics, or a
+    recomputation's replay of the scale its first forward used. Returns y and
+    the inv it normalised with (not differentiable).
     """
 
     @staticmethod
-    def forward(ctx, x, mask, weight, bias, mean_buf, second_buf, steps, nu, step: Step):
+    def forward(ctx, x, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv, step: Step):
         """x: (N, C) contiguous rows; mask: the (B, T) padding mask or empty;
         mean_buf, second_buf: the running statistics (BN's mean or empty);
         steps: PN's step counter or empty; nu: PN's running nu or empty."""
         s, none = step, x.new_empty(0)
-        if s.update in RUNNING_SCALE:
+        if given_inv.numel():
+            y, scale, part = P.forward(s.backend, x, mask, s.groups, GROUP_EPS, given_mean, given_inv, -1.0, weight,
+                                       bias, True, True, s.center)
+            _, _, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
+            mean, inv = given_mean, given_inv
+        elif s.update in RUNNING_SCALE:
             y, scale, part = P.forward(s.backend, x, mask, s.groups, GROUP_EPS, none, second_buf, s.eps, weight, bias,
                                        True, True, False)
             mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
@@ -90,10 +108,12 @@ class FusedChannelNorm(torch.autograd.Function):
                                     False, False)
         ctx.save_for_backward(x, mask, scale, weight, mean, inv, inv_batch, n, n_all)
         ctx.step, ctx.nu = s, nu  # nu: a buffer the backward updates, not a saved value
-        return y
+        ctx.mark_non_differentiable(inv)
+        return y, inv
 
     @staticmethod
-    def backward(ctx, grad_y):
+    @once_differentiable
+    def backward(ctx, grad_y, _):
         x, mask, scale, weight, mean, inv, inv_batch, n, n_all = ctx.saved_tensors
         s, nu, none, gy = ctx.step, ctx.nu, x.new_empty(0), grad_y.contiguous()
         if s.mode == "exact":  # the batch terms of Eq. 3 / Eq. 6 first, then the gradient
@@ -106,16 +126,19 @@ class FusedChannelNorm(torch.autograd.Function):
                 grad_w, grad_b, A, B = _synced_terms(s, part, weight, n, n_all, nu, exact=True)
             grad_x, _ = P.backward(s.backend, x, mask, scale, gy, weight, mean, inv, inv, A, B, 1.0, s.groups, False,
                                    True, False)
-        else:  # B = nu_{t-1} (Algorithm 2), or (1 - alpha_bwd) nu over every position (the released code)
-            paper = s.mode == "paper"
-            grad_x, part = P.backward(s.backend, x, mask, scale, gy, weight, none, inv, inv if paper else inv_batch,
-                                      none, nu, 1.0 if paper else s.rate, s.groups, not paper, True, True)
+        else:
+            # B = nu_{t-1} (Algorithm 2), (1 - alpha_bwd) nu over every position (the released code),
+            # or none: statistics that did not come from this batch ("fixed") are constants of the gradient
+            reference, kind = s.mode == "reference", "paper" if s.mode == "fixed" else s.mode
+            grad_x, part = P.backward(s.backend, x, mask, scale, gy, weight, mean, inv,
+                                      inv_batch if reference else inv, none, none if s.mode == "fixed" else nu,
+                                      s.rate if reference else 1.0, s.groups, reference, True, True)
             if s.sync == "none":
-                grad_w, grad_b, _, _ = P.finish_backward(s.backend, part, weight, n, nu, s.rate, s.mode, False,
+                grad_w, grad_b, _, _ = P.finish_backward(s.backend, part, weight, n, nu, s.rate, kind, False,
                                                          x.size(0))
             else:
                 grad_w, grad_b, _, _ = _synced_terms(s, part, weight, n, n_all, nu, exact=False)
-        return grad_x, None, grad_w, grad_b, None, None, None, None, None
+        return grad_x, None, grad_w, grad_b, None, None, None, None, None, None, None
 
 
 def _statistics(s: Step, part, mean_buf, second_buf, steps):
@@ -126,12 +149,12 @@ def _statistics(s: Step, part, mean_buf, second_buf, steps):
     each worker's batch with its own statistics."""
     if s.sync == "none":
         mean, inv, inv_batch, n = P.finish_stats(s.backend, part, mean_buf, second_buf, steps, s.update, s.momentum,
-                                                 s.eps, s.warmup)
+                                                 s.eps, s.warmup, s.clock)
         return mean, inv, inv_batch, n, n
     local = _totals(part)
     mean, inv, inv_batch, n_all = P.finish_stats(s.backend, _as_part(sync_mod.all_sum(local)), mean_buf, second_buf,
-                                                 steps, s.update, s.momentum, s.eps, s.warmup)
-    if s.sync == "batch" or s.update in RUNNING_SCALE:  # after PN's warmup the forward used psi^2_{t-1} anyway
+                                                 steps, s.update, s.momentum, s.eps, s.warmup, s.clock)
+    if s.sync == "batch" or s.update in RUNNING_SCALE or s.mode == "fixed":  # the forward used running ones
         return mean, inv, inv_batch, n_all, n_all
     n = local[:1]
     real, ns = n > 0, n.clamp(min=1)
@@ -184,9 +207,12 @@ def _synced_terms(s: Step, part, weight, n, n_all, nu, exact: bool):
 
 
 def rows(x: Tensor, pad_mask):
-    """x as contiguous (N, C) rows, and the padding mask as the kernels take it (empty for none)."""
+    """x as contiguous (N, C) rows, and the padding mask as the kernels take it:
+    a contiguous (B, T) bool tensor, or empty for none (a slice of a larger
+    mask is not evenly strided, and the kernels read it row by row)."""
     T, B, C = x.shape
-    return x.contiguous().view(T * B, C), (x.new_empty(0, dtype=torch.bool) if pad_mask is None else pad_mask)
+    return x.contiguous().view(T * B, C), (x.new_empty(0, dtype=torch.bool) if pad_mask is None
+                                           else pad_mask.contiguous())
 
 
 class FusedScaleNorm(torch.autograd.Function):
@@ -200,6 +226,7 @@ class FusedScaleNorm(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_y):
         x, norms, scale = ctx.saved_tensors
         grad_x, grad_scale = P.scalenorm_backward(ctx.backend, x, norms, grad_y.contiguous(), scale, ctx.eps)
@@ -217,6 +244,7 @@ class FusedRMSNorm(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_y):
         x, rstd, weight = ctx.saved_tensors
         grad_x, grad_weight = P.rmsnorm_backward(ctx.backend, x, rstd, grad_y.contiguous(), weight)

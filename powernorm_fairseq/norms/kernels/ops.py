@@ -12,13 +12,15 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from ..clock import CLOCKS
+
 IMPLEMENTATIONS = {}  # name -> the op's Python implementation (launches.py sees through the op)
 
 
 def backend(name: str):
-    from . import cpu, gpu
+    from . import cpu, gpu, plain
 
-    return {"cpu": cpu, "triton": gpu}[name]
+    return {"plain": plain, "cpu": cpu, "triton": gpu}[name]
 
 
 #: ops defined through a Library: a call costs what a built-in op's does (torch.library.custom_op's
@@ -48,7 +50,7 @@ def _fake_forward(impl, x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bia
             x.new_empty(P, 3, x.size(1), dtype=dtype) if want_stats else x.new_empty(0))
 
 
-def _fake_finish_stats(impl, part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
+def _fake_finish_stats(impl, part, mean_buf, second_buf, steps, update, momentum, eps, warmup, clock):
     C, sd = part.size(-1), second_buf.dtype
     return (part.new_empty(C if update == "bn" else 0, dtype=sd), part.new_empty(C, dtype=sd),
             part.new_empty(C, dtype=sd), part.new_empty(1, dtype=torch.float64))
@@ -98,9 +100,13 @@ def forward(impl: str, x: Tensor, mask: Tensor, groups: int, gs_eps: float, mean
 
 @_op(mutates=("mean_buf", "second_buf", "steps"))
 def finish_stats(impl: str, part: Tensor, mean_buf: Tensor, second_buf: Tensor, steps: Tensor, update: str,
-                 momentum: float, eps: float, warmup: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    return tuple(backend(impl).finish_stats(part=part, mean_buf=mean_buf, second_buf=second_buf, steps=steps,
-                                            update=update, momentum=momentum, eps=eps, warmup=warmup))
+                 momentum: float, eps: float, warmup: int, clock: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``clock``: the key of PN's warmup clock (``norms/clock.py``) to advance, or -1."""
+    out = tuple(backend(impl).finish_stats(part=part, mean_buf=mean_buf, second_buf=second_buf, steps=steps,
+                                           update=update, momentum=momentum, eps=eps, warmup=warmup))
+    if clock >= 0:
+        CLOCKS[clock].advance(steps)
+    return out
 
 
 @_op()

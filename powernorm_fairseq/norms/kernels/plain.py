@@ -1,0 +1,206 @@
+"""The plain backend: the kernel contract (``contract.py``) in PyTorch operations.
+
+It runs on any device and dtype (half inputs computed in float32), reads
+nothing back to the host, and is what ``POWERNORM_KERNELS=0`` runs: every
+training step of BN, PN-V and PN takes the same route on every backend
+(``functions.py``), so the backends can differ only in their arithmetic. The
+sums are taken in float64 over all rows at once (one "program"); the math of
+each entry point is written beside the C++ one (``csrc/norms.cpp``).
+"""
+
+import sys
+
+import torch
+
+from . import contract
+
+NAME = "plain"
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+failure = None
+
+
+def available() -> bool:
+    return True
+
+
+def takes(x: torch.Tensor) -> bool:
+    return True
+
+
+def parts(x, groups, kernel, tall):
+    """(rows, dtype) of the per-program statistics: one row, float64."""
+    return 1, torch.float64
+
+
+def _acc(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _keep(mask, N, like):
+    """(N, 1) float64 weights, 1 at the real rows (r = t * B + b) and 0 at padding."""
+    if mask.numel() == 0:
+        return torch.ones(N, 1, dtype=torch.float64, device=like.device)
+    return (~mask).t().reshape(N, 1).to(torch.float64)
+
+
+def _channels(t, C, like):
+    return t.to(like) if t.numel() else torch.zeros(C, dtype=like.dtype, device=like.device)
+
+
+def _scaled(x, groups, gs_eps, scale=None):
+    """(xs, group scales (N, G) or empty): the released code's per-token RMS scaling of each group."""
+    N, C = x.shape
+    xa = x.to(_acc(x))
+    if groups <= 0:
+        return xa, x.new_empty(0)
+    xg = xa.view(N, groups, C // groups)
+    r = torch.rsqrt(xg.pow(2).mean(-1) + gs_eps) if scale is None or scale.numel() == 0 else scale
+    return (xg * r.unsqueeze(-1)).view(N, C), r
+
+
+def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
+    N, C = x.shape
+    xs, scale = _scaled(x, groups, gs_eps)
+    y, part = x.new_empty(0), x.new_empty(0, dtype=torch.float64)
+    if want_y:
+        iv = inv.to(xs.dtype) if inv_eps < 0 else running_scale(inv, inv_eps).to(xs.dtype)
+        centred = xs - mean.to(xs) if mean.numel() else xs
+        y = (centred * (iv * weight.to(xs)) + bias.to(xs)).to(x.dtype)
+    if want_stats:
+        keep = _keep(mask, N, x)
+        xd = xs.double()
+        count = keep.sum()
+        if center:
+            mu = (xd * keep).sum(0) / count.clamp(min=1)
+            second = (((xd - mu) * keep) ** 2).sum(0)
+        else:
+            mu, second = xd.new_zeros(C), ((xd * keep) ** 2).sum(0)
+        part = torch.stack([count.expand(C), mu, second]).unsqueeze(0)
+    return y, scale if groups > 0 else x.new_empty(0), part
+
+
+def running_scale(second, eps):
+    """1 / sqrt(second + eps) of a running second moment, computed in float64
+    and rounded to its dtype: the scale ``finish_stats`` returns for it, bit for bit."""
+    return torch.rsqrt(second.double() + eps).to(second.dtype)
+
+
+def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
+    p = part.double()
+    count = p[:, 0]
+    n = count[:, :1].sum(0)  # (1,)
+    ns, real = n.clamp(min=1), n > 0
+    mean = (count * p[:, 1]).sum(0) / ns
+    bn = update == "bn"
+    if bn:  # Chan et al.'s pairwise formula: each part's M2 plus its mean's spread
+        second = ((p[:, 2] + count * (p[:, 1] - mean) ** 2).sum(0) / ns).clamp(min=0)
+    else:
+        second = p[:, 2].sum(0) / ns
+    old = second_buf.double()
+    k = steps.double() + 1 if steps.numel() else torch.ones((), dtype=torch.float64, device=part.device)
+    if bn:
+        new = torch.where(n > 1, old + momentum * (second * n / (n - 1).clamp(min=1) - old), old)
+    elif update in ("pn-v", "pn"):  # Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
+        new = old + momentum * (second - old)
+    elif update == "pn-warm":  # cumulative mean
+        new = old * ((k - 1) / k) + second / k
+    elif update in ("reference-warm", "reference"):  # a cumulative mean before the warmup ends, an EMA on top
+        new = torch.where(k < warmup, old * ((k - 1) / k) + second / k, old)
+        new = new + momentum * (second - new)
+    else:
+        raise ValueError(f"unknown update {update!r}")
+    finite = torch.isfinite(second).all()
+    if bn:
+        finite = finite & torch.isfinite(mean).all()
+    commit = real & finite
+    sd = second_buf.dtype
+    inv_batch = torch.where(real, torch.rsqrt(second + eps), torch.rsqrt(old + eps)).to(sd)
+    inv = running_scale(second_buf, eps) if update in ("pn", "reference") else inv_batch
+    out_mean = torch.empty(0, dtype=sd, device=part.device)
+    if bn:
+        old_mean = mean_buf.double()
+        out_mean = torch.where(real, mean, old_mean).to(sd)
+        mean_buf.copy_(torch.where(commit, old_mean + momentum * (mean - old_mean), old_mean))
+    second_buf.copy_(torch.where(commit, new, old))
+    if steps.numel():
+        steps.add_(real.to(steps.dtype).squeeze(0))
+    return out_mean, inv, inv_batch, n
+
+
+def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
+             want_gx, want_sums):
+    N, C = x.shape
+    xs, r = _scaled(x, groups, 0.0, scale)
+    centred = xs - mean.to(xs) if mean.numel() else xs
+    xh = centred * inv_fwd.to(xs)
+    gy = grad_y.to(xs.dtype)
+    keep = _keep(mask, N, x)
+    gx, part = x.new_empty(0), x.new_empty(0, dtype=torch.float64)
+    if want_gx:
+        m = torch.ones_like(keep) if correct_pads else keep
+        a, b = _channels(A, C, xs), _channels(B, C, xs) * b_scale
+        d = (gy * weight.to(xs) - m.to(xs) * (a + b * xh)) * inv_bwd.to(xs)
+        if groups > 0:  # back through a group's scaling r: r (d - xs mean_group(d xs))
+            dg, sg = d.view(N, groups, -1), xs.view(N, groups, -1)
+            d = (r.unsqueeze(-1) * (dg - sg * (dg * sg).mean(-1, keepdim=True))).view(N, C)
+        gx = d.to(x.dtype)
+    if want_sums:
+        xd, gd = xh.double(), gy.double()
+        gxh, xh2 = gd * xd, xd * xd
+        part = torch.stack([gxh.sum(0), gd.sum(0), (gxh * keep).sum(0), (xh2 * keep).sum(0), xh2.sum(0)]).unsqueeze(0)
+    return gx, part
+
+
+def finish_backward(part, weight, n, nu, rate, kind, center, rows):
+    s = part.double().sum(0)
+    w = weight.double()
+    n = n.double()
+    ns = n.clamp(min=1)
+    sd = nu.dtype if nu.numel() else (torch.float64 if weight.dtype == torch.float64 else torch.float32)
+    exact = kind == "exact"
+    none = torch.empty(0, dtype=sd, device=part.device)
+    A = (w * s[1] / ns).to(sd) if exact and center else none
+    B = (w * s[0] / ns).to(sd) if exact else none
+    if nu.numel():
+        old = nu.double()
+        if kind == "reference":  # mean over every position of g' * xh, g' = g - (1 - a) nu xh
+            new, ok = old + (w * s[0] - rate * old * s[4]) / rows, n > 0
+        elif kind in ("exact", "paper", "fixed"):  # Algorithm 2: Lambda_t = mean(g xh), Gamma_t = mean(xh^2)
+            lam, gam = w * s[2] / ns, s[3] / ns
+            new = old * (1 - rate * gam) + rate * lam
+            ok = (n > 0) & torch.isfinite(lam).all() & torch.isfinite(gam).all()
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+        nu.copy_(torch.where(ok, new, old))
+    return s[0].to(weight.dtype), s[1].to(weight.dtype), A, B
+
+
+def scalenorm_forward(x, scale, eps):
+    xa = x.to(_acc(x))
+    norms = torch.linalg.vector_norm(xa, dim=-1).clamp(min=eps)
+    return (xa * (scale.to(xa) / norms).unsqueeze(-1)).to(x.dtype), norms
+
+
+def scalenorm_backward(x, norms, grad_y, scale, eps):
+    xa, gy = x.to(_acc(x)), grad_y.to(_acc(x))
+    dot = (gy * xa).sum(-1)
+    k = torch.where(norms > eps, dot / (norms * norms), torch.zeros_like(dot))
+    gx = (scale.to(xa) / norms).unsqueeze(-1) * (gy - xa * k.unsqueeze(-1))
+    return gx.to(x.dtype), (dot.double() / norms).sum().to(scale.dtype)
+
+
+def rmsnorm_forward(x, weight, eps):
+    xa = x.to(_acc(x))
+    rstd = torch.rsqrt(xa.pow(2).mean(-1) + eps)
+    return (xa * rstd.unsqueeze(-1) * weight.to(xa)).to(x.dtype), rstd
+
+
+def rmsnorm_backward(x, rstd, grad_y, weight):
+    xa, gy = x.to(_acc(x)), grad_y.to(_acc(x))
+    xr = xa * rstd.unsqueeze(-1)
+    g = gy * weight.to(xa)
+    gx = rstd.unsqueeze(-1) * (g - xr * (g * xr).mean(-1, keepdim=True))
+    return gx.to(x.dtype), (gy.double() * xr.double()).sum(0).to(weight.dtype)
+
+
+contract.check(sys.modules[__name__], "plain")
