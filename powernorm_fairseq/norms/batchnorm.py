@@ -91,9 +91,9 @@ class BatchStatNorm(Norm):
             mean_buf, second_buf = mean_buf.clone(), second_buf.clone()
         step = fused.Step(k.NAME, groups, self.center, self.update, mode, self.momentum, self.eps,
                           sync=self.sync if sync_mod.active(self.sync) else "none")
-        none = x2.new_empty(0)  # PN's step counter and nu
-        y, _ = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, mean_buf, second_buf, none, none,
-                                            *given, step)
+        # PN's step counter and nu: none here (distinct empty tensors: dynamo takes no input twice)
+        y, _ = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, mean_buf, second_buf, x2.new_empty(0),
+                                            x2.new_empty(0), *given, step)
         return y.view_as(xk).to(x.dtype)
 
     def _normalized(self, xf: Tensor, mean: Optional[Tensor], second: Tensor) -> Tensor:

@@ -219,8 +219,9 @@ class PowerNorm(Norm):
         plan = fused.Step(k.NAME, self.groups if self.layer_scale else 0, False, update, mode, 1.0 - self.alpha_fwd,
                           self.eps, self.warmup_updates, 1.0 - self.alpha_bwd,
                           self.sync if sync_mod.active(self.sync) else "none", -1 if replay else self._clock.key)
-        y, inv = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, none, psi2, steps, self.running_nu,
-                                              none, given, plan)
+        # no mean (distinct empty tensors: dynamo takes no input twice)
+        y, inv = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, x2.new_empty(0), psi2, steps,
+                                              self.running_nu, x2.new_empty(0), given, plan)
         if not replay:  # what a recomputation of this forward must use again
             self._last = (warm, inv if update in fused.RUNNING_SCALE or given.numel() else none)
         return y.view_as(xk).to(x.dtype)

@@ -185,6 +185,9 @@ def takes(x: torch.Tensor) -> bool:
 
 # The backend interface (contract.py) is the compiled module's own: the C++
 # kernels make the passes over the rows and the small per-channel epilogues.
+TICKET_ROWS, ROW_TICKET = 0, 0  # the GPU kernels' arrival tickets (gpu.py); none here
+
+
 def parts(x, groups, kernel, tall):
     """(rows, dtype) of the per-program statistics: the threads' sums come back added."""
     return 1, torch.float64

@@ -36,7 +36,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import sync as sync_mod
 from ..stats import GROUP_EPS, update_nu
-from . import ops  # noqa: F401  (registers torch.ops.powernorm)
+from . import ops  # registers torch.ops.powernorm
 
 P = torch.ops.powernorm
 
@@ -109,6 +109,7 @@ class FusedChannelNorm(torch.autograd.Function):
         ctx.save_for_backward(x, mask, scale, weight, mean, inv, inv_batch, n, n_all)
         ctx.step, ctx.nu = s, nu  # nu: a buffer the backward updates, not a saved value
         ctx.mark_non_differentiable(inv)
+        ctx.set_materialize_grads(False)  # inv's gradient is never used: no zeros made for it
         return y, inv
 
     @staticmethod
@@ -152,7 +153,7 @@ def _statistics(s: Step, part, mean_buf, second_buf, steps):
                                                  s.eps, s.warmup, s.clock)
         return mean, inv, inv_batch, n, n
     local = _totals(part)
-    mean, inv, inv_batch, n_all = P.finish_stats(s.backend, _as_part(sync_mod.all_sum(local)), mean_buf, second_buf,
+    mean, inv, inv_batch, n_all = P.finish_stats(s.backend, _as_part(sync_mod.all_sum(local), s), mean_buf, second_buf,
                                                  steps, s.update, s.momentum, s.eps, s.warmup, s.clock)
     if s.sync == "batch" or s.update in RUNNING_SCALE or s.mode == "fixed":  # the forward used running ones
         return mean, inv, inv_batch, n_all, n_all
@@ -176,12 +177,15 @@ def _totals(part: Tensor) -> Tensor:
     return torch.cat([count[:, :1].sum(0), (count * p[:, 1]).sum(0), (p[:, 2] + count * p[:, 1] ** 2).sum(0)])
 
 
-def _as_part(totals: Tensor) -> Tensor:
-    """:func:`_totals` of the global batch as one row of ``forward``'s part: count, mean, sum of squared deviations."""
+def _as_part(totals: Tensor, s: Step) -> Tensor:
+    """:func:`_totals` of the global batch as one row of ``forward``'s part:
+    count, mean, sum of squared deviations (and the backend's zeroed ticket rows)."""
     C = (totals.numel() - 1) // 2
     n, s1, s2 = totals[:1], totals[1:C + 1], totals[C + 1:]
     mean = s1 / n.clamp(min=1)
-    return torch.stack([n.expand(C), mean, s2 - s1 * mean]).unsqueeze(0)
+    row = torch.stack([n.expand(C), mean, s2 - s1 * mean]).unsqueeze(0)
+    tickets = ops.backend(s.backend).TICKET_ROWS
+    return torch.cat([row, row.new_zeros(tickets, 3, C)]) if tickets else row
 
 
 def _synced_terms(s: Step, part, weight, n, n_all, nu, exact: bool):

@@ -6,11 +6,15 @@ runs on a grid of (row ranges, column chunks); a chunk is one group of the
 original code's group scaling when that is on, so a token's group is scaled
 while it is in registers. Each program walks its rows once: it reads x (and
 dy), writes y (or dx), and keeps per-channel sums of its rows, which it
-writes as one row of partial sums. A small finishing kernel, on a grid over
-the channels, adds the partial sums in float64 in a fixed order and does the
-per-channel rest (statistics, running buffers, nu, parameter gradients); its
-last program to arrive commits the running buffers for every channel or for
-none. Nothing is read back to the host. Half inputs are read as they are and
+writes as one row of partial sums (added into float64 every tile of at most
+32 rows). A small finishing kernel, on a grid over the channels, adds the
+partial sums in float64 in a fixed order and does the per-channel rest
+(statistics, running buffers, nu, parameter gradients); its last program to
+arrive commits the running buffers for every channel or for none. Arrivals
+are counted in a ticket of the launch's own, the last row of the partial
+sums (the row kernels: one element past the forward's per-row statistic),
+which the pass before sets to 0: two launches in flight, or one aborted,
+share nothing. Nothing is read back to the host. Half inputs are read as they are and
 computed in float32; float64 inputs in float64 (the tests compare them with
 float64 references). The kernels read fairseq's (B, T) padding mask.
 
@@ -94,8 +98,14 @@ def _layout(x, groups, kernel, tall=False):
 
 def parts(x, groups, kernel, tall):
     """(rows, dtype) of the per-program statistics ``forward`` and ``backward``
-    return (``tall``: a statistics-only pass)."""
-    return _layout(x, groups, kernel, tall)[-1], _acc(x)
+    return (``tall``: a statistics-only pass): a row per program, and the
+    arrival ticket of the finishing kernel."""
+    return _layout(x, groups, kernel, tall)[-1] + 1, torch.float64
+
+
+#: rows past the per-program ones in a part, and elements past the N per-row
+#: statistics of the row kernels' forward: the finishing kernel's arrival ticket
+TICKET_ROWS, ROW_TICKET = 1, 1
 
 
 def _empty(t):
@@ -110,17 +120,6 @@ def _nothing(device):
     if device not in _NOTHING:
         _NOTHING[device] = torch.zeros(1, device=device)
     return _NOTHING[device]
-
-
-_COUNTERS = {}
-
-
-def _counter(device):
-    """The arrival counter of the kernels whose last program finishes the
-    work of the others (every such kernel leaves it at 0 again)."""
-    if device not in _COUNTERS:
-        _COUNTERS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
 
 
 def _or(t, device):
@@ -154,7 +153,7 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     acc, dev = _acc(x), x.device
     y = torch.empty_like(x) if want_y else x.new_empty(0)
     scale = torch.empty(N, groups, dtype=acc, device=dev) if groups > 0 else x.new_empty(0)
-    part = torch.empty(progs, 3, C, dtype=acc, device=dev) if want_stats else x.new_empty(0)
+    part = torch.empty(progs + 1, 3, C, dtype=torch.float64, device=dev) if want_stats else x.new_empty(0)
     m, nb, nt = _mask_args(mask, dev)
     _launch(_channel_forward, (progs, chunks),
             x, m, _or(mean, dev), _or(inv, dev), _or(weight, dev), _or(bias, dev), _or(y, dev), _or(scale, dev),
@@ -174,6 +173,7 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
     """The batch's statistics from ``forward``'s per-program ``part`` and the
     running statistics' update, in one kernel (contract.py; cpu.py has the same in PyTorch ops)."""
     P, _, C = part.shape
+    P -= 1  # the last row: the arrival ticket
     dev, sd = part.device, second_buf.dtype
     progs = triton.cdiv(C, _FINISH_BLOCK)
     mean = torch.empty(C if update == "bn" else 0, dtype=sd, device=dev)
@@ -183,7 +183,7 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
     flags = torch.empty(progs, dtype=torch.int32, device=dev)
     _launch(_finish_stats, (progs,),
             part, _or(mean_buf, dev), second_buf, _or(steps, dev), _or(mean, dev), inv, inv_batch, n, scratch, flags,
-            _counter(dev), P, C, momentum, eps, warmup,
+            part[P], P, C, momentum, eps, warmup,
             UPDATE=_UPDATES[update], HAS_STEPS=not _empty(steps), BLOCK=_FINISH_BLOCK)
     return mean, inv, inv_batch, n
 
@@ -199,7 +199,7 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_backward", not want_gx)
     acc, dev = _acc(x), x.device
     gx = torch.empty_like(x) if want_gx else x.new_empty(0)
-    part = torch.empty(progs, 5, C, dtype=acc, device=dev) if want_sums else x.new_empty(0)
+    part = torch.empty(progs + 1, 5, C, dtype=torch.float64, device=dev) if want_sums else x.new_empty(0)
     m, nb, nt = _mask_args(mask, dev)
     _launch(_channel_backward, (progs, chunks),
             x, m, _or(scale, dev), grad_y, weight, _or(mean, dev), inv_fwd, _or(inv_bwd, dev), _or(A, dev),
@@ -218,6 +218,7 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     gradient's A and B (``kind`` exact) and nu's update, in one kernel
     (contract.py; cpu.py has the same in PyTorch ops)."""
     P, _, C = part.shape
+    P -= 1  # the last row: the arrival ticket
     dev = part.device
     sd = nu.dtype if not _empty(nu) else (torch.float64 if part.dtype == torch.float64 else torch.float32)
     progs = triton.cdiv(C, _FINISH_BLOCK)
@@ -228,7 +229,7 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     scratch = torch.empty(C, dtype=sd, device=dev) if not _empty(nu) else _nothing(dev)
     flags = torch.empty(progs, dtype=torch.int32, device=dev)
     _launch(_finish_backward, (progs,),
-            part, weight, n, _or(nu, dev), grad_w, grad_b, _or(A, dev), _or(B, dev), scratch, flags, _counter(dev),
+            part, weight, n, _or(nu, dev), grad_w, grad_b, _or(A, dev), _or(B, dev), scratch, flags, part[P],
             P, C, rate, rows,
             KIND=_KINDS[kind], CENTER=center, HAS_NU=not _empty(nu), BLOCK=_FINISH_BLOCK)
     return grad_w, grad_b, A, B
@@ -248,7 +249,7 @@ def scalenorm_forward(x, scale, eps):
     N, C = x.shape
     block_c, block_n, per_prog, progs = _row_layout(x, "_scalenorm_forward")
     y = torch.empty_like(x)
-    norms = torch.empty(N, dtype=_acc(x), device=x.device)
+    norms = torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
     _launch(_scalenorm_forward, (progs,), x, scale, y, norms, N, C, per_prog, eps,
             F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
     return y, norms
@@ -260,9 +261,9 @@ def scalenorm_backward(x, norms, grad_y, scale, eps):
     N, C = x.shape
     block_c, block_n, per_prog, progs = _row_layout(x, "_scalenorm_backward")
     gx = torch.empty_like(x)
-    part = torch.empty(progs, dtype=_acc(x), device=x.device)
+    part = torch.empty(progs, dtype=torch.float64, device=x.device)
     grad_scale = torch.empty_like(scale)
-    _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, _counter(x.device),
+    _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, norms[N:],
             N, C, per_prog, eps, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
     return gx, grad_scale
 
@@ -272,7 +273,7 @@ def rmsnorm_forward(x, weight, eps):
     N, C = x.shape
     block_c, block_n, per_prog, progs = _row_layout(x, "_rmsnorm_forward")
     y = torch.empty_like(x)
-    rstd = torch.empty(N, dtype=_acc(x), device=x.device)
+    rstd = torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
     _launch(_rmsnorm_forward, (progs,), x, weight, y, rstd, N, C, per_prog, eps,
             F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
     return y, rstd
@@ -284,9 +285,9 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
     N, C = x.shape
     block_c, block_n, per_prog, progs = _row_layout(x, "_rmsnorm_backward")
     gx = torch.empty_like(x)
-    part = torch.empty(progs, C, dtype=_acc(x), device=x.device)
+    part = torch.empty(progs, C, dtype=torch.float64, device=x.device)
     grad_w = torch.empty_like(weight)
-    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, _counter(x.device),
+    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:],
             N, C, per_prog, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
     return gx, grad_w
 
@@ -334,16 +335,27 @@ if triton is not None:
         return keep
 
     @triton.jit
-    def _last_to_arrive(COUNTER):
-        """Whether this program is the grid's last to get here; the last one
-        sets the counter back to 0 for the next kernel. Everything a program
-        stored before is visible to the last one (acquire-release)."""
+    def _last_to_arrive(TICKET):
+        """Whether this program is the grid's last to get here, counted in the
+        launch's own ticket (a float the pass before set to 0; counts stay
+        exact); the last one sets it back to 0, for a second backward of the
+        same graph. Everything a program stored before is visible to the last
+        one (acquire-release)."""
         total = tl.num_programs(0) * tl.num_programs(1)
-        arrived = tl.atomic_add(COUNTER, 1, sem="acq_rel")
+        arrived = tl.atomic_add(TICKET, 1.0, sem="acq_rel")
         last = arrived == total - 1
         if last:
-            tl.atomic_xchg(COUNTER, 0, sem="relaxed")
+            tl.store(TICKET, 0.0)
         return last
+
+    @triton.jit
+    def _reset_ticket(ROW, C, cols, cmask, ROWS: tl.constexpr):
+        """The first row of programs of a pass zeroes the last row of its part
+        (``ROWS`` x C), whose first element is the finishing kernel's ticket:
+        sums over the part's rows (--norm-sync) add nothing from it."""
+        if tl.program_id(0) == 0:
+            for j in tl.static_range(ROWS):
+                tl.store(ROW + j * C + cols, tl.zeros([cols.shape[0]], dtype=tl.float64), mask=cmask)
 
     @triton.jit
     def _all_set(FLAGS, n):
@@ -367,19 +379,26 @@ if triton is not None:
         zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
         mul = zero
         add = zero
-        if WANT_Y:  # y = xs * mul + add
-            inv = _f(tl.load(INV + cols, mask=cmask, other=0.0), F64)
-            if INV_RUNNING:  # a running second moment (PN after warmup, Algorithm 2's psi_{t-1})
-                inv = 1.0 / tl.sqrt(inv + inv_eps)
+        sub = zero
+        if WANT_Y:  # y = (xs - mean) * mul + add: centred first, which no FMA contraction can cancel
+            if INV_RUNNING:  # a running second moment (PN after warmup, Algorithm 2's psi_{t-1}),
+                # its scale in float64 and rounded as finish_stats returns it
+                run = tl.load(INV + cols, mask=cmask, other=1.0).to(tl.float64)
+                inv = _f((1.0 / tl.sqrt(run + inv_eps)).to(INV.dtype.element_ty), F64)
+            else:
+                inv = _f(tl.load(INV + cols, mask=cmask, other=0.0), F64)
             mul = inv * _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
             add = _f(tl.load(Bias + cols, mask=cmask, other=0.0), F64)
             if HAS_MEAN:
-                add = add - _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64) * mul
+                sub = _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64)
         start = pid_n * per_prog
-        count = tl.sum(zero, axis=0)
-        s1 = zero
-        s2 = zero
+        z64 = tl.zeros([BLOCK_C], dtype=tl.float64)  # the program's sums, added into float64 tile by tile
+        count = tl.sum(z64, axis=0)
+        s1 = z64
+        s2 = z64
         shift = zero
+        if WANT_STATS:
+            _reset_ticket(PART + tl.num_programs(0).to(tl.int64) * 3 * C, C, cols, cmask, 3)
         if WANT_STATS and CENTER:  # shifted data: the masked mean of the program's first tile
             rows, rmask, m2, at, x = _row_tile(X, start, N, C, cols, cmask, BLOCK_N, F64)
             if GROUPED:
@@ -397,25 +416,25 @@ if triton is not None:
                 keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
                 d = tl.where(m2, x - shift[None, :], 0.0)
                 dk = d * keep[:, None]
-                count += tl.sum(keep, axis=0)
-                s1 += tl.sum(dk, axis=0)
-                s2 += tl.sum(dk * d, axis=0)
+                count += tl.sum(keep, axis=0).to(tl.float64)
+                s1 += tl.sum(dk, axis=0).to(tl.float64)
+                s2 += tl.sum(dk * d, axis=0).to(tl.float64)
             if WANT_Y:
-                y = x * mul[None, :] + add[None, :]
+                y = (x - sub[None, :]) * mul[None, :] + add[None, :]
                 tl.store(Y + at, y.to(Y.dtype.element_ty), mask=m2)
         if WANT_STATS:
             base = PART + pid_n.to(tl.int64) * 3 * C
-            tl.store(base + cols, zero + count, mask=cmask)
+            tl.store(base + cols, z64 + count, mask=cmask)
             if CENTER:  # this program's mean and sum of squared deviations from it
                 s1n = s1 / tl.maximum(count, 1.0)
-                tl.store(base + C + cols, shift + s1n, mask=cmask)
+                tl.store(base + C + cols, shift.to(tl.float64) + s1n, mask=cmask)
                 tl.store(base + 2 * C + cols, s2 - s1 * s1n, mask=cmask)
             else:
-                tl.store(base + C + cols, zero, mask=cmask)
+                tl.store(base + C + cols, z64, mask=cmask)
                 tl.store(base + 2 * C + cols, s2, mask=cmask)
 
     @triton.jit(do_not_specialize=["P", "warmup"])
-    def _finish_stats(PART, RA, RB, STEPS, MEAN, INV, INVB, NOUT, SCRATCH, FLAGS, COUNTER,
+    def _finish_stats(PART, RA, RB, STEPS, MEAN, INV, INVB, NOUT, SCRATCH, FLAGS, TICKET,
                       P, C, momentum, eps, warmup,
                       UPDATE: tl.constexpr, HAS_STEPS: tl.constexpr, BLOCK: tl.constexpr):
         """UPDATE: 0 BN (EMA of the mean and the unbiased variance), 1 PN-V
@@ -482,7 +501,7 @@ if triton is not None:
         ok = tl.sum(tl.where(cm & ~finite, 1, 0), axis=0) == 0
         tl.store(FLAGS + tl.program_id(0), ok.to(tl.int32))
         n0 = tl.sum(tl.where(cols == tl.program_id(0) * BLOCK, n, 0.0), axis=0)
-        if _last_to_arrive(COUNTER):
+        if _last_to_arrive(TICKET):
             # every program's candidates in, or none: a non-finite statistic
             # (overflowed half activations) or a batch of padding leaves them all
             if _all_set(FLAGS, tl.num_programs(0)) & (n0 > 0.0):
@@ -509,9 +528,9 @@ if triton is not None:
         cmask = (offs < CW) & (cols < C)
         zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
         invf = _f(tl.load(INVF + cols, mask=cmask, other=0.0), F64)
-        shift = zero  # xh = xs * invf - shift
+        shift = zero  # xh = (xs - shift) * invf: centred first, which no FMA contraction can cancel
         if HAS_MEAN:
-            shift = _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64) * invf
+            shift = _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64)
         w = _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
         invb = zero
         a = zero
@@ -522,11 +541,14 @@ if triton is not None:
                 a = _f(tl.load(A + cols, mask=cmask, other=0.0), F64)
             if HAS_B:
                 b = _f(tl.load(Bc + cols, mask=cmask, other=0.0), F64) * b_scale
-        s0 = zero  # dy * xh, every row
-        s1 = zero  # dy, every row
-        s2 = zero  # dy * xh, real rows
-        s3 = zero  # xh^2, real rows
-        s4 = zero  # xh^2, every row
+        z64 = tl.zeros([BLOCK_C], dtype=tl.float64)  # sums added into float64 tile by tile
+        s0 = z64  # dy * xh, every row
+        s1 = z64  # dy, every row
+        s2 = z64  # dy * xh, real rows
+        s3 = z64  # xh^2, real rows
+        s4 = z64  # xh^2, every row
+        if WANT_SUMS:
+            _reset_ticket(PART + tl.num_programs(0).to(tl.int64) * 5 * C, C, cols, cmask, 5)
         start = pid_n * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows, rmask, m2, at, xs = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
@@ -534,17 +556,17 @@ if triton is not None:
             if GROUPED:
                 r = _f(tl.load(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, mask=rmask, other=0.0), F64)
                 xs = xs * r[:, None]
-            xh = tl.where(m2, xs * invf[None, :] - shift[None, :], 0.0)
+            xh = tl.where(m2, (xs - shift[None, :]) * invf[None, :], 0.0)
             gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
             keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
             if WANT_SUMS:
                 gxh = gy * xh
                 xh2 = xh * xh
-                s0 += tl.sum(gxh, axis=0)
-                s1 += tl.sum(gy, axis=0)
-                s2 += tl.sum(gxh * keep[:, None], axis=0)
-                s3 += tl.sum(xh2 * keep[:, None], axis=0)
-                s4 += tl.sum(xh2, axis=0)
+                s0 += tl.sum(gxh, axis=0).to(tl.float64)
+                s1 += tl.sum(gy, axis=0).to(tl.float64)
+                s2 += tl.sum(gxh * keep[:, None], axis=0).to(tl.float64)
+                s3 += tl.sum(xh2 * keep[:, None], axis=0).to(tl.float64)
+                s4 += tl.sum(xh2, axis=0).to(tl.float64)
             if WANT_GX:
                 m = keep
                 if CORRECT_PADS:
@@ -563,7 +585,7 @@ if triton is not None:
             tl.store(base + 4 * C + cols, s4, mask=cmask)
 
     @triton.jit(do_not_specialize=["P", "rows"])
-    def _finish_backward(PART, W, NIN, NU, GW, GB, A, Bc, SCRATCH, FLAGS, COUNTER, P, C, rate, rows,
+    def _finish_backward(PART, W, NIN, NU, GW, GB, A, Bc, SCRATCH, FLAGS, TICKET, P, C, rate, rows,
                          KIND: tl.constexpr, CENTER: tl.constexpr, HAS_NU: tl.constexpr, BLOCK: tl.constexpr):
         """KIND: 0 the exact gradient's A and B (Eq. 3 / Eq. 6), 1 Algorithm
         2, 2 the released code's nu update."""
@@ -604,7 +626,7 @@ if triton is not None:
                 finite = (lam == lam) & (tl.abs(lam) < float("inf")) & (gam == gam) & (gam < float("inf"))
                 ok = tl.sum(tl.where(cm & ~finite, 1, 0), axis=0) == 0
                 tl.store(FLAGS + tl.program_id(0), ok.to(tl.int32))
-                if _last_to_arrive(COUNTER):
+                if _last_to_arrive(TICKET):
                     # a gradient that overflowed (a float16 loss-scale overflow, whose
                     # step the optimizer skips) or a batch of padding leaves nu alone
                     if _all_set(FLAGS, tl.num_programs(0)) & (n > 0.0):
@@ -618,6 +640,8 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
         g = _f(tl.load(S), F64)
+        if tl.program_id(0) == 0:  # the backward's arrival ticket, past the N norms
+            tl.store(NORMS + N, 0.0)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
@@ -626,24 +650,24 @@ if triton is not None:
             tl.store(Y + at, (x * (g / norm)[:, None]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, COUNTER, N, C, per_prog, eps,
+    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, TICKET, N, C, per_prog, eps,
                             F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
         g = _f(tl.load(S), F64)
-        total = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
+        total = tl.zeros([BLOCK_N], dtype=tl.float64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
             norm = _f(tl.load(NORMS + rows, mask=rmask, other=1.0), F64)
             dot = tl.sum(gy * x, axis=1)
-            total += tl.where(rmask, dot / norm, 0.0)
+            total += tl.where(rmask, dot / norm, 0.0).to(tl.float64)
             k = tl.where(norm > eps, dot / (norm * norm), 0.0)
             gx = (g / norm)[:, None] * (gy - x * k[:, None])
             tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
         tl.store(PART + tl.program_id(0), tl.sum(total, axis=0))
-        if _last_to_arrive(COUNTER):  # dL/dg: the programs' sums, in a fixed order
+        if _last_to_arrive(TICKET):  # dL/dg: the programs' sums, in a fixed order
             acc = tl.load(PART).to(tl.float64)
             for p in range(1, tl.num_programs(0)):
                 acc += tl.load(PART + p).to(tl.float64)
@@ -655,6 +679,8 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
         w = _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
+        if tl.program_id(0) == 0:  # the backward's arrival ticket, past the N statistics
+            tl.store(RSTD + N, 0.0)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
@@ -663,25 +689,25 @@ if triton is not None:
             tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, COUNTER, N, C, per_prog,
+    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, per_prog,
                           F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
         w = _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
-        gw = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
+        gw = tl.zeros([BLOCK_C], dtype=tl.float64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
             r = _f(tl.load(RSTD + rows, mask=rmask, other=0.0), F64)
             xr = x * r[:, None]
-            gw += tl.sum(gy * xr, axis=0)
+            gw += tl.sum(gy * xr, axis=0).to(tl.float64)
             g = gy * w[None, :]
             dot = tl.sum(g * xr, axis=1) / C
             gx = r[:, None] * (g - xr * dot[:, None])
             tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
         tl.store(PART + tl.program_id(0).to(tl.int64) * C + cols, gw, mask=cmask)
-        if _last_to_arrive(COUNTER):  # dL/dw: the programs' sums, in a fixed order
+        if _last_to_arrive(TICKET):  # dL/dw: the programs' sums, in a fixed order
             acc = tl.load(PART + cols, mask=cmask, other=0.0).to(tl.float64)
             for p in range(1, tl.num_programs(0)):
                 acc += tl.load(PART + p * C + cols, mask=cmask, other=0.0).to(tl.float64)

@@ -72,7 +72,7 @@ def _fake_finish_backward(impl, part, weight, n, nu, rate, kind, center, rows):
 
 
 def _fake_rows(impl, x, *args):
-    return torch.empty_like(x), x.new_empty(x.size(0), dtype=_stat(x))
+    return torch.empty_like(x), x.new_empty(x.size(0) + backend(impl).ROW_TICKET, dtype=_stat(x))
 
 
 def _fake_scalenorm_backward(impl, x, norms, grad_y, scale, eps):

@@ -27,6 +27,9 @@ def takes(x: torch.Tensor) -> bool:
     return True
 
 
+TICKET_ROWS, ROW_TICKET = 0, 0  # the GPU kernels' arrival tickets (gpu.py); none here
+
+
 def parts(x, groups, kernel, tall):
     """(rows, dtype) of the per-program statistics: one row, float64."""
     return 1, torch.float64

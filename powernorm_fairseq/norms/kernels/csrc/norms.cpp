@@ -81,6 +81,11 @@ std::vector<double> doubles(const Tensor& t) {
   return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
 
+// v as a value of dtype would hold it (float32 or float64)
+double round_to(double v, at::ScalarType dtype) {
+  return dtype == torch::kFloat64 ? v : double(static_cast<float>(v));
+}
+
 Tensor from(const std::vector<double>& v, at::ScalarType dtype) {
   return torch::tensor(at::ArrayRef<double>(v), torch::kFloat64).to(dtype);
 }
@@ -116,16 +121,17 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   Tensor y = want_y ? torch::empty_like(x) : torch::empty({0}, x.options());
   Tensor scale = G > 0 ? torch::empty({N, G}, x.options().dtype(stat_dtype<T>())) : torch::empty({0}, x.options());
   A* sp = G > 0 ? scale.data_ptr<A>() : nullptr;
-  std::vector<A> mul(C), add(C), shift(C, A(0));
-  if (want_y) {  // y = xs * mul + add
+  std::vector<A> mul(C), add(C), sub(C, A(0)), shift(C, A(0));
+  if (want_y) {  // y = (xs - mean) * mul + bias: centred first, which no contraction into an FMA can cancel
     std::vector<double> iv = doubles(inv);
-    if (inv_eps >= 0)
-      for (auto& v : iv) v = 1.0 / std::sqrt(v + inv_eps);
+    if (inv_eps >= 0)  // a running second moment: its scale rounded as finish_stats returns it
+      for (auto& v : iv) v = round_to(1.0 / std::sqrt(v + inv_eps), inv.scalar_type());
     const std::vector<double> mv = mean.numel() ? doubles(mean) : std::vector<double>(C, 0.0);
     const std::vector<double> wv = doubles(weight), bv = doubles(bias);
     for (int64_t c = 0; c < C; ++c) {
       mul[c] = A(iv[c] * wv[c]);
-      add[c] = A(bv[c] - mv[c] * iv[c] * wv[c]);
+      add[c] = A(bv[c]);
+      sub[c] = A(mv[c]);
     }
   }
   int64_t first = 0;  // the first real row: with centring, sums of xs minus it keep the variance free of cancellation
@@ -138,7 +144,7 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   Sums<A> sums(want_stats ? 2 * C : 0);
   int64_t count = 0;
   for (int64_t n = 0; n < N; ++n) count += real(n);
-  const A *mulp = mul.data(), *addp = add.data(), *kv = shift.data();
+  const A *mulp = mul.data(), *addp = add.data(), *subp = sub.data(), *kv = shift.data();
   T* yp = want_y ? y.data_ptr<T>() : nullptr;
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(groups, A(1));
@@ -167,7 +173,7 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
         if (yp) {
           T* __restrict__ yr = yp + n * C;
 #pragma omp simd
-          for (int64_t c = lo; c < hi; ++c) yr[c] = T(A(xr[c]) * rg * mulp[c] + addp[c]);
+          for (int64_t c = lo; c < hi; ++c) yr[c] = T((A(xr[c]) * rg - subp[c]) * mulp[c] + addp[c]);
         }
       }
       if (stats && ++rows % kFlush == 0) flush(stage, dst);
@@ -209,8 +215,8 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
   Tensor gx = want_gx ? torch::empty_like(x) : torch::empty({0}, x.options());
   const std::vector<A> ip = channels<A>(inv_fwd, C), mp = channels<A>(mean, C), wp = channels<A>(weight, C),
                        jp = channels<A>(inv_bwd, C), ap = channels<A>(Ac, C), bp = channels<A>(Bc, C, b_scale);
-  std::vector<A> shift(C);
-  for (int64_t c = 0; c < C; ++c) shift[c] = mp[c] * ip[c];  // xh = xs * inv - shift
+  // xh = (xs - mean) * inv: centred first (xs * inv - mean * inv under FMA contraction cancels
+  // badly where the variance is tiny, as for a single real token)
   const T *xp = x.data_ptr<T>(), *gp = gy.data_ptr<T>();
   const A* sp = G > 0 ? scale.data_ptr<A>() : nullptr;
   T* op = want_gx ? gx.data_ptr<T>() : nullptr;
@@ -219,7 +225,7 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<A> stage(want_sums ? 6 * C : 0, A(0)), buf(Cg);
     double* dst = want_sums ? sums.local() : nullptr;
-    const A *ipv = ip.data(), *hpv = shift.data(), *wpv = wp.data(), *jpv = jp.data(), *apv = ap.data(),
+    const A *ipv = ip.data(), *hpv = mp.data(), *wpv = wp.data(), *jpv = jp.data(), *apv = ap.data(),
             *bpv = bp.data();
     for (int64_t n = begin; n < end; ++n) {
       const T* __restrict__ xr = xp + n * C;
@@ -235,7 +241,7 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
           A* __restrict__ s2 = s1 + C;
 #pragma omp simd
           for (int64_t c = lo; c < hi; ++c) {
-            const A xh = A(xr[c]) * r * ipv[c] - hpv[c], gc = A(gr[c]);
+            const A xh = (A(xr[c]) * r - hpv[c]) * ipv[c], gc = A(gr[c]);
             s0[c] += gc * xh;
             s1[c] += gc;
             s2[c] += xh * xh;
@@ -250,7 +256,7 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
           A dot = 0;
 #pragma omp simd reduction(+ : dot)
           for (int64_t c = lo; c < hi; ++c) {
-            const A xs = A(xr[c]) * r, xh = xs * ipv[c] - hpv[c], gc = A(gr[c]);
+            const A xs = A(xr[c]) * r, xh = (xs - hpv[c]) * ipv[c], gc = A(gr[c]);
             s0[c] += gc * xh;
             s1[c] += gc;
             s2[c] += xh * xh;
@@ -268,7 +274,7 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
         if (!sp) {
 #pragma omp simd
           for (int64_t c = lo; c < hi; ++c) {
-            const A xh = A(xr[c]) * ipv[c] - hpv[c];
+            const A xh = (A(xr[c]) - hpv[c]) * ipv[c];
             out[c] = T((A(gr[c]) * wpv[c] - m * (apv[c] + bpv[c] * xh)) * jpv[c]);
           }
           continue;
@@ -278,7 +284,7 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
         A dot = 0;
 #pragma omp simd reduction(+ : dot)
         for (int64_t c = lo; c < hi; ++c) {
-          const A xs = A(xr[c]) * r, xh = xs * ipv[c] - hpv[c];
+          const A xs = A(xr[c]) * r, xh = (xs - hpv[c]) * ipv[c];
           const A d = (A(gr[c]) * wpv[c] - m * (apv[c] + bpv[c] * xh)) * jpv[c];
           gv[c] = d;
           dot += d * xs;
@@ -317,6 +323,9 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
   const int64_t P = pt.size(0), C = pt.size(2);
   const double* p = pt.data_ptr<double>();
   const bool bn = update == "bn";
+  TORCH_CHECK(bn || update == "pn-v" || update == "pn" || update == "pn-warm" || update == "reference-warm" ||
+                  update == "reference",
+              "finish_stats: unknown update '", update, "'; one of bn, pn-v, pn-warm, pn, reference-warm, reference");
   const auto sd = second_buf.scalar_type();
   double n = 0;
   for (int64_t i = 0; i < P; ++i) n += p[i * 3 * C];
@@ -386,6 +395,8 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
   const auto sd = nu.numel() ? nu.scalar_type()
                              : (weight.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
   const bool exact = kind == "exact";
+  TORCH_CHECK(exact || kind == "paper" || kind == "reference",
+              "finish_backward: unknown kind '", kind, "'; one of exact, paper, reference");
   std::vector<double> a(C), b(C);
   for (int64_t c = 0; c < C; ++c) {  // means over the real tokens of sums over every position
     b[c] = w[c] * s[0][c] / ns;
