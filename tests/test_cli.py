@@ -93,7 +93,6 @@ def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
     (["--norm-placement", "post", "--decoder-normalize-before"],
      "--decoder-normalize-before contradicts --norm-placement post"),
     (["--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm"),
-    (["--norm-type", "bn", "--checkpoint-activations"], "--checkpoint-activations recomputes forwards"),
     (["--pn-backward", "reference", "--norm-sync", "batch"], "use --norm-sync none (got --norm-sync batch)"),
     (["--encoder-norm-ff", "bn-original", "--norm-sync", "running"],
      "bn-original reproduces the released code, which never synchronised statistics across workers: "

@@ -142,3 +142,17 @@ def test_checkpoint_with_other_norms_names_the_language_model_flag(lm_data):
                                                    r"\(decoder ln\); pass --norm-type pn$"):
         ln_model.load_state_dict(pn_model.state_dict())
     ln_model.load_state_dict(build(lm_data, "--norm-type", "ln", seed=1)[0].state_dict())
+
+
+@pytest.mark.parametrize("kind", ["ln", "bn", "pn", "pn-v", "bn-original", "rmsnorm", "scalenorm", "none",
+                                  "layernorm-simple", "detachnorm", "adanorm", "groupnorm"])
+def test_normformer_flags_take_the_norm_type(lm_data, kind):
+    """--scale-attn and --scale-fc (NormFormer) add norms of the kinds of the
+    self-attention and FFN norms, which train with the others."""
+    model, task = build(lm_data, "--norm-type", kind, "--scale-attn", "--scale-fc")
+    layer = model.decoder.layers[0]
+    assert norm_type_of(layer.attn_ln) == kind and norm_type_of(layer.ffn_layernorm) == kind
+    assert layer.ffn_layernorm.dim == layer.fc1.out_features
+    model.train()
+    model(**sample(task)["net_input"])[0].logsumexp(-1).sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.ffn_layernorm.parameters())

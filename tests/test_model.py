@@ -125,7 +125,6 @@ def test_post_norm_placement(toy_data):
      "--encoder-normalize-before contradicts --norm-placement post"),
     (["--layernorm-embedding"], "--layernorm-embedding adds a LayerNorm"),
     (["--fixnorm"], "--fixnorm needs tied embeddings"),
-    (["--checkpoint-activations"], "--checkpoint-activations recomputes forwards"),
 ])
 def test_bad_combinations_are_rejected(toy_data, flags, message):
     with pytest.raises(PowerNormConfigError, match=message):
@@ -253,3 +252,32 @@ def test_bn_original_momentum_and_checkpoint_identity(toy_data):
     with pytest.raises(PowerNormConfigError, match=r"checkpoint norms \(decoder ln, encoder bn-original\).*"
                                                    r"pass --norm-type bn-original"):
         bn_model.load_state_dict(model.state_dict())
+
+
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "bn-original"])
+def test_checkpoint_activations_equals_a_run_without(toy_data, kind):
+    """fairseq's --checkpoint-activations recomputes each layer's forward in
+    the backward: the running statistics, the warmup counter and the
+    gradients come out as without it, over steps inside and after PN's warmup."""
+    runs = []
+    for flags in ([], ["--checkpoint-activations"]):
+        model, task = build(toy_data, "--norm-type", kind, "--decoder-norm-type", kind, "--pn-warmup-updates", "2",
+                            *flags)
+        model.train()
+        for step in range(3):
+            model.zero_grad()
+            forward(model, sample(task)).logsumexp(-1).sum().backward()
+        runs.append(({k: v.clone() for k, v in model.state_dict().items()},
+                     {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (state, grads), (state_ck, grads_ck) = runs
+    assert state.keys() == state_ck.keys() and grads.keys() == grads_ck.keys()
+    for key in state:
+        torch.testing.assert_close(state_ck[key], state[key], rtol=1e-6, atol=1e-7, msg=key)
+    for key in grads:
+        torch.testing.assert_close(grads_ck[key], grads[key], rtol=1e-5, atol=1e-7, msg=key)
+
+
+def test_norm_causal_reaches_the_decoder_norms_only(toy_data):
+    model, _ = build(toy_data, "--norm-type", "bn", "--decoder-norm-type", "pn-v", "--norm-causal")
+    assert all(m.causal for m in norms_of(model.decoder)) and not any(m.causal for m in norms_of(model.encoder))
+    assert all(m.in_causal_decoder for m in norms_of(model.decoder))

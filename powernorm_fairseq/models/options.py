@@ -15,7 +15,7 @@ from fairseq.dataclass import FairseqDataclass
 from .. import patches
 from ..common.errors import PowerNormConfigError
 from ..common.flags import at_least, fraction, positive
-from ..norms import NORM_TYPES, RUNNING_STAT_TYPES
+from ..norms import NORM_TYPES
 from ..norms.sync import MODES as SYNC_MODES
 
 SUBLAYER_FLAGS = {
@@ -112,6 +112,9 @@ class NormConfig(FairseqDataclass):
                                      "running = per-worker batch, identical running statistics, none = per "
                                      "worker (default: batch; none with --pn-backward reference; bn-original "
                                      "is always none)", **_choice(SYNC_MODES))
+    norm_causal: bool = _flag(False, "decoder norms with batch statistics (bn, pn-v, pn in its warmup) normalise "
+                              "with their running statistics in training too, so that no token sees a later "
+                              "one through them (docs/norms.md)", action="store_true")
     norm_diagnostics: bool = _flag(False, "log batch vs running statistics distances and the gradient terms of "
                                    "the statistics for every bn, bn-original, pn-v and pn layer (diag/... "
                                    "metrics)", action="store_true")
@@ -167,16 +170,6 @@ def check_args(args):
         raise PowerNormConfigError(
             "--layernorm-embedding adds a LayerNorm that --norm-type does not control; "
             "drop it (powernorm_transformer has no embedding norm)"
-        )
-    for flag in ("scale_attn", "scale_fc"):
-        if getattr(args, flag, False):
-            raise PowerNormConfigError(
-                f"--{flag.replace('_', '-')} adds a LayerNorm that --norm-type does not control; drop it"
-            )
-    if getattr(args, "checkpoint_activations", False) and any(k in RUNNING_STAT_TYPES for k in kinds):
-        raise PowerNormConfigError(
-            "--checkpoint-activations recomputes forwards, which would update running "
-            "statistics twice; use --norm-type/--decoder-norm-type in {ln,scalenorm} or drop it"
         )
     if args.pn_backward == "reference" and args.norm_sync not in (None, "none") and "pn" in kinds:
         raise PowerNormConfigError(

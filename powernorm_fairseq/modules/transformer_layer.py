@@ -11,6 +11,9 @@ from fairseq.modules.transformer_layer import (
     TransformerEncoderLayerBase,
 )
 
+import inspect
+
+from ..common.errors import PowerNormConfigError
 from ..norms import NORMS, build_norm
 
 
@@ -29,10 +32,23 @@ def encoder_norm(cfg, kind=None, final=False):
     return build_norm(kind, cfg.encoder.embed_dim, **norm_options(cfg, kind, heads, final))
 
 
-def decoder_norm(cfg, kind=None, final=False):
-    """A norm of the decoder: ``kind``, or ``--decoder-norm-type`` when None."""
+def decoder_norm(cfg, kind=None, final=False, dim=None, flag=None):
+    """A norm of the decoder (``dim``: its embedding size unless given):
+    ``kind``, or ``--decoder-norm-type`` when None. Its tokens see only the
+    earlier ones: a norm of batch statistics is told so (it warns while
+    training, or runs causally under ``--norm-causal``)."""
     kind, heads = kind or cfg.decoder_norm_type, cfg.decoder.attention_heads
-    return build_norm(kind, cfg.decoder.embed_dim, **norm_options(cfg, kind, heads, final))
+    options = norm_options(cfg, kind, heads, final)
+    if getattr(cfg, "norm_causal", False) and "causal" in inspect.signature(NORMS[kind]).parameters:
+        options["causal"] = True
+    try:
+        norm = build_norm(kind, dim or cfg.decoder.embed_dim, **options)
+    except ValueError as err:
+        if flag is None:
+            raise
+        raise PowerNormConfigError(f"{flag} with a {kind} decoder: {err}") from None
+    norm.in_causal_decoder = True
+    return norm
 
 
 class PowerNormEncoderLayer(TransformerEncoderLayerBase):
@@ -47,7 +63,8 @@ class PowerNormEncoderLayer(TransformerEncoderLayerBase):
 
 class PowerNormDecoderLayer(TransformerDecoderLayerBase):
     """Decoder layer: ``--decoder-norm-self``, ``--decoder-norm-cross`` and
-    ``--decoder-norm-ff``, each ``--decoder-norm-type`` unless given."""
+    ``--decoder-norm-ff``, each ``--decoder-norm-type`` unless given; with
+    NormFormer's flags, its norms of the same kinds."""
 
     def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
         super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
@@ -55,3 +72,10 @@ class PowerNormDecoderLayer(TransformerDecoderLayerBase):
         if self.encoder_attn_layer_norm is not None:
             self.encoder_attn_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_cross", None))
         self.final_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_ff", None))
+        # NormFormer's extra norms (--scale-attn after self-attention, --scale-fc inside the FFN):
+        # the kinds of the self-attention and FFN norms
+        if self.attn_ln is not None:
+            self.attn_ln = decoder_norm(cfg, getattr(cfg, "decoder_norm_self", None), flag="--scale-attn")
+        if self.ffn_layernorm is not None:
+            self.ffn_layernorm = decoder_norm(cfg, getattr(cfg, "decoder_norm_ff", None),
+                                              dim=cfg.decoder.ffn_embed_dim, flag="--scale-fc")
