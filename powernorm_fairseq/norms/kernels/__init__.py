@@ -105,7 +105,7 @@ def _why(k) -> str:
 
 
 def _say(what: str, warn: bool = False):
-    if what not in _said:
+    if what not in _said and not torch.compiler.is_compiling():  # said by the eager call before a compile
         _said.add(what)
         (logger.warning if warn else logger.info)("powernorm_fairseq: norms run on the %s", what)
 

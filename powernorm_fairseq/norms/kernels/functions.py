@@ -21,8 +21,9 @@ backward), and per mode:
 * ``fixed`` (the causal mode's running statistics): A = B = 0, the statistics
   constants of the gradient; PN's nu still follows Algorithm 2.
 
-Every backward here is once differentiable: a second derivative through a
-norm with batch statistics (``create_graph=True``) raises, on every backend.
+Every backward here gives first derivatives only: a backward asked to build
+a graph through one of these norms (``create_graph=True``) raises, on every
+backend.
 
 Per-channel vectors are kept in the statistics dtype (float32 for half
 inputs), activations in their own; per-program sums are added in float64.
@@ -32,7 +33,6 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .. import sync as sync_mod
 from ..stats import GROUP_EPS, update_nu
@@ -113,8 +113,8 @@ class FusedChannelNorm(torch.autograd.Function):
         return y, inv
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y, _):
+        first_derivative_only("bn, pn-v and pn", grad_y)
         x, mask, scale, weight, mean, inv, inv_batch, n, n_all = ctx.saved_tensors
         s, nu, none, gy = ctx.step, ctx.nu, x.new_empty(0), grad_y.contiguous()
         if s.mode == "exact":  # the batch terms of Eq. 3 / Eq. 6 first, then the gradient
@@ -140,6 +140,14 @@ class FusedChannelNorm(torch.autograd.Function):
             else:
                 grad_w, grad_b, _, _ = _synced_terms(s, part, weight, n, n_all, nu, exact=False)
         return grad_x, None, grad_w, grad_b, None, None, None, None, None, None, None
+
+
+def first_derivative_only(kinds: str, grad_y: Tensor):
+    """The fused backwards compute no graph of their own: a backward asked for
+    one (``create_graph=True`` through this norm) is refused, on every backend."""
+    if torch.is_grad_enabled() and grad_y.requires_grad:
+        raise RuntimeError(f"{kinds} have no second derivative here (a backward with create_graph=True went "
+                           "through one): use ln, layernorm-simple or none for double backward")
 
 
 def _statistics(s: Step, part, mean_buf, second_buf, steps):
@@ -230,8 +238,8 @@ class FusedScaleNorm(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y):
+        first_derivative_only("scalenorm", grad_y)
         x, norms, scale = ctx.saved_tensors
         grad_x, grad_scale = P.scalenorm_backward(ctx.backend, x, norms, grad_y.contiguous(), scale, ctx.eps)
         return grad_x, grad_scale, None, None
@@ -248,8 +256,8 @@ class FusedRMSNorm(torch.autograd.Function):
         return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y):
+        first_derivative_only("rmsnorm", grad_y)
         x, rstd, weight = ctx.saved_tensors
         grad_x, grad_weight = P.rmsnorm_backward(ctx.backend, x, rstd, grad_y.contiguous(), weight)
         return grad_x, grad_weight, None, None

@@ -172,6 +172,8 @@ _UPDATES = {"bn": 0, "pn-v": 1, "pn-warm": 2, "pn": 3, "reference-warm": 4, "ref
 def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
     """The batch's statistics from ``forward``'s per-program ``part`` and the
     running statistics' update, in one kernel (contract.py; cpu.py has the same in PyTorch ops)."""
+    if update not in _UPDATES:
+        raise ValueError(f"unknown update {update!r}; one of {', '.join(_UPDATES)}")
     P, _, C = part.shape
     P -= 1  # the last row: the arrival ticket
     dev, sd = part.device, second_buf.dtype
@@ -217,6 +219,8 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     """The weight and bias gradients from ``backward``'s ``part``, the exact
     gradient's A and B (``kind`` exact) and nu's update, in one kernel
     (contract.py; cpu.py has the same in PyTorch ops)."""
+    if kind not in _KINDS:
+        raise ValueError(f"unknown kind {kind!r}; one of {', '.join(_KINDS)}")
     P, _, C = part.shape
     P -= 1  # the last row: the arrival ticket
     dev = part.device

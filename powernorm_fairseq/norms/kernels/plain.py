@@ -111,7 +111,7 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
         new = torch.where(k < warmup, old * ((k - 1) / k) + second / k, old)
         new = new + momentum * (second - new)
     else:
-        raise ValueError(f"unknown update {update!r}")
+        raise ValueError(f"unknown update {update!r}; one of bn, pn-v, pn-warm, pn, reference-warm, reference")
     finite = torch.isfinite(second).all()
     if bn:
         finite = finite & torch.isfinite(mean).all()
@@ -173,7 +173,7 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
             new = old * (1 - rate * gam) + rate * lam
             ok = (n > 0) & torch.isfinite(lam).all() & torch.isfinite(gam).all()
         else:
-            raise ValueError(f"unknown kind {kind!r}")
+            raise ValueError(f"unknown kind {kind!r}; one of exact, paper, reference")
         nu.copy_(torch.where(ok, new, old))
     return s[0].to(weight.dtype), s[1].to(weight.dtype), A, B
 

@@ -1,0 +1,383 @@
+"""One step off the main path, every norm still gives the float64 reference's
+numbers, or one clear error, on every backend: batches of padding, strided
+masks, torch.compile and torch.export, a lone real token, double backward,
+activation checkpointing, causal decoders, layouts and masks, concurrent or
+aborted launches, long reductions, and torch's module conventions."""
+
+import copy
+import logging
+
+import pytest
+import torch
+import torch.utils.checkpoint as checkpoint
+
+import reference as ref
+from conftest import backend_or_fail
+from powernorm_fairseq.norms import NORM_TYPES, build_norm, kernels, padding_mask
+from powernorm_fairseq.norms.base import Norm
+from powernorm_fairseq.norms.kernels import gpu
+
+pytestmark = pytest.mark.fast
+
+BACKENDS = ["plain", "cpu", "triton"]
+T, B, C = 9, 4, 16
+#: the kinds with kernels, and the options that reach their distinct paths
+FUSED = [("bn", {}), ("pn-v", {}), ("pn", {"warmup_updates": 2}), ("scalenorm", {}), ("rmsnorm", {})]
+FUSED_IDS = [k for k, _ in FUSED]
+STATS = FUSED[:3]
+
+
+def data(seed, dtype=torch.float64, pad_all=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, B, C, generator=g, dtype=torch.float64) * 1.5 + 0.3
+    lengths = torch.randint(2, T + 1, (B,), generator=g)
+    pad = torch.arange(T)[None, :] >= lengths[:, None]
+    if pad_all:
+        pad[:] = True
+    dy = torch.randn(T, B, C, generator=g, dtype=torch.float64)
+    dy[pad.t()] = 0
+    return x.to(dtype), pad, dy.to(dtype)
+
+
+def run(norm, backend, batches, dtype=torch.float64):
+    """y, dL/dx, parameter gradients and buffers after each training step."""
+    out = []
+    with kernels.use(backend):
+        for x, pad, dy in batches:
+            x = x.detach().to(dtype).clone().requires_grad_(True)
+            norm.zero_grad()
+            y = norm(x, pad)
+            y.backward(dy.to(dtype))
+            out.append([y.detach(), x.grad.clone()] + [p.grad.clone() for p in norm.parameters()]
+                       + [b.clone() for b in norm.buffers()])
+    return out
+
+
+# 1: a batch of padding is not a step, anywhere; a resumed run is the uninterrupted one
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_batch_of_padding_is_no_step_and_resuming_changes_nothing(backend):
+    backend_or_fail(backend)
+    batches = [data(0), data(1, pad_all=True), data(2), data(3), data(4)]
+    reference = ref.PaperPN(C, warmup=2)
+    norm = build_norm("pn", C, warmup_updates=2).double().train()
+    with kernels.use(backend):
+        for i, (x, pad, dy) in enumerate(batches):
+            xr = x.clone().requires_grad_(True)
+            y = norm(xr, pad)
+            y.backward(dy)
+            if pad.all():  # nothing updated, nothing counted; the running psi^2 normalises
+                want = x / torch.sqrt(reference.psi2 + 1e-5)
+            else:
+                want, want_dx, want_dw = reference.step(x, pad, torch.ones(C, dtype=torch.float64),
+                                                        torch.zeros(C, dtype=torch.float64), dy)
+                torch.testing.assert_close(xr.grad, want_dx, rtol=1e-9, atol=1e-10, msg=f"dx step {i}")
+            torch.testing.assert_close(y, want, rtol=1e-9, atol=1e-10, msg=f"y step {i}")
+            torch.testing.assert_close(norm.running_psi2, reference.psi2, rtol=1e-9, atol=1e-12)
+            torch.testing.assert_close(norm.running_nu, reference.nu, rtol=1e-9, atol=1e-12)
+    assert int(norm.num_steps) == 4
+    # the same run cut after the batch of padding and resumed from its state dict: bit for bit
+    whole = build_norm("pn", C, warmup_updates=2).double().train()
+    first = run(whole, backend, batches)
+    cut = build_norm("pn", C, warmup_updates=2).double().train()
+    run(cut, backend, batches[:2])
+    resumed = build_norm("pn", C, warmup_updates=2).double().train()
+    resumed.load_state_dict(cut.state_dict())
+    again = run(resumed, backend, batches[2:])
+    for a, b in zip(first[2:], again):
+        for u, v in zip(a, b):
+            assert torch.equal(u, v)
+
+
+# 2: a mask that is a slice of a larger one
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind, options", STATS, ids=FUSED_IDS[:3])
+def test_a_strided_mask_reads_as_its_contiguous_copy(backend, kind, options):
+    backend_or_fail(backend)
+    x, pad, dy = data(5)
+    big = torch.ones(B, T + 5, dtype=torch.bool)
+    big[:, :T] = pad
+    outs = []
+    for mask in (pad, big[:, :T]):
+        norm = build_norm(kind, C, **options).double().train()
+        outs.append(run(norm, backend, [(x, mask, dy)] * 3))
+    for a, b in zip(*outs):
+        for u, v in zip(a, b):
+            torch.testing.assert_close(u, v, rtol=1e-12, atol=1e-13)
+
+
+# 3 and 9: torch.compile, one graph per phase and no break, whatever the mask's dtype
+class Counting:
+    def __init__(self):
+        self.graphs = 0
+
+    def __call__(self, gm, example):
+        self.graphs += 1
+        return gm.forward
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.float32], ids=["bool", "int", "float"])
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "scalenorm", "rmsnorm", "ln", "groupnorm"])
+def test_twenty_compiled_steps_compile_once_per_phase(kind, mask_dtype):
+    torch._dynamo.reset()
+    options = {"warmup_updates": 3} if kind == "pn" else {}
+    norm = build_norm(kind, C, **options).train()
+    counting = Counting()
+    step = torch.compile(lambda x, m: norm(x, attention_mask=m, batch_first=True), backend=counting,
+                         fullgraph=True)
+    phases = []
+    with kernels.use("cpu"):
+        for i in range(20):
+            x, pad, _ = data(i, torch.float32)
+            xb = x.transpose(0, 1).contiguous().requires_grad_(True)
+            step(xb, (~pad).to(mask_dtype)).sum().backward()
+            phases.append(counting.graphs)
+        norm.eval()
+        for i in range(3):
+            x, pad, _ = data(i, torch.float32)
+            step(x.transpose(0, 1), (~pad).to(mask_dtype))
+    phases.append(counting.graphs)
+    assert counting.graphs <= (3 if kind == "pn" else 2), phases  # warmup, training, eval
+    if kind == "pn":
+        assert phases[2] == 1 and phases[3] == 2 and phases[19] == 2, phases  # the warmup's end, once
+        assert int(norm.num_steps) == 20
+
+
+def test_a_model_of_twelve_pn_layers_runs_compiled():
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(*[build_norm("pn", C, warmup_updates=2) for _ in range(12)]).train()
+    counting = Counting()
+    step = torch.compile(model, backend=counting, fullgraph=True)
+    with kernels.use("cpu"):
+        for i in range(8):
+            x = data(i, torch.float32)[0].reshape(-1, C).requires_grad_(True)
+            step(x).sum().backward()
+    assert counting.graphs == 2 and all(int(m.num_steps) == 8 for m in model)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64], ids=["bool", "int"])
+def test_torch_export_of_a_masked_norm(mask_dtype):
+    norm = build_norm("bn", C).eval()
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = norm
+
+        def forward(self, x, m):
+            return self.norm(x, attention_mask=m, batch_first=True)
+
+    x, pad, _ = data(0, torch.float32)
+    xb, m = x.transpose(0, 1).contiguous(), (~pad).to(mask_dtype)
+    exported = torch.export.export(Masked(), (xb, m))
+    torch.testing.assert_close(exported.module()(xb, m), Masked()(xb, m))
+    if mask_dtype != torch.bool:
+        with pytest.raises(Exception, match="values other than 0 and 1"):
+            exported.module()(xb, m * 2)
+
+
+# 4: one real token among many: a variance of 0, inv = 1 / sqrt(eps)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layer_scale", [False, True], ids=["plain-bn", "layer-scale"])
+def test_a_lone_real_token_gets_the_exact_gradient(backend, layer_scale):
+    backend_or_fail(backend)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(20, 1, 1000, generator=g) * 3
+    pad = torch.ones(1, 20, dtype=torch.bool)
+    pad[0, 7] = False
+    dy = torch.randn(20, 1, 1000, generator=g)
+    grads = []
+    for dtype, be in ((torch.float64, "plain"), (torch.float32, backend)):
+        norm = build_norm("bn", 1000, layer_scale=layer_scale, groups=4).to(dtype).train()
+        xr = x.to(dtype).requires_grad_(True)
+        with kernels.use(be):
+            norm(xr, pad).backward(dy.to(dtype))
+        grads.append(xr.grad.double())
+    exact, got = grads
+    assert float((got - exact).abs().max() / exact.abs().max()) < 1e-5
+
+
+# 5: a second derivative raises, identically
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind, options", FUSED, ids=FUSED_IDS)
+def test_double_backward_raises_on_every_backend(backend, kind, options):
+    backend_or_fail(backend)
+    x, pad, _ = data(6)
+    norm = build_norm(kind, C, **options).double().train()
+    xr = x.requires_grad_(True)
+    with kernels.use(backend), pytest.raises(RuntimeError, match=r"^\S.* have no second derivative here"):
+        torch.autograd.grad(norm(xr, pad).pow(2).sum(), xr, create_graph=True)
+
+
+# 6: activation checkpointing: the recomputation updates nothing and replays the first forward
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "bn-original", "rmsnorm"])
+def test_checkpointed_equals_not_checkpointed(kind, backend, reentrant):
+    backend_or_fail(backend)
+    options = {"warmup_updates": 2} if kind == "pn" else {}
+    results = []
+    for use in (False, True):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(C, C).double()
+        norms = [build_norm(kind, C, **options).double().train() for _ in range(2)]
+
+        def block(x, pad):
+            return norms[1](lin(norms[0](x, pad)), pad)
+
+        with kernels.use(backend):
+            for i in range(4):
+                x, pad, dy = data(10 + i)
+                x.requires_grad_(True)
+                y = checkpoint.checkpoint(block, x, pad, use_reentrant=reentrant) if use else block(x, pad)
+                y.backward(dy)
+        results.append([t.clone() for n in norms for t in (*n.buffers(), *(p.grad for p in n.parameters()))]
+                       + [lin.weight.grad.clone()])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+# 7: causal decoders
+def leak(norm, backend):
+    """The largest change of a training step's outputs at positions 0-7 when
+    only positions >= 8 change (two steps from the same state)."""
+    x, pad, _ = data(7)
+    pad[:] = False
+    x2 = x.clone()
+    x2[8:] = torch.randn_like(x2[8:]) * 5
+    with kernels.use(backend):
+        a, b = copy.deepcopy(norm)(x, pad)[:8], copy.deepcopy(norm)(x2, pad)[:8]
+    return float((a - b).abs().max())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind, options", STATS, ids=FUSED_IDS[:3])
+def test_the_causal_mode_leaks_nothing(backend, kind, options):
+    backend_or_fail(backend)
+    leaky = build_norm(kind, C, **options).double().train()
+    assert leak(leaky, backend) > 0.1  # batch statistics: the future reaches position 0
+    causal = build_norm(kind, C, causal=True, **options).double().train()
+    assert leak(causal, backend) == 0.0
+    causal(data(1)[0], data(1)[1]).sum().backward()  # trains: running statistics follow the batches
+    assert leak(causal, backend) == 0.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pn_after_its_warmup_leaks_nothing(backend):
+    backend_or_fail(backend)
+    norm = build_norm("pn", C, warmup_updates=1).double().train()
+    with kernels.use(backend):
+        norm(*data(0)[:2]).sum().backward()
+    assert leak(norm, backend) == 0.0
+
+
+def test_a_leaking_norm_in_a_causal_decoder_warns_once(caplog):
+    Norm._warned.discard("bn")
+    norm = build_norm("bn", C).train()
+    norm.in_causal_decoder = True
+    with caplog.at_level(logging.WARNING):
+        for i in range(3):
+            norm(*data(i, torch.float32)[:2])
+    lines = [r.getMessage() for r in caplog.records if "causal decoder" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].count("\n") == 0 and "bn in a causal decoder" in lines[0]
+    assert "--norm-causal" in lines[0]
+
+
+# 8 and 10: layouts
+@pytest.mark.parametrize("kind", NORM_TYPES)
+def test_attention_mask_means_batch_first_and_a_square_input_is_refused(kind):
+    norm = build_norm(kind, C).double().train()
+    g = torch.Generator().manual_seed(0)
+    square = torch.randn(6, 6, C, generator=g, dtype=torch.float64)
+    attention = torch.ones(6, 6, dtype=torch.long)
+    attention[1, 4:] = 0
+    with pytest.raises(ValueError, match="pass batch_first=True .HuggingFace's layout. or batch_first=False"):
+        norm(square, attention_mask=attention)
+    torch.testing.assert_close(norm.eval()(square, attention_mask=attention, batch_first=True),
+                               norm(square.transpose(0, 1), attention == 0).transpose(0, 1))
+    wide = torch.randn(2, 6, C, generator=g, dtype=torch.float64)  # (B, T, C), B != T: HF's layout by default
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, 5] = 0
+    torch.testing.assert_close(norm(wide, attention_mask=mask),
+                               norm(wide.transpose(0, 1), mask == 0).transpose(0, 1))
+
+
+@pytest.mark.parametrize("kind", ["bn", "pn", "rmsnorm"])
+def test_padding_mask_serves_both_layouts(kind):
+    x, pad, _ = data(8)
+    norms = [build_norm(kind, C).double().train() for _ in range(2)]
+    want = norms[0](x, pad).transpose(0, 1)
+    with padding_mask(norms[1], attention_mask=(~pad).long(), batch_first=True):
+        got = norms[1](x.transpose(0, 1))
+    torch.testing.assert_close(got, want)
+    assert norms[1].pad_mask is None
+
+
+# 11: each launch counts its own arrivals
+@pytest.mark.parametrize("kind, options", FUSED, ids=FUSED_IDS)
+def test_an_aborted_finishing_grid_leaves_later_steps_right(kind, options):
+    """A ticket that an aborted grid left counting belongs to that launch
+    alone: later steps commit their statistics and gradients."""
+    backend_or_fail("triton")
+    x, pad, _ = data(9, torch.float32)
+    x2, mask = x.reshape(-1, C), pad
+    P = torch.ops.powernorm
+    _, _, part = P.forward("triton", x2, mask, 0, 1e-5, x2.new_empty(0), x2.new_empty(0), -1.0, x2.new_empty(0),
+                           x2.new_empty(0), False, True, False)
+    part[-1, 0, 0] = 2.0  # two programs arrived, and the grid died
+    _, stat = P.rmsnorm_forward("triton", x2, torch.ones(C), 1e-5)
+    stat[-1] = 3.0
+    outs = []
+    for backend in ("plain", "triton"):
+        norm = build_norm(kind, C, **options).train()
+        outs.append(run(norm, backend, [data(i, torch.float32) for i in range(3)], torch.float32))
+    for a, b in zip(*outs):
+        for u, v in zip(a, b):
+            torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-6)
+
+
+# 12: long reductions
+def test_triton_sums_a_long_row_range_in_float64():
+    backend_or_fail("triton")
+    g = torch.Generator().manual_seed(0)
+    x = 1.0 + 1e-3 * torch.randn(120_000, 4, generator=g, dtype=torch.float64)
+    P = torch.ops.powernorm
+    none = torch.empty(0)
+    _, _, part = P.forward("triton", x.float(), torch.empty(0, dtype=torch.bool), 0, 1e-5, none, none, -1.0, none,
+                           none, False, True, False)
+    assert part.dtype == torch.float64
+    got, want = part[:-1, 2].sum(0), (x.float().double() ** 2).sum(0)
+    # float32 sums over each program's 30,000 rows were off by about 1e-6; tiles of 32 added in float64: 3e-9
+    assert float(((got - want) / want).abs().max()) < 1e-7
+
+
+# 13: an unknown update or kind is refused by every backend
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_unknown_update_is_refused(backend):
+    backend_or_fail(backend)
+    P = torch.ops.powernorm
+    part, buf, none = torch.ones(1 + (backend == "triton"), 3, 4, dtype=torch.float64), torch.ones(4), torch.empty(0)
+    with pytest.raises((ValueError, RuntimeError, KeyError), match="unknown update 'bogus'"):
+        P.finish_stats(backend, part, none, buf, torch.zeros((), dtype=torch.long), "bogus", 0.1, 1e-5, 0, -1)
+    with pytest.raises((ValueError, RuntimeError, KeyError), match="unknown kind 'bogus'"):
+        P.finish_backward(backend, torch.ones(1 + (backend == "triton"), 5, 4, dtype=torch.float64), buf,
+                          torch.ones(1, dtype=torch.float64), torch.zeros(4), 0.1, "bogus", False, 8)
+
+
+# torch's conventions: device= and dtype=, reset_parameters(), reset_running_stats()
+@pytest.mark.parametrize("kind", NORM_TYPES)
+def test_torch_module_conventions(kind):
+    norm = build_norm(kind, C, dtype=torch.float64, device="cpu")
+    assert all(p.dtype == torch.float64 for p in norm.parameters())
+    fresh = {k: v.clone() for k, v in norm.state_dict().items()}
+    norm.train()
+    with kernels.use("plain"):
+        for i in range(2):
+            x, pad, _ = data(i)
+            norm(x.requires_grad_(True), pad).sum().backward()
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.add_(0.5)
+    norm.reset_parameters()
+    norm.reset_running_stats()
+    for key, value in norm.state_dict().items():
+        torch.testing.assert_close(value, fresh[key], msg=key)
