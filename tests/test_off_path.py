@@ -245,7 +245,7 @@ def leak(norm, backend):
     x2 = x.clone()
     x2[8:] = torch.randn_like(x2[8:]) * 5
     with kernels.use(backend):
-        a, b = copy.deepcopy(norm)(x, pad)[:8], copy.deepcopy(norm)(x2, pad)[:8]
+        a, b = copy.deepcopy(norm)(x, pad)[:8].detach(), copy.deepcopy(norm)(x2, pad)[:8].detach()
     return float((a - b).abs().max())
 
 

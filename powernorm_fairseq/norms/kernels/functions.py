@@ -114,6 +114,8 @@ class FusedChannelNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y, _):
+        if grad_y is None:  # no gradient reached y (gradients are not materialised): nothing flows back
+            return (None,) * 11
         first_derivative_only("bn, pn-v and pn", grad_y)
         x, mask, scale, weight, mean, inv, inv_batch, n, n_all = ctx.saved_tensors
         s, nu, none, gy = ctx.step, ctx.nu, x.new_empty(0), grad_y.contiguous()
