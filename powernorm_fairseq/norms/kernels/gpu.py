@@ -6,8 +6,8 @@ runs on a grid of (row ranges, column chunks); a chunk is one group of the
 original code's group scaling when that is on, so a token's group is scaled
 while it is in registers. Each program walks its rows once: it reads x (and
 dy), writes y (or dx), and keeps per-channel sums of its rows, which it
-writes as one row of partial sums (added into float64 every tile of at most
-32 rows). A small finishing kernel, on a grid over the channels, adds the
+writes as one row of partial sums (stored as float64, summed in the
+activations' accumulation dtype). A small finishing kernel, on a grid over the channels, adds the
 partial sums in float64 in a fixed order and does the per-channel rest
 (statistics, running buffers, nu, parameter gradients); its last program to
 arrive commits the running buffers for every channel or for none. Arrivals
@@ -396,10 +396,10 @@ if triton is not None:
             if HAS_MEAN:
                 sub = _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64)
         start = pid_n * per_prog
-        z64 = tl.zeros([BLOCK_C], dtype=tl.float64)  # the program's sums, added into float64 tile by tile
-        count = tl.sum(z64, axis=0)
-        s1 = z64
-        s2 = z64
+        z64 = tl.zeros([BLOCK_C], dtype=tl.float64)
+        count = tl.sum(zero, axis=0)
+        s1 = zero
+        s2 = zero
         shift = zero
         if WANT_STATS:
             _reset_ticket(PART + tl.num_programs(0).to(tl.int64) * 3 * C, C, cols, cmask, 3)
@@ -420,9 +420,9 @@ if triton is not None:
                 keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
                 d = tl.where(m2, x - shift[None, :], 0.0)
                 dk = d * keep[:, None]
-                count += tl.sum(keep, axis=0).to(tl.float64)
-                s1 += tl.sum(dk, axis=0).to(tl.float64)
-                s2 += tl.sum(dk * d, axis=0).to(tl.float64)
+                count += tl.sum(keep, axis=0)
+                s1 += tl.sum(dk, axis=0)
+                s2 += tl.sum(dk * d, axis=0)
             if WANT_Y:
                 y = (x - sub[None, :]) * mul[None, :] + add[None, :]
                 tl.store(Y + at, y.to(Y.dtype.element_ty), mask=m2)
@@ -431,7 +431,7 @@ if triton is not None:
             tl.store(base + cols, z64 + count, mask=cmask)
             if CENTER:  # this program's mean and sum of squared deviations from it
                 s1n = s1 / tl.maximum(count, 1.0)
-                tl.store(base + C + cols, shift.to(tl.float64) + s1n, mask=cmask)
+                tl.store(base + C + cols, shift + s1n, mask=cmask)
                 tl.store(base + 2 * C + cols, s2 - s1 * s1n, mask=cmask)
             else:
                 tl.store(base + C + cols, z64, mask=cmask)
@@ -545,12 +545,11 @@ if triton is not None:
                 a = _f(tl.load(A + cols, mask=cmask, other=0.0), F64)
             if HAS_B:
                 b = _f(tl.load(Bc + cols, mask=cmask, other=0.0), F64) * b_scale
-        z64 = tl.zeros([BLOCK_C], dtype=tl.float64)  # sums added into float64 tile by tile
-        s0 = z64  # dy * xh, every row
-        s1 = z64  # dy, every row
-        s2 = z64  # dy * xh, real rows
-        s3 = z64  # xh^2, real rows
-        s4 = z64  # xh^2, every row
+        s0 = zero  # dy * xh, every row
+        s1 = zero  # dy, every row
+        s2 = zero  # dy * xh, real rows
+        s3 = zero  # xh^2, real rows
+        s4 = zero  # xh^2, every row
         if WANT_SUMS:
             _reset_ticket(PART + tl.num_programs(0).to(tl.int64) * 5 * C, C, cols, cmask, 5)
         start = pid_n * per_prog
@@ -566,11 +565,11 @@ if triton is not None:
             if WANT_SUMS:
                 gxh = gy * xh
                 xh2 = xh * xh
-                s0 += tl.sum(gxh, axis=0).to(tl.float64)
-                s1 += tl.sum(gy, axis=0).to(tl.float64)
-                s2 += tl.sum(gxh * keep[:, None], axis=0).to(tl.float64)
-                s3 += tl.sum(xh2 * keep[:, None], axis=0).to(tl.float64)
-                s4 += tl.sum(xh2, axis=0).to(tl.float64)
+                s0 += tl.sum(gxh, axis=0)
+                s1 += tl.sum(gy, axis=0)
+                s2 += tl.sum(gxh * keep[:, None], axis=0)
+                s3 += tl.sum(xh2 * keep[:, None], axis=0)
+                s4 += tl.sum(xh2, axis=0)
             if WANT_GX:
                 m = keep
                 if CORRECT_PADS:
@@ -659,14 +658,14 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
         g = _f(tl.load(S), F64)
-        total = tl.zeros([BLOCK_N], dtype=tl.float64)
+        total = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
             norm = _f(tl.load(NORMS + rows, mask=rmask, other=1.0), F64)
             dot = tl.sum(gy * x, axis=1)
-            total += tl.where(rmask, dot / norm, 0.0).to(tl.float64)
+            total += tl.where(rmask, dot / norm, 0.0)
             k = tl.where(norm > eps, dot / (norm * norm), 0.0)
             gx = (g / norm)[:, None] * (gy - x * k[:, None])
             tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
@@ -698,14 +697,14 @@ if triton is not None:
         cols = tl.arange(0, BLOCK_C)
         cmask = cols < C
         w = _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
-        gw = tl.zeros([BLOCK_C], dtype=tl.float64)
+        gw = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
             gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
             r = _f(tl.load(RSTD + rows, mask=rmask, other=0.0), F64)
             xr = x * r[:, None]
-            gw += tl.sum(gy * xr, axis=0).to(tl.float64)
+            gw += tl.sum(gy * xr, axis=0)
             g = gy * w[None, :]
             dot = tl.sum(g * xr, axis=1) / C
             gx = r[:, None] * (g - xr * dot[:, None])
