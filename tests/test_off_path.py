@@ -335,6 +335,23 @@ def test_an_aborted_finishing_grid_leaves_later_steps_right(kind, options):
             torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-6)
 
 
+# 12: long reductions
+def test_triton_sums_a_long_row_range_in_float64():
+    """No program sums more than gpu.MAX_ROWS rows in float32: a long input gets more programs, whose
+    sums the finishing kernel adds in float64."""
+    backend_or_fail("triton")
+    g = torch.Generator().manual_seed(0)
+    x = 1.0 + 1e-3 * torch.randn(120_000, 4, generator=g, dtype=torch.float64)
+    P = torch.ops.powernorm
+    none = torch.empty(0)
+    _, _, part = P.forward("triton", x.float(), torch.empty(0, dtype=torch.bool), 0, 1e-5, none, none, -1.0, none,
+                           none, False, True, False)
+    assert part.size(0) - 1 >= 120_000 / 1024
+    got, want = part[:-1, 2].double().sum(0), (x.float().double() ** 2).sum(0)
+    # float32 sums over each program's 30,000 rows: 1.5e-7
+    assert float(((got - want) / want).abs().max()) < 3e-8
+
+
 # 13: an unknown update or kind is refused by every backend
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_unknown_update_is_refused(backend):

@@ -162,7 +162,7 @@ def _statistics(s: Step, part, mean_buf, second_buf, steps):
         mean, inv, inv_batch, n = P.finish_stats(s.backend, part, mean_buf, second_buf, steps, s.update, s.momentum,
                                                  s.eps, s.warmup, s.clock)
         return mean, inv, inv_batch, n, n
-    local = _totals(part)
+    local = _totals(_rows_of(part, s))
     mean, inv, inv_batch, n_all = P.finish_stats(s.backend, _as_part(sync_mod.all_sum(local), s), mean_buf, second_buf,
                                                  steps, s.update, s.momentum, s.eps, s.warmup, s.clock)
     if s.sync == "batch" or s.update in RUNNING_SCALE or s.mode == "fixed":  # the forward used running ones
@@ -177,6 +177,12 @@ def _statistics(s: Step, part, mean_buf, second_buf, steps):
     if s.center:
         mean = torch.where(real, local_mean, mean_buf.double()).to(sd)
     return mean, inv.to(sd), inv_batch, n, n_all
+
+
+def _rows_of(part: Tensor, s: Step) -> Tensor:
+    """The per-program rows of a part, without the backend's ticket rows."""
+    tickets = ops.backend(s.backend).TICKET_ROWS
+    return part[:part.size(0) - tickets] if tickets else part
 
 
 def _totals(part: Tensor) -> Tensor:
@@ -194,7 +200,7 @@ def _as_part(totals: Tensor, s: Step) -> Tensor:
     n, s1, s2 = totals[:1], totals[1:C + 1], totals[C + 1:]
     mean = s1 / n.clamp(min=1)
     row = torch.stack([n.expand(C), mean, s2 - s1 * mean]).unsqueeze(0)
-    tickets = ops.backend(s.backend).TICKET_ROWS
+    tickets = ops.backend(s.backend).TICKET_ROWS  # a ticket set to 0
     return torch.cat([row, row.new_zeros(tickets, 3, C)]) if tickets else row
 
 
@@ -202,7 +208,7 @@ def _synced_terms(s: Step, part, weight, n, n_all, nu, exact: bool):
     """Under --norm-sync: this worker's weight and bias gradients, the exact
     gradient's A and B (of the global batch under ``batch``), and nu's
     Algorithm-2 update over the global batch, with one all-reduce."""
-    sums = part.double().sum(0)
+    sums = _rows_of(part, s).double().sum(0)
     w = weight.double()
     # the rows all workers add (a slice: indexing by a list would copy it to the device)
     first, last = (0 if exact and s.sync == "batch" else 2), (4 if nu.numel() else 2)

@@ -6,15 +6,16 @@ runs on a grid of (row ranges, column chunks); a chunk is one group of the
 original code's group scaling when that is on, so a token's group is scaled
 while it is in registers. Each program walks its rows once: it reads x (and
 dy), writes y (or dx), and keeps per-channel sums of its rows, which it
-writes as one row of partial sums (stored as float64, summed in the
-activations' accumulation dtype). A small finishing kernel, on a grid over the channels, adds the
+writes as one row of partial sums (over at most ``MAX_ROWS`` rows, in
+float32 for float32 and half inputs). A small finishing kernel, on a grid over the channels, adds the
 partial sums in float64 in a fixed order and does the per-channel rest
 (statistics, running buffers, nu, parameter gradients); its last program to
 arrive commits the running buffers for every channel or for none. Arrivals
-are counted in a ticket of the launch's own, the last row of the partial
-sums (the row kernels: one element past the forward's per-row statistic),
-which the pass before sets to 0: two launches in flight, or one aborted,
-share nothing. Nothing is read back to the host. Half inputs are read as they are and
+are counted in a ticket of the launch's own: the first element of the
+partial sums' last row, which one extra program of the pass before, past
+the last row, writes as 0 with the rest of its (empty) sums (the row
+kernels: one element past the forward's per-row statistic, set to 0 by its
+first program). Two launches in flight, or one aborted, share nothing. Nothing is read back to the host. Half inputs are read as they are and
 computed in float32; float64 inputs in float64 (the tests compare them with
 float64 references). The kernels read fairseq's (B, T) padding mask.
 
@@ -61,6 +62,9 @@ PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 3, "_scalenorm_fo
 WARPS = 4  # of every kernel (triton's default)
 #: elements of a tile (rows x columns) of a channel kernel and of a per-row one
 TILE, ROW_TILE = 1024, 2048
+#: rows a program sums at most, in float32 tile by tile: a longer input gets more programs
+#: (a grid of several waves), and the finishing kernels add the programs' sums in float64
+MAX_ROWS = 1024
 
 
 def programs_per_sm(kernel: str, float64: bool = False) -> int:
@@ -91,7 +95,8 @@ def _layout(x, groups, kernel, tall=False):
     # a pass that writes nothing row-sized (statistics only) holds fewer live
     # tiles and takes them twice as tall (some shorter ones spill on sm_90)
     block_n = max(1, min(32, (2 if tall else 1) * TILE // block_c))
-    progs = max(1, min(triton.cdiv(N, block_n), triton.cdiv(_programs(x, kernel), chunks)))
+    progs = max(1, min(triton.cdiv(N, block_n),
+                       max(triton.cdiv(_programs(x, kernel), chunks), triton.cdiv(N, MAX_ROWS))))
     per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
     return cw, block_c, chunks, block_n, per_prog, triton.cdiv(N, per_prog)
 
@@ -100,7 +105,7 @@ def parts(x, groups, kernel, tall):
     """(rows, dtype) of the per-program statistics ``forward`` and ``backward``
     return (``tall``: a statistics-only pass): a row per program, and the
     arrival ticket of the finishing kernel."""
-    return _layout(x, groups, kernel, tall)[-1] + 1, torch.float64
+    return _layout(x, groups, kernel, tall)[-1] + 1, _acc(x)
 
 
 #: rows past the per-program ones in a part, and elements past the N per-row
@@ -153,9 +158,11 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     acc, dev = _acc(x), x.device
     y = torch.empty_like(x) if want_y else x.new_empty(0)
     scale = torch.empty(N, groups, dtype=acc, device=dev) if groups > 0 else x.new_empty(0)
-    part = torch.empty(progs + 1, 3, C, dtype=torch.float64, device=dev) if want_stats else x.new_empty(0)
+    part = torch.empty(progs + 1, 3, C, dtype=acc, device=dev) if want_stats else x.new_empty(0)
     m, nb, nt = _mask_args(mask, dev)
-    _launch(_channel_forward, (progs, chunks),
+    # with statistics, one program more than the rows need: it has no rows, and so writes the
+    # part's last row as zeros, the first of which is the finishing kernel's ticket
+    _launch(_channel_forward, (progs + int(want_stats), chunks),
             x, m, _or(mean, dev), _or(inv, dev), _or(weight, dev), _or(bias, dev), _or(y, dev), _or(scale, dev),
             _or(part, dev),
             N, C, nb, nt, per_prog, gs_eps, inv_eps,
@@ -201,9 +208,9 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_backward", not want_gx)
     acc, dev = _acc(x), x.device
     gx = torch.empty_like(x) if want_gx else x.new_empty(0)
-    part = torch.empty(progs + 1, 5, C, dtype=torch.float64, device=dev) if want_sums else x.new_empty(0)
+    part = torch.empty(progs + 1, 5, C, dtype=acc, device=dev) if want_sums else x.new_empty(0)
     m, nb, nt = _mask_args(mask, dev)
-    _launch(_channel_backward, (progs, chunks),
+    _launch(_channel_backward, (progs + int(want_sums), chunks),  # the ticket row as in forward
             x, m, _or(scale, dev), grad_y, weight, _or(mean, dev), inv_fwd, _or(inv_bwd, dev), _or(A, dev),
             _or(B, dev), _or(gx, dev), _or(part, dev), N, C, nb, nt, per_prog, b_scale,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), HAS_A=not _empty(A), HAS_B=not _empty(B),
@@ -243,7 +250,7 @@ def _row_layout(x, kernel):
     N, C = x.shape
     block_c = triton.next_power_of_2(C)
     block_n = max(1, min(32, ROW_TILE // block_c))
-    progs = max(1, min(triton.cdiv(N, block_n), _programs(x, kernel)))
+    progs = max(1, min(triton.cdiv(N, block_n), max(_programs(x, kernel), triton.cdiv(N, MAX_ROWS))))
     per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
     return block_c, block_n, per_prog, triton.cdiv(N, per_prog)
 
@@ -265,7 +272,7 @@ def scalenorm_backward(x, norms, grad_y, scale, eps):
     N, C = x.shape
     block_c, block_n, per_prog, progs = _row_layout(x, "_scalenorm_backward")
     gx = torch.empty_like(x)
-    part = torch.empty(progs, dtype=torch.float64, device=x.device)
+    part = torch.empty(progs, dtype=_acc(x), device=x.device)
     grad_scale = torch.empty_like(scale)
     _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, norms[N:],
             N, C, per_prog, eps, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
@@ -289,7 +296,7 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
     N, C = x.shape
     block_c, block_n, per_prog, progs = _row_layout(x, "_rmsnorm_backward")
     gx = torch.empty_like(x)
-    part = torch.empty(progs, C, dtype=torch.float64, device=x.device)
+    part = torch.empty(progs, C, dtype=_acc(x), device=x.device)
     grad_w = torch.empty_like(weight)
     _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:],
             N, C, per_prog, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
@@ -353,15 +360,6 @@ if triton is not None:
         return last
 
     @triton.jit
-    def _reset_ticket(ROW, C, cols, cmask, ROWS: tl.constexpr):
-        """The first row of programs of a pass zeroes the last row of its part
-        (``ROWS`` x C), whose first element is the finishing kernel's ticket:
-        sums over the part's rows (--norm-sync) add nothing from it."""
-        if tl.program_id(0) == 0:
-            for j in tl.static_range(ROWS):
-                tl.store(ROW + j * C + cols, tl.zeros([cols.shape[0]], dtype=tl.float64), mask=cmask)
-
-    @triton.jit
     def _all_set(FLAGS, n):
         ok = tl.load(FLAGS) != 0
         for i in range(1, n):
@@ -396,13 +394,10 @@ if triton is not None:
             if HAS_MEAN:
                 sub = _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64)
         start = pid_n * per_prog
-        z64 = tl.zeros([BLOCK_C], dtype=tl.float64)
         count = tl.sum(zero, axis=0)
         s1 = zero
         s2 = zero
         shift = zero
-        if WANT_STATS:
-            _reset_ticket(PART + tl.num_programs(0).to(tl.int64) * 3 * C, C, cols, cmask, 3)
         if WANT_STATS and CENTER:  # shifted data: the masked mean of the program's first tile
             rows, rmask, m2, at, x = _row_tile(X, start, N, C, cols, cmask, BLOCK_N, F64)
             if GROUPED:
@@ -428,13 +423,13 @@ if triton is not None:
                 tl.store(Y + at, y.to(Y.dtype.element_ty), mask=m2)
         if WANT_STATS:
             base = PART + pid_n.to(tl.int64) * 3 * C
-            tl.store(base + cols, z64 + count, mask=cmask)
+            tl.store(base + cols, zero + count, mask=cmask)
             if CENTER:  # this program's mean and sum of squared deviations from it
                 s1n = s1 / tl.maximum(count, 1.0)
                 tl.store(base + C + cols, shift + s1n, mask=cmask)
                 tl.store(base + 2 * C + cols, s2 - s1 * s1n, mask=cmask)
             else:
-                tl.store(base + C + cols, z64, mask=cmask)
+                tl.store(base + C + cols, zero, mask=cmask)
                 tl.store(base + 2 * C + cols, s2, mask=cmask)
 
     @triton.jit(do_not_specialize=["P", "warmup"])
@@ -550,8 +545,6 @@ if triton is not None:
         s2 = zero  # dy * xh, real rows
         s3 = zero  # xh^2, real rows
         s4 = zero  # xh^2, every row
-        if WANT_SUMS:
-            _reset_ticket(PART + tl.num_programs(0).to(tl.int64) * 5 * C, C, cols, cmask, 5)
         start = pid_n * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows, rmask, m2, at, xs = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
