@@ -116,7 +116,7 @@ class Counting:
 
 
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.float32], ids=["bool", "int", "float"])
-@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "scalenorm", "rmsnorm", "ln", "groupnorm"])
+@pytest.mark.parametrize("kind", NORM_TYPES)
 def test_twenty_compiled_steps_compile_once_per_phase(kind, mask_dtype):
     torch._dynamo.reset()
     options = {"warmup_updates": 3} if kind == "pn" else {}

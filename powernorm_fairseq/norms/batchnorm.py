@@ -18,7 +18,7 @@ from . import sync as sync_mod
 from .base import Norm, layer_scale_option, momentum_option, recomputing
 from .kernels import functions as fused
 from .kernels import plain
-from .stats import assign_if_finite, group_scale, real_tokens, token_mean, upcast
+from .stats import group_scale, real_tokens, token_mean, upcast
 
 
 class BatchStatNorm(Norm):
@@ -162,15 +162,6 @@ class MaskedBatchNorm(BatchStatNorm):
         stats = {"mu": (mean, self.running_mean.to(xs, copy=True)), "var": (var, self.running_var.to(xs, copy=True))}
         return stats, (xs, mean, torch.rsqrt(var + self.eps))
 
-    @torch.no_grad()
-    def update_running(self, mean, var, n):
-        # non-finite statistics (overflowed half-precision activations) leave both alone
-        rm, rv = self.running_mean, self.running_var
-        assign_if_finite(rm, rm.lerp(mean.to(rm), self.momentum), mean, var)
-        if n > 1:  # one token has no variance estimate (torch's BatchNorm refuses such a batch)
-            unbiased = var * n / (n - 1)  # like torch's BatchNorm
-            assign_if_finite(rv, rv.lerp(unbiased.to(rv), self.momentum), mean, var)
-
 
 class OriginalBatchNorm(MaskedBatchNorm):
     """``bn-original``: the "batch" norm of the authors' code
@@ -210,22 +201,33 @@ class OriginalBatchNorm(MaskedBatchNorm):
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         xs, n = self.fill(upcast(x), pad_mask)
-        if self.training and n > 0:
+        mean, var = self.running(xs)
+        if self.training:  # a batch of padding (n = 0) normalises as eval does and updates nothing
             self.warn_leak("bn-original")
-            mean = xs.mean(dim=(0, 1))
-            var = (xs - mean).pow(2).mean(dim=(0, 1))
+            real = n > 0  # decided on the device: nothing waits, and a compiled graph does not break
+            batch_mean = xs.mean(dim=(0, 1))
+            batch_var = (xs - batch_mean).pow(2).mean(dim=(0, 1))
+            mean, var = torch.where(real, batch_mean, mean), torch.where(real, batch_var, var)
             if not recomputing():  # activation checkpointing's second forward updates nothing
-                self.num_batches_tracked += 1
-                self.update_running(mean, var, xs.size(0) * xs.size(1))
-        else:  # eval, or a training batch that is all padding
-            mean, var = self.running(xs)
+                with torch.no_grad():
+                    self.num_batches_tracked.add_(real.to(self.num_batches_tracked.dtype))
+                    rm, rv = self.running_mean, self.running_var
+                    new_mean, new_var = rm.lerp(batch_mean.to(rm), self.momentum), rv
+                    T_B = xs.size(0) * xs.size(1)
+                    if T_B > 1:  # its running variance: the unbiased one over every position
+                        new_var = rv.lerp((batch_var * T_B / (T_B - 1)).to(rv), self.momentum)
+                    ok = real & torch.isfinite(batch_mean).all() & torch.isfinite(batch_var).all()
+                    rm.copy_(torch.where(ok, new_mean, rm))
+                    rv.copy_(torch.where(ok, new_var, rv))
         y = (xs - mean) * torch.rsqrt(var + self.eps)
         return (y * self.weight.to(xs) + self.bias.to(xs)).to(x.dtype)
 
     def fill(self, xf: Tensor, pad_mask: Optional[Tensor]):
-        """The layer-scaled input with its padding filled, and the real-token count."""
+        """The layer-scaled input with its padding filled, and the real-token count (a tensor)."""
         xs = group_scale(xf, 1)
-        keep, n = real_tokens(xs, pad_mask)
-        if keep is not None and n > 0:
-            xs = torch.where(keep.bool(), xs, token_mean(xs, keep, n))
-        return xs, n
+        if pad_mask is None:
+            return xs, torch.full((), xs.size(0) * xs.size(1), device=xs.device)
+        keep = (~pad_mask).t().unsqueeze(-1)
+        n = keep.sum()
+        mean = (xs * keep).sum(dim=(0, 1)) / n.clamp(min=1)
+        return torch.where(keep, xs, mean), n
