@@ -77,8 +77,8 @@ def one_line_error(proc, path, tool):
     assert re.match(rf"({re.escape(tool)}|fairseq-[a-z-]+): error:", last) and str(path) in last, last
 
 
-def sh(*args, **kw):
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
+def sh(*args, env=None, **kw):
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore", **(env or {})}
     return subprocess.run(["bash", *map(str, args)], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=600, **kw)
 
@@ -101,32 +101,64 @@ def test_the_payload_runs_when_loaded_unsafely_and_average_refuses_it(tmp_path, 
     assert ("refused" if fmt != "pickle4" else "not a readable checkpoint") in proc.stderr
 
 
-def test_every_command_that_loads_a_checkpoint_refuses_code(toy_data, lm_data, tmp_path):
+#: what guides recommend for loading old fairseq checkpoints, and what makes torch.load run a pickle's code
+UNSAFE = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+
+
+@pytest.mark.parametrize("env", [None, UNSAFE], ids=["default", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"])
+def test_every_command_that_loads_a_checkpoint_refuses_code(toy_data, lm_data, tmp_path, env):
     marker = tmp_path / "marker"
     save = tmp_path / "run"
     save.mkdir()
     bad = malicious_checkpoint(save / "checkpoint_last.pt", marker)
     runs = {
         "fairseq-generate": cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", bad, "--cpu",
-                                check=False),
+                                check=False, env=env),
         "fairseq-interactive": cli("fairseq-interactive", toy_data, "--user-dir", USER_DIR, "--path", bad,
-                                   "-s", "de", "-t", "en", "--cpu", input="haus\n", check=False),
+                                   "-s", "de", "-t", "en", "--cpu", input="haus\n", check=False, env=env),
+        "fairseq-validate": cli("fairseq-validate", toy_data, "--user-dir", USER_DIR, "--path", bad, "--cpu",
+                                "--task", "translation", "--batch-size", "8", check=False, env=env),
         "fairseq-eval-lm": cli("fairseq-eval-lm", lm_data, "--user-dir", USER_DIR, "--path", bad, "--cpu",
-                               check=False),
+                               check=False, env=env),
         "fairseq-train": cli("fairseq-train", *train_args(toy_data, tmp_path / "resume", "--restore-file", bad,
-                                                          "--cpu", max_update=2), check=False),
+                                                          "--cpu", max_update=2), check=False, env=env),
+        "fairseq-train --finetune-from-model": cli(
+            "fairseq-train", *train_args(toy_data, tmp_path / "finetune", "--finetune-from-model", bad, "--cpu",
+                                         max_update=2), check=False, env=env),
         "powernorm-analyze": cli("powernorm-analyze", "--checkpoints", bad, "--out", tmp_path / "analysis",
-                                 check=False),
+                                 check=False, env=env),
         "evaluate.sh": sh("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", toy_data, "--save-dir", save,
-                          "--average", "1", "--cpu"),
+                          "--average", "1", "--cpu", env=env),
         "evaluate-lm.sh": sh("scripts/evaluate-lm.sh", "--data", lm_data, "--save-dir", save,
-                             "--checkpoint", "checkpoint_last.pt", "--cpu"),
+                             "--checkpoint", "checkpoint_last.pt", "--cpu", env=env),
     }
     for tool, proc in runs.items():
-        one_line_error(proc, bad, tool)
+        one_line_error(proc, bad, tool.split()[0])
         assert "refused" in proc.stderr.strip().splitlines()[-1], (tool, proc.stderr[-500:])
     assert not marker.exists()
     assert not (tmp_path / "resume" / "checkpoint_last.pt").exists()
+
+
+@pytest.mark.fast
+def test_the_python_loaders_refuse_code_under_the_unsafe_variable(tmp_path, monkeypatch):
+    """from_pretrained and load_model_ensemble_and_task (fairseq's readers, in this process) with
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1: the pickle's code does not run, and the refusal names the file."""
+    from fairseq import checkpoint_utils
+    from fairseq.models.transformer import TransformerModel
+
+    import powernorm_fairseq  # noqa: F401  (installs the patches)
+    from powernorm_fairseq.common.errors import InputFileError
+
+    marker = tmp_path / "marker"
+    bad = malicious_checkpoint(tmp_path / "checkpoint.pt", marker)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    loaders = [lambda: checkpoint_utils.load_model_ensemble_and_task([str(bad)]),
+               lambda: TransformerModel.from_pretrained(str(tmp_path), checkpoint_file="checkpoint.pt")]
+    for load in loaders:
+        with pytest.raises(InputFileError, match=f"{re.escape(str(bad))}: refused"):
+            load()
+    assert not marker.exists()
+    assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"  # the environment is left as it was
 
 
 def test_a_second_training_on_a_save_directory_stops_and_a_dead_ones_lock_does_not(toy_data, tmp_path):

@@ -8,7 +8,7 @@ import shutil
 
 import torch
 
-from ..common.checkpoints import UNREADABLE, why_unreadable
+from ..common.checkpoints import UNREADABLE, weights_only_loads, why_unreadable
 from ..common.errors import InputFileError
 from ..common.files import atomic_path
 from .base import installs_once
@@ -16,10 +16,13 @@ from .base import installs_once
 
 @installs_once
 def name_unreadable_checkpoints():
-    """fairseq's checkpoint reader (generate, interactive, eval-lm, resume,
-    --restore-file) with the one-line refusals of ``common.checkpoints.load``: a checkpoint
-    that holds code, or is truncated or no checkpoint at all, is named in
-    one line instead of a traceback that does not name it."""
+    """fairseq's checkpoint reader (generate, interactive, validate, eval-lm,
+    resume, --restore-file, --finetune-from-model, from_pretrained,
+    load_model_ensemble_and_task) reads weights only, whatever the
+    environment (``common.checkpoints.weights_only_loads``), with the
+    one-line refusals of ``common.checkpoints.load``: a checkpoint that holds
+    code, or is truncated or no checkpoint at all, is named in one line
+    instead of a traceback that does not name it."""
     from fairseq import checkpoint_utils
 
     original = checkpoint_utils.load_checkpoint_to_cpu
@@ -28,7 +31,8 @@ def name_unreadable_checkpoints():
         if "://" not in str(path) and not os.path.exists(path):
             raise InputFileError(f"{path}: no such checkpoint")
         try:
-            return original(path, arg_overrides, load_on_all_ranks)
+            with weights_only_loads():
+                return original(path, arg_overrides, load_on_all_ranks)
         except UNREADABLE as exc:
             if isinstance(exc, InputFileError):
                 raise
