@@ -161,6 +161,24 @@ def test_the_python_loaders_refuse_code_under_the_unsafe_variable(tmp_path, monk
     assert os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] == "1"  # the environment is left as it was
 
 
+@pytest.mark.parametrize("planted", ["link", "directory"])
+def test_the_lock_is_never_written_through_a_link(toy_data, tmp_path, planted):
+    """A link (or a directory) where the save directory's lock goes: refused in
+    one line, and the file the link points to is left as it was."""
+    save, victim = tmp_path / "run", tmp_path / "precious.txt"
+    save.mkdir()
+    victim.write_text("the user's data\n")
+    if planted == "link":
+        (save / ".powernorm-train.lock").symlink_to(victim)
+    else:
+        (save / ".powernorm-train.lock").mkdir()
+    proc = cli("fairseq-train", *train_args(toy_data, save, max_update=1), check=False)
+    one_line_error(proc, save, "fairseq-train")
+    assert ("is a symbolic link" if planted == "link" else "is not a regular file") in proc.stderr
+    assert victim.read_text() == "the user's data\n"
+    assert not list(save.glob("checkpoint*.pt"))
+
+
 def test_a_second_training_on_a_save_directory_stops_and_a_dead_ones_lock_does_not(toy_data, tmp_path):
     save = tmp_path / "run"
     first = Command("fairseq-train", train_args(toy_data, save, max_update=100000))

@@ -28,6 +28,7 @@ import fcntl
 import logging
 import os
 import re
+import stat
 import time
 import zipfile
 from pathlib import Path
@@ -49,7 +50,19 @@ def hold(save_dir) -> None:
     if key in _held:
         return
     path = os.path.join(save_dir, LOCK_NAME)
-    lock = open(path, "a+")
+    try:  # never through a link: a link there would have the lock overwrite the file it points to
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise InputFileError(f"--save-dir {save_dir}: {LOCK_NAME} is a symbolic link; the lock is written "
+                                 "to a regular file only: remove the link") from None
+        if exc.errno == errno.EISDIR:
+            raise InputFileError(f"--save-dir {save_dir}: {LOCK_NAME} is not a regular file; remove it") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InputFileError(f"--save-dir {save_dir}: {LOCK_NAME} is not a regular file; remove it")
+    lock = os.fdopen(fd, "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
