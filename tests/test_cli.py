@@ -100,6 +100,8 @@ def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
     pytest.param(["--fp16"], "--fp16 without a GPU: fairseq's flattened fp16 master weights need CUDA; train on "
                  "a GPU, or add --cpu --fp16-no-flatten-grads",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU takes --fp16")),
+    pytest.param(["--memory-efficient-fp16"], "--memory-efficient-fp16 without a GPU: fairseq's flattened fp16",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU takes --fp16")),
 ])
 def test_bad_flag_combinations_fail_in_one_line(toy_data, tmp_path, flags, message):
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)

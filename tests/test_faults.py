@@ -425,6 +425,7 @@ def test_a_run_on_a_missing_data_directory_leaves_no_save_directory(tmp_path):
     pytest.param({"POWERNORM_BACKEND": "triton", "TRITON_INTERPRET": "0"}, "POWERNORM_BACKEND=triton needs a GPU",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the triton kernels")),
     ({"POWERNORM_BUILD_WAIT": "abc"}, "POWERNORM_BUILD_WAIT='abc': give a whole number of seconds >= 0"),
+    ({"POWERNORM_KERNELS": "no"}, "POWERNORM_KERNELS='no': 0 (the plain PyTorch path) or 1 (the kernels, the default)"),
 ])
 def test_a_bad_environment_is_refused_before_the_run_in_one_line(toy_data, tmp_path, env, message):
     save = tmp_path / "run"

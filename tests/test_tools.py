@@ -213,3 +213,14 @@ def test_powernorm_flags_lists_every_flag_the_models_take():
         flags = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
         assert {f for f in flags if not f.startswith("--no-")} <= listed
     assert "| `--pn-alpha-fwd` | `0.9` |" in out and "| `--norm-placement` | `pre` | `pre,post` |" in out
+
+
+def test_the_console_shows_an_epochs_last_validation():
+    """With --validate-interval-updates an epoch validates several times; its line shows the last."""
+    from powernorm_fairseq.cli.progress import Summary
+
+    summary, shown = Summary(), []
+    for source, body in [("valid", "epoch 001 | loss 9.5 | ppl 700"), ("valid", "epoch 001 | loss 8.25 | ppl 300"),
+                         ("train", "epoch 001 | loss 9.75 | wps 1000 | num_updates 20 | wall 12")]:
+        shown += summary.lines(f"2026-11-24 10:00:00 | INFO | {source} | {body}")
+    assert shown == ["epoch   1 | train loss 9.750 | valid loss 8.250 | 1,000 words/s | 20 updates | 0:00:12"]

@@ -64,7 +64,7 @@ class Summary:
     """Turns fairseq's records into the console lines (``lines`` returns them)."""
 
     def __init__(self):
-        self.valid = {}  # the epoch's validation, logged before its training line
+        self.valid = {}  # the epoch's last validation, logged before its training line
 
     def lines(self, line: str):
         record = RECORD.match(line)
@@ -81,8 +81,8 @@ class Summary:
         values = epoch_stats(source, message)
         if values is None:
             return []
-        if source == "valid":
-            self.valid.setdefault(int(values["epoch"]), values)
+        if source == "valid":  # an epoch validated every N updates: its last validation, at the epoch's end
+            self.valid[int(values["epoch"])] = values
             return []
         epoch = int(values["epoch"])
         parts = [f"epoch {epoch:3d}", f"train loss {float(values['loss']):.3f}"]

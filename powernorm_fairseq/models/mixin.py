@@ -40,7 +40,8 @@ class PowerNormModelMixin:
             raise PowerNormConfigError(str(err)) from None
         if getattr(args, "fp16", False) and not getattr(args, "fp16_no_flatten_grads", False) \
                 and not torch.cuda.is_available():
-            raise PowerNormConfigError("--fp16 without a GPU: fairseq's flattened fp16 master weights need CUDA; "
+            flag = "--memory-efficient-fp16" if getattr(args, "memory_efficient_fp16", False) else "--fp16"
+            raise PowerNormConfigError(f"{flag} without a GPU: fairseq's flattened fp16 master weights need CUDA; "
                                        "train on a GPU, or add --cpu --fp16-no-flatten-grads")
         model = super().build_model(args, task)
         if args.small_init:

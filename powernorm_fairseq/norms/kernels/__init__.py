@@ -37,7 +37,10 @@ def forced() -> Optional[str]:
     """The backend forced by :func:`use` or the environment, or None (automatic)."""
     if _forced is not None:
         return _forced
-    if os.environ.get("POWERNORM_KERNELS", "1") == "0":
+    switch = os.environ.get("POWERNORM_KERNELS", "1").strip()
+    if switch not in ("0", "1"):
+        raise ValueError(f"POWERNORM_KERNELS={switch!r}: 0 (the plain PyTorch path) or 1 (the kernels, the default)")
+    if switch == "0":
         return "plain"
     name = os.environ.get("POWERNORM_BACKEND", "").strip() or None
     if name is not None and name not in BACKENDS:
