@@ -60,11 +60,25 @@ def refused(exc: BaseException) -> bool:
     return isinstance(exc, pickle.UnpicklingError) and re.search(r"\bGLOBAL\b", str(exc)) is not None
 
 
+def unsafe_globals(path, exc: BaseException) -> list:
+    """The globals a refused checkpoint holds beyond what the weights-only
+    loader reads: all of them for torch's zip format
+    (``get_unsafe_globals_in_checkpoint``), else the one torch's refusal names."""
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # a legacy or plain pickle file: torch lists only zip checkpoints
+        found = []
+    found = [name for name in found if name != "argparse.Namespace"]
+    return found or re.findall(r"\bGLOBAL ([\w.]+)", str(exc))[:1]
+
+
 def why_unreadable(path, exc: BaseException) -> str:
     """One line naming ``path`` and what is wrong with it, for an exception of torch.load."""
     if refused(exc):
-        return (f"{path}: refused: it holds what the weights-only loader does not read (objects other "
-                "than tensors and a configuration, i.e. code that loading would run)")
+        names = unsafe_globals(path, exc)
+        held = f" ({', '.join(names)})" if names else ""
+        return (f"{path}: refused: it holds what the weights-only loader does not read{held}: objects other "
+                "than tensors and a configuration, i.e. code that loading would run")
     return f"{path}: not a readable checkpoint (truncated, corrupt or another kind of file)"
 
 
