@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -496,3 +497,64 @@ def test_an_overlong_line_is_skipped_by_fairseq_interactive_which_goes_on(toy_da
     said = [line for line in proc.stderr.splitlines() if line.startswith("fairseq-interactive: skipped")]
     assert said == ["fairseq-interactive: skipped a line of 1101 tokens, more than the model takes (1024): "
                     "'haus haus haus haus haus haus haus haus ...'"]
+
+
+def poisoned(source, path, key, value):
+    """A copy of checkpoint ``source`` with ``value`` (NaN or inf) in the first element of model entry ``key``."""
+    state = torch.load(source, weights_only=True)
+    state["model"][key].view(-1)[0] = value
+    torch.save(state, path)
+    return path
+
+
+def test_non_finite_checkpoints_are_refused_naming_the_tensor(toy_data, trained, tmp_path):
+    run = trained("pn")
+    weight = "encoder.layers.0.fc1.weight"
+    statistic = "encoder.layers.0.final_layer_norm.running_psi2"
+    nan = poisoned(run / "checkpoint_last.pt", tmp_path / "nan.pt", weight, float("nan"))
+    inf = poisoned(run / "checkpoint_last.pt", tmp_path / "inf.pt", statistic, float("inf"))
+    good = run / "checkpoint_best.pt"
+    proc = cli("powernorm-average", "--inputs", good, nan, "--output", tmp_path / "avg.pt", check=False)
+    one_line_error(proc, nan, "powernorm-average")
+    assert f"{nan}: {weight} holds NaN or inf" in proc.stderr and not (tmp_path / "avg.pt").exists()
+    proc = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", inf, "--cpu", check=False)
+    one_line_error(proc, inf, "fairseq-generate")
+    assert f"{inf}: {statistic} holds NaN or inf" in proc.stderr
+    # a post-mortem may load them
+    cli("powernorm-average", "--inputs", good, nan, "--output", tmp_path / "avg.pt", "--allow-nonfinite")
+    proc = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", inf, "--cpu", check=False,
+               env={"POWERNORM_ALLOW_NONFINITE": "1"})
+    assert "holds NaN or inf" not in proc.stderr
+
+
+def test_averaging_takes_the_most_updated_inputs_metadata_whatever_the_order(tmp_path):
+    from powernorm_fairseq.cli.average import average_checkpoints
+
+    for i, name in enumerate(["a.pt", "b.pt", "c.pt"]):
+        torch.save({"model": {"w": torch.full((3,), float(i)), "steps": torch.tensor(10 * (i + 1))},
+                    "optimizer_history": [{"num_updates": 10 * (i + 1)}], "tag": name}, tmp_path / name)
+    for order in (["a.pt", "b.pt", "c.pt"], ["c.pt", "a.pt", "b.pt"], ["b.pt", "c.pt", "a.pt"]):
+        avg = average_checkpoints([tmp_path / n for n in order])
+        assert avg["tag"] == "c.pt" and int(avg["model"]["steps"]) == 30
+        assert torch.equal(avg["model"]["w"], torch.full((3,), 1.0))
+
+
+def test_averaging_memory_does_not_grow_with_the_inputs(tmp_path):
+    """30 inputs peak less than two file sizes above 2 inputs: one input and
+    one float64 accumulator are held at a time."""
+    state = {"model": {"w": torch.randn(2_000_000)}, "optimizer_history": [{"num_updates": 1}]}
+    paths = []
+    for i in range(30):
+        paths.append(tmp_path / f"c{i}.pt")
+        torch.save(state, paths[-1])
+    size = paths[0].stat().st_size
+
+    def peak(inputs):
+        code = ("import resource, sys\nfrom powernorm_fairseq.cli.average import main\n"
+                "main(sys.argv[1:])\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+        proc = subprocess.run([sys.executable, "-c", code, "--inputs", *map(str, inputs), "--output",
+                               str(tmp_path / "avg.pt")], capture_output=True, text=True, cwd=ROOT, check=True)
+        return int(proc.stdout.split()[-1])
+
+    two, thirty = peak(paths[:2]), peak(paths)
+    assert thirty - two < 2 * size, (two, thirty, size)

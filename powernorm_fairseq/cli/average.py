@@ -3,10 +3,13 @@
 Floating-point entries of the model's state dict are averaged: parameters
 *and* the running statistics of BN, PN-V and PN (psi^2, nu), so the averaged
 model normalises with the mean of the statistics its weights were trained
-with. Integer buffers (PN's step counter) are taken from the newest
-checkpoint. Everything else (configuration, optimizer history) is the newest
-checkpoint's. The output is written to a temporary file and renamed, so an
-interrupted run never leaves a half-written checkpoint.
+with. Integer buffers (PN's step counter) and everything else (configuration,
+optimizer history) are those of the input with the most updates, whatever the
+order of the inputs. The inputs are read one at a time into one float64
+accumulator, each checked first (the same model, finite values), so memory
+holds one input and the accumulator whatever their number. The output is
+written to a temporary file and renamed, so an interrupted run never leaves a
+half-written checkpoint.
 """
 
 import argparse
@@ -48,39 +51,48 @@ def model_settings(state) -> dict:
     return {k: checkpoints.model_setting(state, k) for k in MODEL_SETTINGS}
 
 
-def average_checkpoints(paths):
-    """The newest checkpoint's state with the model entries averaged over
-    ``paths``. Checkpoints of different models are refused in one line
-    (:class:`InputFileError`): the same file twice, another architecture or
-    other norm settings, other entries or other shapes."""
+def average_checkpoints(paths, allow_nonfinite=False):
+    """The state of the input with the most updates, its model's floating-point
+    entries averaged over ``paths``. Checkpoints of different models are
+    refused in one line (:class:`InputFileError`): the same file twice,
+    another architecture or other norm settings, other entries or other
+    shapes, and so is one that holds NaN or inf (unless ``allow_nonfinite``)."""
     paths = [Path(p) for p in paths]
     for i, path in enumerate(paths):
         for earlier in paths[:i]:
             if path.exists() and earlier.exists() and os.path.samefile(path, earlier):
                 raise InputFileError(f"{path}: given twice (as {earlier}); average distinct checkpoints")
-    states = [checkpoints.load(p) for p in paths]
-    first, keys = model_settings(states[0]), list(states[0]["model"])
-    for path, state in zip(paths[1:], states[1:]):
-        settings = model_settings(state)
-        differ = [f"{k}={settings.get(k)!r} (not {first.get(k)!r})" for k in MODEL_SETTINGS
-                  if settings.get(k) != first.get(k)]
-        if differ:
-            raise InputFileError(f"{path}: another model than {paths[0]}: {', '.join(differ)}")
-        if list(state["model"]) != keys:
-            raise InputFileError(f"{path}: other model entries than {paths[0]}")
-        for key in keys:
-            if state["model"][key].shape != states[0]["model"][key].shape:
-                raise InputFileError(f"{path}: {key} has shape {tuple(state['model'][key].shape)}, "
-                                     f"{tuple(states[0]['model'][key].shape)} in {paths[0]}")
-    averaged = {}
-    for key in keys:
-        values = [s["model"][key] for s in states]
-        if values[0].is_floating_point():
-            averaged[key] = torch.stack([v.double() for v in values]).mean(0).to(values[0].dtype)
+    sums, first, shapes, newest = {}, None, None, (None, -2)
+    for path in paths:
+        state = checkpoints.load(path)
+        checkpoints.check_finite(path, state, allow_nonfinite)
+        model = state["model"]
+        if first is None:
+            first, shapes = model_settings(state), {k: tuple(v.shape) for k, v in model.items()}
         else:
-            averaged[key] = values[0].clone()
-    newest = max(zip(paths, states), key=lambda ps: os.path.getmtime(ps[0]))[1]
-    return {**newest, "model": averaged}
+            settings = model_settings(state)
+            differ = [f"{k}={settings.get(k)!r} (not {first.get(k)!r})" for k in MODEL_SETTINGS
+                      if settings.get(k) != first.get(k)]
+            if differ:
+                raise InputFileError(f"{path}: another model than {paths[0]}: {', '.join(differ)}")
+            if list(model) != list(shapes):
+                raise InputFileError(f"{path}: other model entries than {paths[0]}")
+            for key, value in model.items():
+                if tuple(value.shape) != shapes[key]:
+                    raise InputFileError(f"{path}: {key} has shape {tuple(value.shape)}, {shapes[key]} in {paths[0]}")
+        for key, value in model.items():
+            if value.is_floating_point():
+                if key in sums:
+                    sums[key] += value.double()
+                else:
+                    sums[key] = value.double()
+        if checkpoints.updates(state) > newest[1]:
+            newest = (path, checkpoints.updates(state))
+        del state, model  # one input at a time
+    kept = checkpoints.load(newest[0])
+    averaged = {key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value
+                for key, value in kept["model"].items()}
+    return {**kept, "model": averaged}
 
 
 def save_atomically(state, output):
@@ -106,6 +118,8 @@ def main(argv=None):
                        help="average the last N checkpoint_E_U.pt files of the directory")
     parser.add_argument("--checkpoint-upper-bound", type=int, metavar="K",
                         help="ignore checkpoints after epoch (or update) K")
+    parser.add_argument("--allow-nonfinite", action="store_true",
+                        help="average inputs that hold NaN or inf (refused otherwise), for a post-mortem")
     args = parser.parse_args(argv)
 
     def fail(message):  # one line, as the plugin's other refusals: no usage block
@@ -136,7 +150,7 @@ def main(argv=None):
     if Path(args.output).is_dir():
         fail(f"--output {args.output} is a directory: name the checkpoint file to write")
     try:
-        save_atomically(average_checkpoints(paths), args.output)
+        save_atomically(average_checkpoints(paths, args.allow_nonfinite), args.output)
     except (InputFileError, OSError) as err:
         fail(err)
     names = ", ".join(p.name for p in paths)

@@ -106,3 +106,30 @@ def model_setting(state, key):
     ``cfg.model`` (an ``argparse.Namespace`` or a dict), older versions in ``args``."""
     cfg = (state.get("cfg") or {}).get("model") or state.get("args")
     return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+
+
+def first_nonfinite(model: dict):
+    """The name of the first floating-point model entry holding NaN or inf, or None."""
+    for name, value in model.items():
+        if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return name
+    return None
+
+
+#: what a refusal of a non-finite checkpoint says to pass, for a post-mortem
+ALLOW_NONFINITE = "--allow-nonfinite (POWERNORM_ALLOW_NONFINITE=1 for fairseq's commands)"
+
+
+def check_finite(path, state, allow: bool = False):
+    """Refuse, in one line naming the file and the tensor, a checkpoint whose
+    model entries hold NaN or inf (a diverged run), unless ``allow``."""
+    name = None if allow else first_nonfinite(state.get("model") or {})
+    if name is not None:
+        raise InputFileError(f"{path}: {name} holds NaN or inf (a diverged run?); load an earlier checkpoint, "
+                             f"or pass {ALLOW_NONFINITE} for a post-mortem")
+
+
+def updates(state) -> int:
+    """The optimizer updates a checkpoint was saved after (-1 when it does not say)."""
+    history = state.get("optimizer_history") or [{}]
+    return int(history[-1].get("num_updates", -1))

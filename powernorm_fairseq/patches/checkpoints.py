@@ -8,7 +8,7 @@ import shutil
 
 import torch
 
-from ..common.checkpoints import UNREADABLE, weights_only_loads, why_unreadable
+from ..common.checkpoints import UNREADABLE, check_finite, weights_only_loads, why_unreadable
 from ..common.errors import InputFileError
 from ..common.files import atomic_path
 from .base import installs_once
@@ -22,7 +22,9 @@ def name_unreadable_checkpoints():
     environment (``common.checkpoints.weights_only_loads``), with the
     one-line refusals of ``common.checkpoints.load``: a checkpoint that holds
     code, or is truncated or no checkpoint at all, is named in one line
-    instead of a traceback that does not name it."""
+    instead of a traceback that does not name it. A checkpoint whose model
+    entries hold NaN or inf is refused, naming the tensor, unless
+    ``POWERNORM_ALLOW_NONFINITE=1`` (a post-mortem)."""
     from fairseq import checkpoint_utils
 
     original = checkpoint_utils.load_checkpoint_to_cpu
@@ -32,11 +34,13 @@ def name_unreadable_checkpoints():
             raise InputFileError(f"{path}: no such checkpoint")
         try:
             with weights_only_loads():
-                return original(path, arg_overrides, load_on_all_ranks)
+                state = original(path, arg_overrides, load_on_all_ranks)
         except UNREADABLE as exc:
             if isinstance(exc, InputFileError):
                 raise
             raise InputFileError(why_unreadable(path, exc)) from exc
+        check_finite(path, state, os.environ.get("POWERNORM_ALLOW_NONFINITE", "0") == "1")
+        return state
 
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
 
