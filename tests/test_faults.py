@@ -353,8 +353,10 @@ def test_a_rerun_resumes_from_the_newest_complete_checkpoint_by_its_updates(toy_
     says which file and why."""
     argv = train_args(toy_data, tmp_path, "--save-interval-updates", "5", max_update=10)
     cli("fairseq-train", *argv)
-    for name in ("checkpoint_last.pt", "checkpoint_best.pt"):  # as a kill during the copies after the save at 10
-        shutil.copy(tmp_path / "checkpoint_1_5.pt", tmp_path / name)
+    # as a kill during the copies after the save at 10 leaves them: as written at the save at 5, older on
+    # disk than checkpoint_1_10.pt (a copy newer on disk is fairseq's rollback idiom: see below)
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt"):
+        shutil.copy2(tmp_path / "checkpoint_1_5.pt", tmp_path / name)
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--save-interval-updates", "5", max_update=12))
     log = proc.stdout + proc.stderr
     assert ("checkpoint_1_10.pt (10 updates) is the newest complete checkpoint; checkpoint_last.pt has 5 updates"
@@ -558,3 +560,26 @@ def test_averaging_memory_does_not_grow_with_the_inputs(tmp_path):
 
     two, thirty = peak(paths[:2]), peak(paths)
     assert thirty - two < 2 * size, (two, thirty, size)
+
+
+def test_fairseqs_rollback_idiom_resumes_from_the_copied_checkpoint(toy_data, tmp_path):
+    """An earlier checkpoint copied over checkpoint_last.pt (to rerun with a
+    lower lr, say): the run goes on from it and says so in one line; the
+    checkpoints with more updates are kept aside, never deleted, and the
+    chosen state is not deleted by --keep-interval-updates."""
+    save = tmp_path / "run"
+    keep = ("--save-interval-updates", "5", "--keep-interval-updates", "2")
+    cli("fairseq-train", *train_args(toy_data, save, *keep, max_update=20))
+    chosen, later = sorted(save.glob("checkpoint_*_15.pt")), sorted(save.glob("checkpoint_*_20.pt"))
+    assert len(chosen) == len(later) == 1
+    chosen, later = chosen[0], later[0]
+    time.sleep(1.1)  # a copy made now is newer on disk than every checkpoint of the first run
+    shutil.copyfile(chosen, save / "checkpoint_last.pt")
+    proc = cli("fairseq-train", *train_args(toy_data, save, *keep, max_update=17))
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "put there on purpose" in line]
+    assert len(said) == 1 and f"checkpoint_last.pt (15 updates) is newer on disk than {later.name}" in said[0]
+    assert "@ 15 updates)" in proc.stdout + proc.stderr  # fairseq loaded the chosen state
+    assert chosen.exists()  # not deleted: no newer state of this run supersedes it yet
+    assert len(list(save.glob(f"{later.name}.abandoned-*"))) == 1
+    state = torch.load(save / "checkpoint_last.pt", weights_only=False)
+    assert state["optimizer_history"][-1]["num_updates"] == 17

@@ -12,6 +12,10 @@
   are removed at start, and the log says which.
 * **Resume.** A run resumes from the newest complete checkpoint in the
   directory by its saved update count, not from ``checkpoint_last.pt`` alone
+  (unless ``checkpoint_last.pt`` is complete and newer on disk than every
+  checkpoint with more updates: fairseq's rollback, an earlier checkpoint
+  copied over it, which a kill cannot produce; then the run goes on from it
+  and the checkpoints with more updates are renamed ``*.abandoned-<time>``)
   (a kill or a full disk during the copies that follow a save leaves
   ``checkpoint_last.pt`` older than the file just saved). Completeness is
   judged per format: a zip checkpoint by its central directory and pickle, a
@@ -146,6 +150,18 @@ def newest_complete(save_dir, set_aside: bool):
         return None, said
     # on a tie: checkpoint_last.pt, then a numbered checkpoint, then checkpoint_best.pt, by name
     newest = max(found, key=lambda p: (found[p], p == last, p.name != "checkpoint_best.pt", p.name))
+    if last in found and found[last] < found[newest] and last.stat().st_mtime > newest.stat().st_mtime:
+        # newer on disk than every checkpoint with more updates: put there on purpose (fairseq's
+        # rollback: an earlier checkpoint copied over it); a kill leaves it older, never newer
+        later = sorted(p for p in found if found[p] > found[last])
+        why = (f"checkpoint_last.pt ({found[last]} updates) is newer on disk than {newest.name} "
+               f"({found[newest]} updates): it was put there on purpose, so the run goes on from it")
+        if set_aside:  # the abandoned branch's states: never chosen again, never deleted
+            stamp = time.strftime("%Y%m%dT%H%M%S")
+            for path in later:
+                os.replace(path, path.with_name(f"{path.name}.abandoned-{stamp}"))
+            why += f"; the {len(later)} checkpoint(s) with more updates are kept as *.abandoned-{stamp}"
+        return last, why
     if newest == last:
         return last, f"checkpoint_last.pt ({found[last]} updates) is the newest complete checkpoint"
     if not said:
