@@ -583,3 +583,15 @@ def test_fairseqs_rollback_idiom_resumes_from_the_copied_checkpoint(toy_data, tm
     assert len(list(save.glob(f"{later.name}.abandoned-*"))) == 1
     state = torch.load(save / "checkpoint_last.pt", weights_only=False)
     assert state["optimizer_history"][-1]["num_updates"] == 17
+
+
+
+@pytest.mark.parametrize("flags", [("--restore-file", "no-such.pt"), ("--finetune-from-model", "no-such.pt"),
+                                   ("--norm-type", "bn")], ids=["restore-file", "finetune", "other-norms"])
+def test_a_refused_run_leaves_no_save_directory(toy_data, trained, tmp_path, flags):
+    save = tmp_path / "new-run"
+    if flags[0] == "--norm-type":  # a checkpoint of other norms to start from: refused after the lock
+        flags = (*flags, "--restore-file", str(trained("pn") / "checkpoint_last.pt"), "--reset-optimizer")
+    proc = cli("fairseq-train", *train_args(toy_data, save, *flags), check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not save.exists(), list(save.iterdir())

@@ -198,6 +198,9 @@ def guard_training_runs():
         if cfg.restore_file != "checkpoint_last.pt" and not os.path.exists(cfg.restore_file):
             # fairseq would train from scratch, and say nothing
             raise InputFileError(f"--restore-file {cfg.restore_file}: no such checkpoint")
+        finetune = getattr(cfg, "finetune_from_model", None)
+        if finetune and not os.path.exists(finetune):  # fairseq raises a traceback
+            raise InputFileError(f"--finetune-from-model {finetune}: no such checkpoint")
         resuming = cfg.restore_file == "checkpoint_last.pt" and os.path.isdir(cfg.save_dir)
         chosen, why = None, ""
         if master and os.path.isdir(cfg.save_dir):
@@ -242,7 +245,11 @@ def _writable(cfg):
 
 
 def _remove_if_empty(directory):
+    """At exit, the save directory this run made, if it holds nothing but its lock
+    (a run refused after taking it: a bad --restore-file, other norms)."""
     try:
+        if os.listdir(directory) == [LOCK_NAME]:
+            os.unlink(os.path.join(directory, LOCK_NAME))
         os.rmdir(directory)
     except OSError:  # not empty (the run wrote something), or gone
         pass
