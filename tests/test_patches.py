@@ -123,3 +123,26 @@ def test_every_patch_installs_once():
     counted = installs_once(lambda: calls.append(1))
     counted(), counted()
     assert calls == [1] and counted.installed
+
+
+def test_the_usage_error_patch_reaches_fairseqs_parsers_only(capsys):
+    """With the plugin's patches in, a parser of the user's own (or pytest's,
+    or hydra's) keeps argparse's usage line; fairseq's parsers give one line."""
+    import argparse
+
+    from fairseq import options
+
+    from powernorm_fairseq import patches
+
+    patches.for_the_models()
+    own = argparse.ArgumentParser(prog="mine")
+    own.add_argument("--n", type=int)
+    with pytest.raises(SystemExit):
+        own.parse_args(["--n", "x"])
+    assert "usage: mine" in capsys.readouterr().err
+    fairseqs = options.get_training_parser()
+    fairseqs.prog = "fairseq-train"  # as the console script names it (sys.argv[0])
+    with pytest.raises(SystemExit):
+        fairseqs.parse_args(["--max-update", "x"])
+    err = capsys.readouterr().err
+    assert "usage:" not in err and err.strip().count("\n") == 0 and "error: argument --max-update" in err

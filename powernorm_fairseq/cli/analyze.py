@@ -27,7 +27,6 @@ Each input gives one analysis, a CSV and PNG plots in ``--out``:
   every evaluation. Averages over the batches go to the summary.
 """
 
-import argparse
 import csv
 import json
 import logging
@@ -43,7 +42,7 @@ import torch
 from ..common import checkpoints
 from ..common.errors import InputFileError
 from ..common.files import atomic_path
-from ..common.flags import at_least, positive
+from ..common.flags import ArgumentParser, at_least, positive
 
 # a training-interval record: "... | train_inner | {json}" on the console, the
 # bare JSON in a --log-file (where epoch and valid records prefix their keys)
@@ -412,7 +411,7 @@ def pyplot():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="powernorm-analyze",
         description="Plots and CSVs of the PowerNorm paper's analyses from training logs and checkpoints.")
     parser.add_argument("--out", required=True, help="directory for the CSV and PNG files")

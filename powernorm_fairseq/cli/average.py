@@ -12,7 +12,6 @@ written to a temporary file and renamed, so an interrupted run never leaves a
 half-written checkpoint.
 """
 
-import argparse
 import os
 import re
 import sys
@@ -23,6 +22,7 @@ import torch
 from ..common import checkpoints
 from ..common.errors import InputFileError
 from ..common.files import atomic_path
+from ..common.flags import ArgumentParser
 
 PATTERNS = {"epoch": re.compile(r"checkpoint(\d+)\.pt"), "update": re.compile(r"checkpoint_\d+_(\d+)\.pt")}
 
@@ -105,7 +105,7 @@ def save_atomically(state, output):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="powernorm-average",
         description="Average model parameters and running statistics of fairseq checkpoints.")
     parser.add_argument("--inputs", nargs="+", required=True,

@@ -5,6 +5,8 @@ flags, so this is where to find them."""
 
 import argparse
 
+from ..common.flags import ArgumentParser
+
 
 def rows():
     """(flag, default, values, models, help) of every norm flag."""
@@ -27,7 +29,7 @@ def rows():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="powernorm-flags", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="powernorm-flags", description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", choices=("table", "markdown"), default="table")
     args = parser.parse_args(argv)
     table = list(rows())

@@ -12,7 +12,6 @@ its signature, against the raw reference when one is given. Every line says
 which BLEU it is and how many checkpoints were averaged.
 """
 
-import argparse
 import json
 import re
 import sys
@@ -20,6 +19,8 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU
 from sacremoses import MosesDetokenizer
+
+from ..common.flags import ArgumentParser
 
 
 def read_generate_output(path):
@@ -76,7 +77,7 @@ def score(hyps, refs, scheme, lang, raw_refs=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="powernorm-score", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="powernorm-score", description=__doc__.split("\n\n")[0])
     parser.add_argument("generate_output", help="a fairseq-generate log (run with --remove-bpe)")
     parser.add_argument("--bleu", choices=("iwslt14", "wmt14"), required=True,
                         help="which of the paper's BLEU definitions to compute")

@@ -32,3 +32,11 @@ def fraction(flag: str):
         return value
 
     return parse
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """The plugin's console scripts' parser: a usage error is one line
+    (``prog: error: ...``), without the usage block; ``--help`` prints it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")

@@ -95,11 +95,22 @@ def _unrecognized_hint(parser, words):
 
 @installs_once
 def one_line_usage_errors():
-    """A bad flag value or an unknown flag ends a command in argparse's one
-    error line, without the usage block (fairseq's and this plugin's parsers)."""
+    """A bad flag value or an unknown flag ends a fairseq command in argparse's
+    one error line, without the usage block. Only the parsers of a fairseq
+    command (``prog`` fairseq-train, fairseq-generate, ...: fairseq builds
+    several per command, from sys.argv[0]) take it; a user's own parsers,
+    pytest's and hydra's keep argparse's usage line. The plugin's console
+    scripts have their own (``common.flags.ArgumentParser``)."""
     import argparse
 
-    argparse.ArgumentParser.error = _one_line_usage_error
+    stock = argparse.ArgumentParser.error
+
+    def error(self, message):
+        if not str(self.prog).startswith("fairseq"):
+            return stock(self, message)
+        return _one_line_usage_error(self, message)
+
+    argparse.ArgumentParser.error = error
 
 
 @installs_once
