@@ -86,8 +86,9 @@ def average_checkpoints(paths, allow_nonfinite=False):
                     sums[key] += value.double()
                 else:
                     sums[key] = value.double()
-        if checkpoints.updates(state) > newest[1]:
-            newest = (path, checkpoints.updates(state))
+        updates = checkpoints.updates(state)
+        if updates > newest[1]:
+            newest = (path, updates)
         del state, model  # one input at a time
     kept = checkpoints.load(newest[0])
     averaged = {key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value

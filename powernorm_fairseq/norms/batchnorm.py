@@ -86,7 +86,7 @@ class BatchStatNorm(Norm):
                 mean_buf.clone() if self.center else mean_buf, plain.running_scale(second_buf, self.eps))
             self._given = None if replay else given
         else:
-            self.warn_leak(norm_type_of_class(type(self)))
+            self.warn_leak(self.update)  # bn or pn-v: the kind's name
         if replay:  # the recomputed step updates copies
             mean_buf, second_buf = mean_buf.clone(), second_buf.clone()
         step = fused.Step(k.NAME, groups, self.center, self.update, mode, self.momentum, self.eps,
@@ -122,12 +122,6 @@ class BatchStatNorm(Norm):
         scale = f", layer_scale=True, groups={self.groups}" if self.layer_scale else ""
         causal = ", causal=True" if self.causal else ""
         return f"{self.dim}, momentum={self.momentum}, eps={self.eps}, sync={self.sync!r}{scale}{causal}"
-
-
-def norm_type_of_class(cls) -> str:
-    """The name a leak warning gives a norm class."""
-    return {"MaskedBatchNorm": "bn", "PowerNormV": "pn-v", "PowerNorm": "pn (in its warmup)",
-            "OriginalBatchNorm": "bn-original"}.get(cls.__name__, cls.__name__)
 
 
 class MaskedBatchNorm(BatchStatNorm):
@@ -229,5 +223,4 @@ class OriginalBatchNorm(MaskedBatchNorm):
             return xs, torch.full((), xs.size(0) * xs.size(1), device=xs.device)
         keep = (~pad_mask).t().unsqueeze(-1)
         n = keep.sum()
-        mean = (xs * keep).sum(dim=(0, 1)) / n.clamp(min=1)
-        return torch.where(keep, xs, mean), n
+        return torch.where(keep, xs, token_mean(xs, keep, n.clamp(min=1))), n

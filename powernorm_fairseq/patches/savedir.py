@@ -105,6 +105,7 @@ def saved_updates(path: Path):
     it holds what the weights-only loader does not read)."""
     import torch
 
+    from ..common import checkpoints
     from ..common.checkpoints import UNREADABLE, allow_fairseq_checkpoints, refused
 
     allow_fairseq_checkpoints()
@@ -121,10 +122,8 @@ def saved_updates(path: Path):
         return None, "unreadable"
     except UNREADABLE as exc:  # zipfile.BadZipFile among them
         return None, "refused" if refused(exc) else "incomplete"
-    history = state.get("optimizer_history") if isinstance(state, dict) else None
-    if not history or "num_updates" not in history[-1]:
-        return None, "incomplete"
-    return int(history[-1]["num_updates"]), None
+    updates = checkpoints.updates(state) if isinstance(state, dict) else -1
+    return (updates, None) if updates >= 0 else (None, "incomplete")
 
 
 def newest_complete(save_dir, set_aside: bool):

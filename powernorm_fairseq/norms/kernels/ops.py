@@ -18,9 +18,9 @@ IMPLEMENTATIONS = {}  # name -> the op's Python implementation (launches.py sees
 
 
 def backend(name: str):
-    from . import cpu, gpu, plain
+    from . import _MODULES
 
-    return {"plain": plain, "cpu": cpu, "triton": gpu}[name]
+    return _MODULES[name]
 
 
 #: ops defined through a Library: a call costs what a built-in op's does (torch.library.custom_op's
