@@ -4,15 +4,35 @@
 # so an interrupted run resumes and never leaves a half-written file behind.
 
 WORKERS=${WORKERS:-$(nproc 2>/dev/null || echo 2)}
+# whole (a signal ends every process of the preparation and removes its
+# temporary files), temporary and tied
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 
 die() { echo "$(basename "$0"): error: $*" >&2; exit 1; }
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+# hold OUT FORCE: an flock on OUT/.powernorm-prep.lock for the rest of the
+# script, so that a second preparation into OUT (which would rename the first's
+# temporary files) is refused in one line; with FORCE non-empty, OUT is then
+# emptied, the lock excepted. The lock is opened only if it is a regular file,
+# never through a link.
+hold() {
+  local out=$1 lock="$1/.powernorm-prep.lock"
+  mkdir -p "$out" || die "--out: cannot make '$out'"
+  [[ ! -L "$lock" && ( ! -e "$lock" || -f "$lock" ) ]] \
+    || die "--out: $lock is not a regular file; remove it"
+  exec 9<>"$lock" || die "--out: cannot write in '$out'"
+  flock -n 9 || die "--out: '$out' is being prepared by another run (pid $(head -c 16 "$lock")); wait for it to end, or pass another --out"
+  echo "$$" > "$lock"
+  [[ -z "$2" ]] || find "$out" -mindepth 1 -maxdepth 1 ! -name .powernorm-prep.lock -exec rm -rf -- {} +
+}
 
 # run_step OUTPUT COMMAND...: run COMMAND with stdout to OUTPUT.tmp, then rename
 run_step() {
   local out=$1; shift
   [[ -s "$out" ]] && return 0
-  "$@" > "$out.tmp" || { rm -f "$out.tmp"; die "step failed: $*"; }
+  temporary "$out.tmp"
+  tied "$@" > "$out.tmp" || { rm -f "$out.tmp"; die "step failed: $*"; }
   mv "$out.tmp" "$out"
 }
 
@@ -20,7 +40,8 @@ run_step() {
 # warning with the number of such lines (raw corpora carry a few; one bad byte
 # should neither stop a preparation nor silently change a line unreported)
 utf8_clean() {
-  python - "$1" "$2" <<'PY' || die "reading $1 failed"
+  temporary "$2.tmp"
+  tied python - "$1" "$2" <<'PY' || die "reading $1 failed"
 import os, sys
 src, dst = sys.argv[1:]
 bad = 0
@@ -37,11 +58,21 @@ if bad:
 PY
 }
 
-# segments XML OUT: the text of each <seg id=...> line of an IWSLT .xml or WMT
-# .sgm file, with ’ written as ' (as fairseq's preparation scripts do)
+# segments XML OUT: the text of each <seg ...> line of an IWSLT .xml or WMT .sgm
+# file, untouched but for sacreBLEU's cleaning (the segment tags removed,
+# whitespace stripped and collapsed: sacrebleu's fake-SGML rule), so that a
+# reference made from it is the one sacreBLEU's own test sets hold
 segments() {
-  run_step "$2" bash -c \
-    'grep -a "<seg id" "$0" | sed -e "s/<seg id=\"[0-9]*\">\s*//g; s/\s*<\/seg>\s*//g" | sed -e "s/’/'"'"'/g"' "$1"
+  run_step "$2" python -c 'import re, sys
+for line in open(sys.argv[1], encoding="utf-8"):
+    if "<seg id" in line:
+        print(re.sub(r"\s+", " ", re.sub(r"<seg.*?>(.*)</seg>.*?", r"\1", line.strip()).strip()))' "$1"
+}
+
+# apostrophes IN OUT: IN with ’ written as ', as fairseq's preparation scripts
+# do before tokenizing a test set (the references sacreBLEU scores keep IN)
+apostrophes() {
+  run_step "$2" sed -e "s/’/'/g" "$1"
 }
 
 # tokenize LANG IN OUT [lowercase]: Moses tokenization (sacremoses, XML escaping
@@ -102,11 +133,15 @@ learn_subwords() {
     [[ -n "${VERBOSE:-}" ]] && bar=()
     run_step "$model" "${bar[@]+"${bar[@]}"}" subword-nmt learn-bpe -s "$size" --input "$model.joint"
   else
-    python - "$model" "$size" "$WORKERS" <<'PY' || die "learning the sentencepiece model failed"
-import os, sys, tempfile
+    rm -rf "$model.tmp"
+    temporary "$model.tmp"
+    tied python - "$model" "$size" "$WORKERS" <<'PY' || die "learning the sentencepiece model failed"
+import os, shutil, sys
 import sentencepiece as spm
 model, size, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-with tempfile.TemporaryDirectory(dir=os.path.dirname(model) or ".") as tmp:
+tmp = model + ".tmp"
+os.mkdir(tmp)
+try:
     spm.SentencePieceTrainer.train(
         input=model + ".joint", model_prefix=os.path.join(tmp, "spm"), vocab_size=size,
         hard_vocab_limit=False, character_coverage=1.0, normalization_rule_name="identity",
@@ -114,6 +149,8 @@ with tempfile.TemporaryDirectory(dir=os.path.dirname(model) or ".") as tmp:
         minloglevel=2)
     os.replace(os.path.join(tmp, "spm.vocab"), model + ".vocab")
     os.replace(os.path.join(tmp, "spm.model"), model)
+finally:
+    shutil.rmtree(tmp)
 PY
   fi
   rm -f "$model.joint"
@@ -139,7 +176,8 @@ with open(sys.argv[2], encoding="utf-8") as f:
 # MIN-MAX words, neither side more than RATIO times the other; OUT.SRC/OUT.TGT
 clean_corpus() {
   [[ -s "$7.$2" && -s "$7.$3" ]] && return 0
-  python - "$@" <<'PY' || die "cleaning $1 failed"
+  temporary "$7.$2.tmp" "$7.$3.tmp"
+  tied python - "$@" <<'PY' || die "cleaning $1 failed"
 import os, sys
 inp, src, tgt, lo, hi, ratio, out = sys.argv[1:8]
 lower = len(sys.argv) > 8
@@ -166,12 +204,13 @@ preprocess() {
   local dest=$1; shift
   [[ -f "$dest/.done" ]] && return 0
   rm -rf "$dest.tmp"
+  temporary "$dest.tmp"
   local log; log="$(dirname "$dest")/preprocess.log"
   log "  fairseq-preprocess log: $log"
   if [[ -n "${VERBOSE:-}" ]]; then
-    fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" 2>&1 | tee -a "$log" >&2
+    tied fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" 2>&1 | tied tee -a "$log" >&2
   else
-    fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" >> "$log" 2>&1
+    tied fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" >> "$log" 2>&1
   fi || { rm -rf "$dest.tmp"; tail -n 5 "$log" >&2; die "fairseq-preprocess failed (log: $log)"; }
   local file
   for file in "${BESIDE[@]+"${BESIDE[@]}"}"; do
@@ -195,7 +234,8 @@ fetch() {
   local url=$1 path=$2 hint=$3
   [[ -s "$path" ]] && return 0
   log "downloading $url"
-  curl -fL --retry 3 -o "$path.tmp" "$url" || { rm -f "$path.tmp"; die "download failed: $url (use $hint)"; }
+  temporary "$path.tmp"
+  tied curl -fL --retry 3 -o "$path.tmp" "$url" || { rm -f "$path.tmp"; die "download failed: $url (use $hint)"; }
   mv "$path.tmp" "$path"
 }
 
@@ -204,7 +244,8 @@ fetch() {
 extract_member() {
   [[ -s "$3" ]] && return 0
   local status=0
-  python - "$@" <<'PY' || status=$?
+  temporary "$3.tmp"
+  tied python - "$@" <<'PY' || status=$?
 import os, shutil, sys, tarfile, zipfile
 archive, name, out = sys.argv[1:]
 wanted = lambda n: n == name or n.endswith("/" + name)

@@ -5,6 +5,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib.sh"
+whole "$@"
 
 URL="http://dl.fbaipublicfiles.com/fairseq/data/iwslt14/de-en.tgz"
 SRC=de TGT=en LANG_PAIR=de-en
@@ -44,10 +45,10 @@ while [[ $# -gt 0 ]]; do
 done
 
 check_subwords "$BPE" "$BPE_SIZE"
+hold "$OUT" "$FORCE"
 if [[ -z "$FORCE" ]] && prepared "$OUT" "$BPE"; then
   exit 0
 fi
-[[ -n "$FORCE" ]] && rm -rf "$OUT"
 mkdir -p "$OUT/orig" "$OUT/tmp" "$OUT/raw"
 
 if [[ -z "$ARCHIVE" ]]; then
@@ -86,7 +87,8 @@ log "valid/test data: extract the <seg> lines, tokenize, lowercase"
 for l in $SRC $TGT; do
   for t in $TEST_SETS; do
     segments "$orig/$t.$LANG_PAIR.$l.xml" "$tmp/$t.raw.$l"
-    tokenize "$l" "$tmp/$t.raw.$l" "$tmp/$t.$l" lowercase
+    apostrophes "$tmp/$t.raw.$l" "$tmp/$t.apos.$l"
+    tokenize "$l" "$tmp/$t.apos.$l" "$tmp/$t.$l" lowercase
   done
 done
 

@@ -7,6 +7,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib.sh"
+whole "$@"
 
 DATASET="" ARCHIVE="" OUT="" FORCE=""
 
@@ -44,11 +45,11 @@ case "$DATASET" in
 esac
 OUT="${OUT:-data-bin/$DATASET}"
 
+hold "$OUT" "$FORCE"
 if [[ -f "$OUT/bin/.done" && -z "$FORCE" ]]; then
   log "$OUT is already prepared (use --force to redo it)"
   exit 0
 fi
-[[ -n "$FORCE" ]] && rm -rf "$OUT"
 mkdir -p "$OUT/orig" "$OUT/tmp"
 
 if [[ -z "$ARCHIVE" ]]; then

@@ -4,6 +4,7 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib.sh"
+whole "$@"
 
 SRC_DIR="$HERE/quickstart"
 OUT=data-bin/quickstart
@@ -44,10 +45,10 @@ for split in train valid test; do
   done
 done
 
+hold "$OUT" "$FORCE"
 if [[ -z "$FORCE" ]] && prepared "$OUT" "$BPE"; then
   exit 0
 fi
-[[ -n "$FORCE" ]] && rm -rf "$OUT"
 mkdir -p "$OUT/tmp" "$OUT/raw"
 
 log "tokenizing (sacremoses, $WORKERS workers)"

@@ -4,6 +4,8 @@
 # by gradient accumulation (--max-tokens B, --update-freq 4096/B).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/lib.sh"  # whole, tied
+whole "$@"
 
 usage() {
   cat <<USAGE
@@ -52,9 +54,9 @@ for norm in $NORMS; do
     freq=$(( TOTAL / b / (GPUS > 0 ? GPUS : 1) ))
     (( freq >= 1 )) || die "$GPUS GPUs x $b tokens exceed the $TOTAL-token batch"
     run="$OUT/$norm-stat$b-seed$SEED"
-    bash "$ROOT/scripts/train.sh" --dataset "$DATASET" --data "$DATA" --norm "$norm" --seed "$SEED" \
+    tied bash "$ROOT/scripts/train.sh" --dataset "$DATASET" --data "$DATA" --norm "$norm" --seed "$SEED" \
       --gpus "$GPUS" --update-freq "$freq" --save-dir "$run" -- --max-tokens "$b" "${EXTRA[@]}"
-    bash "$ROOT/scripts/evaluate.sh" --dataset "$DATASET" --data "$DATA" --save-dir "$run"
+    tied bash "$ROOT/scripts/evaluate.sh" --dataset "$DATASET" --data "$DATA" --save-dir "$run"
     rows+=("$norm $b $freq $run/bleu-test.json")
   done
 done

@@ -3,6 +3,8 @@
 # scoring every token with a context window as fairseq's language-model recipe does.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/lib.sh"  # whole, temporary, tied
+whole "$@"
 
 usage() {
   cat <<USAGE
@@ -62,9 +64,10 @@ CONTEXT="${CONTEXT:-$(( BLOCK * 3 / 4 ))}"
   || die "--context-window must be an integer in [0, $BLOCK) for this model, got '$CONTEXT'"
 
 LOG="$SAVE_DIR/eval-lm-$SUBSET.log"
-fairseq-eval-lm "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "$CKPT" --gen-subset "$SUBSET" \
+temporary "$LOG.tmp" "$SAVE_DIR/perplexity-$SUBSET.json.tmp"
+tied fairseq-eval-lm "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "$CKPT" --gen-subset "$SUBSET" \
   --sample-break-mode none --tokens-per-sample "$BLOCK" --context-window "$CONTEXT" \
-  --batch-size 2 "${CPU[@]}" > "$LOG.tmp" 2>&1 || { tail -n 3 "$LOG.tmp" >&2; die "fairseq-eval-lm failed (log: $LOG.tmp)"; }
+  --batch-size 2 "${CPU[@]}" > "$LOG.tmp" 2>&1 || { mv "$LOG.tmp" "$LOG"; tail -n 3 "$LOG" >&2; die "fairseq-eval-lm failed (log: $LOG)"; }
 mv "$LOG.tmp" "$LOG"
 
 python - "$LOG" "$SAVE_DIR/perplexity-$SUBSET.json" "$CKPT" "$DATASET" "$SUBSET" "$CONTEXT" <<'PY'

@@ -3,7 +3,8 @@
 # exactly as the PowerNorm paper reports BLEU, plus sacreBLEU with its signature.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/lib.sh"  # tied
+source "$ROOT/scripts/lib.sh"  # whole, temporary, tied
+whole "$@"
 
 usage() {
   cat <<USAGE
@@ -64,7 +65,7 @@ if [[ "$AVERAGE" == 1 ]]; then
   [[ -f "$CKPT" ]] || die "no checkpoint_last.pt in '$SAVE_DIR'"
 else
   CKPT="$SAVE_DIR/averaged_last_$AVERAGE.pt"
-  powernorm-average --inputs "$SAVE_DIR" --num-epoch-checkpoints "$AVERAGE" --output "$CKPT"
+  tied powernorm-average --inputs "$SAVE_DIR" --num-epoch-checkpoints "$AVERAGE" --output "$CKPT"
 fi
 
 # the subwords are undone as the data was made: a sentencepiece model saved
@@ -79,13 +80,15 @@ generate=(fairseq-generate "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "
   --gen-subset "$SUBSET" --source-lang "$SRC" --target-lang "$TGT"
   --beam "$BEAM" --lenpen "$LENPEN" "${DECODE[@]}" --batch-size 128 "${CPU[@]}"
   --required-batch-size-multiple 1)  # fairseq drops a last batch that is not a multiple
+temporary "$OUT.tmp" "$OUT.hyp.tmp"
 if [[ -n "${VERBOSE:-}" ]]; then
-  "${generate[@]}" > "$OUT.tmp" 2> >(tee -a "$LOG" >&2)
+  tied "${generate[@]}" > "$OUT.tmp" 2> >(tied tee -a "$LOG" >&2)
 else
   tied "${generate[@]}" > "$OUT.tmp" 2>> "$LOG" || { rm -f "$OUT.tmp"; die "fairseq-generate failed: $(tail -n 1 "$LOG")"; }
 fi
 mv "$OUT.tmp" "$OUT"
-grep '^H-' "$OUT" | sort -t- -k2 -n | cut -f3 > "$OUT.hyp"
+grep '^H-' "$OUT" | sort -t- -k2 -n | cut -f3 > "$OUT.hyp.tmp"
+mv "$OUT.hyp.tmp" "$OUT.hyp"
 
 REF_ARGS=()
 [[ -n "$RAW_REF" ]] && REF_ARGS=(--raw-ref "$RAW_REF")

@@ -2,6 +2,22 @@
 # What the scripts share. The caller defines die() and usage() and sets the
 # variables each function names.
 
+# whole ARGS...: the first thing a script does: it runs again under
+# scripts/tree.py, which on a SIGTERM or SIGHUP (a scheduler's preemption,
+# `timeout`, a closed terminal) ends every process the script started, at any
+# depth, and removes the files it named with `temporary`. Nested scripts run
+# under their caller's.
+_TREE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/tree.py"
+whole() {
+  [[ -n "${POWERNORM_TREE:-}" ]] || exec python3 "$_TREE" bash "$0" "$@"
+}
+
+# temporary PATH...: files or directories that a step writes and renames when
+# complete; removed if the script is ended before it renames them
+temporary() {
+  [[ -z "${POWERNORM_TREE:-}" ]] || realpath -m -- "$@" >> "$POWERNORM_TREE"
+}
+
 # tied CMD...: run CMD so that it ends when this script ends. Ctrl-C reaches
 # the whole process group anyway; a SIGTERM (a scheduler's preemption,
 # `timeout`) reaches only the script, which dies at once, and its children then

@@ -4,6 +4,8 @@
 # average, translate, and print a BLEU table.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/scripts/lib.sh"  # whole, tied: a SIGTERM to this script ends its children too
+whole "$@"
 
 usage() {
   cat <<USAGE
@@ -29,7 +31,6 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 
-source "$ROOT/scripts/lib.sh"  # tied: a SIGTERM to this script ends its children too
 bash "$ROOT/scripts/setup.sh"
 source "$ROOT/.venv/bin/activate"
 tied bash "$ROOT/data-prep/prepare-quickstart.sh" --out "$OUT/data"

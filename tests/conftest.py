@@ -33,6 +33,9 @@ TINY = [
 ]
 
 USER_DIR = ROOT / "powernorm_fairseq"
+# a language model as small
+TINY_LM = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+           "--decoder-attention-heads", "4"]
 
 
 def train_args(data, save_dir, *flags, max_update=40):
@@ -51,6 +54,20 @@ def losses(log):
     """Training losses per update from fairseq's JSON log lines."""
     rows = [json.loads(m) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
     return [float(r["loss"]) for r in rows]
+
+
+def processes_mentioning(text):
+    """Pids of running processes whose command line contains ``text``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and int(entry) != os.getpid():
+                found.append(int(entry))
+    return found
 
 
 class Command:
@@ -281,6 +298,23 @@ def _make_lm_data(root):
         (root / f"{split}.txt").write_text("\n".join(lm_corpus(n, seed)) + "\n")
     preprocess("--only-source", "--trainpref", root / "train.txt", "--validpref",
                root / "valid.txt", "--testpref", root / "test.txt", "--destdir", root / "bin", "--workers", "1")
+
+
+@pytest.fixture(scope="session")
+def lm_trained(lm_data, tmp_path_factory):
+    """``lm_trained(norm)``: the save directory of a tiny language model trained
+    once per session through fairseq-train (80 updates, every norm ``norm``).
+    Tests only read it."""
+    def get(norm):
+        def make(save):
+            cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
+                "--arch", "powernorm_transformer_lm", "--norm-type", norm, *TINY_LM,
+                "--share-decoder-input-output-embed", "--tokens-per-sample", "32", "--sample-break-mode", "eos",
+                "--max-tokens", "512", "--optimizer", "adam", "--lr", "0.005", "--lr-scheduler", "inverse_sqrt",
+                "--warmup-updates", "10", "--max-update", "80", "--dropout", "0.1", "--seed", "1",
+                "--save-dir", save, "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "simple")
+        return once(tmp_path_factory, f"lm-trained-{norm}", make)
+    return get
 
 
 def backend_or_fail(name):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN, ROOT, Command, cli, train_args
+from conftest import BIN, ROOT, Command, cli, processes_mentioning, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -596,3 +596,74 @@ def test_a_refused_run_leaves_no_save_directory(toy_data, trained, tmp_path, fla
     proc = cli("fairseq-train", *train_args(toy_data, save, *flags), check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert not save.exists(), list(save.iterdir())
+
+
+def term_while(script, running, tree, wait=0.5):
+    """SIGTERM to ``script`` (a Popen) ``wait`` s after a process whose command
+    line contains every string of ``running`` appears; then every process
+    whose command line mentions ``tree`` must be gone within 30 s."""
+    deadline = time.time() + 120
+    while not [pid for pid in processes_mentioning(running[0])
+               if all(text in open(f"/proc/{pid}/cmdline").read().replace("\0", " ") for text in running)]:
+        assert time.time() < deadline and script.poll() is None, f"{running} never ran"
+        time.sleep(0.05)
+    time.sleep(wait)
+    assert script.poll() is None, f"the script ended before the signal: {running}"
+    script.send_signal(signal.SIGTERM)
+    assert script.wait(timeout=60) != 0
+    deadline = time.time() + 30
+    while (left := processes_mentioning(str(tree))) and time.time() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], f"processes left running after SIGTERM: {left}"
+
+
+def temporaries(directory):
+    """Files a step writes before renaming them: ``*.tmp`` and hidden ones (the locks excepted)."""
+    return [str(p) for p in Path(directory).rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".")
+            and not re.fullmatch(r"\.powernorm-(train|prep)\.lock", p.name)]
+
+
+def popen(*args):
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen(["bash", *map(str, args)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("case", ["evaluate.sh averaging", "evaluate.sh --verbose generating",
+                                  "evaluate-lm.sh", "data-prep"])
+def test_sigterm_ends_every_process_of_a_recipe_and_leaves_no_temporary_file(toy_data, lm_data, trained,
+                                                                              lm_trained, tmp_path, case):
+    """A scheduler's SIGTERM reaches the script alone; every process it started,
+    at any depth, ends with it, and no temporary file is left. A second
+    preparation into the same --out is refused while the first runs."""
+    save = tmp_path / "run"
+    if case.startswith("evaluate.sh"):
+        shutil.copytree(trained("pn"), save)
+        for epoch in (1, 2):
+            shutil.copy(save / "checkpoint_last.pt", save / f"checkpoint{epoch}.pt")
+        verbose = ["--verbose", "--average", "1"] if "verbose" in case else ["--average", "2"]
+        script = popen("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", toy_data, "--save-dir", save,
+                       "--cpu", *verbose)
+        term_while(script, ["fairseq-generate" if "verbose" in case else "powernorm-average", str(save)], save)
+        assert not (save / "averaged_last_2.pt").exists()  # the average did not go on to write it
+    elif case == "evaluate-lm.sh":
+        save.mkdir()
+        shutil.copy(lm_trained("ln") / "checkpoint_last.pt", save / "checkpoint_last.pt")
+        script = popen("scripts/evaluate-lm.sh", "--data", lm_data, "--save-dir", save, "--cpu",
+                       "--checkpoint", "checkpoint_last.pt")
+        term_while(script, ["fairseq-eval-lm", str(save)], save)
+        assert not list(save.glob("perplexity-*"))
+    else:
+        save = tmp_path / "prep"
+        script = popen("data-prep/prepare-quickstart.sh", "--out", save)
+        deadline = time.time() + 120
+        while not processes_mentioning("sacremoses") or not (save / ".powernorm-prep.lock").exists():
+            assert time.time() < deadline and script.poll() is None
+            time.sleep(0.05)
+        second = sh("data-prep/prepare-quickstart.sh", "--out", save, check=False)
+        assert second.returncode != 0 and second.stderr.strip().splitlines()[-1].startswith(
+            f"prepare-quickstart.sh: error: --out: '{save}' is being prepared by another run (pid "), second.stderr
+        term_while(script, ["sacremoses", str(save)], save, wait=0)
+    assert temporaries(save) == []

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT, build_model, cli, sample
+from conftest import ROOT, TINY_LM, build_model, cli, sample
 from powernorm_fairseq.common.errors import PowerNormConfigError
 from powernorm_fairseq.models.powernorm_transformer_lm import powernorm_transformer_lm_wiki103
 from powernorm_fairseq.norms import Norm, norm_type_of
@@ -15,8 +15,6 @@ from powernorm_fairseq.norms import Norm, norm_type_of
 pytestmark = pytest.mark.fast
 
 USER_DIR = ROOT / "powernorm_fairseq"
-TINY_LM = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
-           "--decoder-attention-heads", "4"]
 
 
 def build(data, *flags, arch="powernorm_transformer_lm", seed=0):
@@ -115,23 +113,18 @@ def perplexity(text):
 
 @pytest.mark.parametrize("norm", ["ln", "pn"])
 @pytest.mark.slow
-def test_train_and_evaluate_perplexity_through_the_cli(lm_data, tmp_path, norm):
+def test_train_and_evaluate_perplexity_through_the_cli(lm_data, lm_trained, norm):
     """fairseq-train then fairseq-eval-lm: the test-set perplexity is that of the
     reported loss and far below a uniform guess over the vocabulary."""
-    cli("fairseq-train", lm_data, "--user-dir", USER_DIR, "--task", "language_modeling",
-        "--arch", "powernorm_transformer_lm", "--norm-type", norm, *TINY_LM,
-        "--share-decoder-input-output-embed", "--tokens-per-sample", "32", "--sample-break-mode", "eos",
-        "--max-tokens", "512", "--optimizer", "adam", "--lr", "0.005", "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", "10", "--max-update", "80", "--dropout", "0.1", "--seed", "1",
-        "--save-dir", tmp_path, "--no-epoch-checkpoints", "--num-workers", "0", "--log-format", "simple")
-    proc = cli("fairseq-eval-lm", lm_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
+    save = lm_trained(norm)
+    proc = cli("fairseq-eval-lm", lm_data, "--user-dir", USER_DIR, "--path", save / "checkpoint_last.pt",
                "--gen-subset", "test", "--tokens-per-sample", "32", "--sample-break-mode", "eos",
                "--max-tokens", "512", "--num-workers", "0")
     loss, ppl = perplexity(proc.stdout + proc.stderr)
     assert ppl == pytest.approx(2 ** loss, abs=0.006)  # fairseq prints it rounded to 0.01
     vocab = sum(1 for _ in open(lm_data / "dict.txt")) + 4  # the symbols fairseq adds
     assert ppl < vocab / 4, (ppl, vocab)
-    model = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]
+    model = torch.load(save / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]
     assert model.norm_type == norm and model.decoder_norm_type == norm
 
 

@@ -104,6 +104,10 @@ def test_bleu_definitions():
     assert iwslt["bleu"][0] == 100.0 and "case-insensitive" in iwslt["bleu"][1]
     assert wmt["bleu"][0] < 100.0 and "case-sensitive" in wmt["bleu"][1]
     assert wmt["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
+    assert "test:" not in wmt["sacrebleu_signature"]
+    own = score(hyps, refs, "wmt14", "en", raw_refs=refs, test_set=("wmt14/full", "en-de"))
+    assert "|test:wmt14/full|lang:en-de|" in own["sacrebleu_signature"]  # as `sacrebleu -t wmt14/full -l en-de`
+    assert "sacrebleu's wmt14/full en-de references" in own["sacrebleu"][1]
     assert split_compounds("a-b-c d-e") == "a ##AT##-##AT## b-c d ##AT##-##AT## e"
 
 
@@ -113,10 +117,12 @@ def test_score_cli(tmp_path):
     path.write_text(GENERATE)
     raw = tmp_path / "ref.en"
     raw.write_text("A state-of-the-art dog\nThe house\n")
+    (tmp_path / "ref.en.sacrebleu").write_text("wmt14/full de-en\n")
     proc = cli("powernorm-score", path, "--bleu", "iwslt14", "--raw-ref", raw, "--checkpoints", "5",
                "--json", tmp_path / "s.json")
     assert "tokenized BLEU, case-insensitive; 5 checkpoint(s) averaged" in proc.stdout
-    assert "vs raw references" in proc.stdout and "sacreBLEU signature: nrefs:1" in proc.stdout
+    assert "vs sacrebleu's wmt14/full de-en references" in proc.stdout and "sacreBLEU signature: nrefs:1" in proc.stdout
+    assert "|test:wmt14/full|lang:de-en|" in proc.stdout
     bad = cli("powernorm-score", raw, "--bleu", "iwslt14", check=False)
     assert bad.returncode == 2 and "no complete H-/T- pairs" in bad.stderr
 

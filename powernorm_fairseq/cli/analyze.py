@@ -41,7 +41,7 @@ import torch
 
 from ..common import checkpoints
 from ..common.errors import InputFileError
-from ..common.files import atomic_path
+from ..common.files import atomic_path, end_cleanly_on_sigterm
 from ..common.flags import ArgumentParser, at_least, positive
 
 # a training-interval record: "... | train_inner | {json}" on the console, the
@@ -411,6 +411,7 @@ def pyplot():
 
 
 def main(argv=None):
+    end_cleanly_on_sigterm()
     parser = ArgumentParser(
         prog="powernorm-analyze",
         description="Plots and CSVs of the PowerNorm paper's analyses from training logs and checkpoints.")

@@ -21,7 +21,7 @@ import torch
 
 from ..common import checkpoints
 from ..common.errors import InputFileError
-from ..common.files import atomic_path
+from ..common.files import atomic_path, end_cleanly_on_sigterm
 from ..common.flags import ArgumentParser
 
 PATTERNS = {"epoch": re.compile(r"checkpoint(\d+)\.pt"), "update": re.compile(r"checkpoint_\d+_(\d+)\.pt")}
@@ -106,6 +106,7 @@ def save_atomically(state, output):
 
 
 def main(argv=None):
+    end_cleanly_on_sigterm()
     parser = ArgumentParser(
         prog="powernorm-average",
         description="Average model parameters and running statistics of fairseq checkpoints.")

@@ -8,8 +8,12 @@
   ``compound_split_bleu.sh`` and Vaswani et al. (2017).
 
 Beside it, always, sacreBLEU on detokenized text (sacremoses detokenizer) with
-its signature, against the raw reference when one is given. Every line says
-which BLEU it is and how many checkpoints were averaged.
+its signature, against the raw reference when one is given. A file
+``RAW_REF.sacrebleu`` beside it, written by a preparation whose test archive
+is sacrebleu's own (``wmt14/full en-de``), names that test set and language
+pair, and the signature then says so (``test:wmt14/full|lang:en-de``, as
+``sacrebleu -t`` prints). Every line says which BLEU it is and how many
+checkpoints were averaged.
 """
 
 import json
@@ -20,6 +24,7 @@ from pathlib import Path
 from sacrebleu.metrics import BLEU
 from sacremoses import MosesDetokenizer
 
+from ..common.files import atomic_path, end_cleanly_on_sigterm
 from ..common.flags import ArgumentParser
 
 
@@ -48,8 +53,9 @@ def split_compounds(line):
     return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line)
 
 
-def score(hyps, refs, scheme, lang, raw_refs=None):
-    """{name: (score, description)} for the paper's BLEU and sacreBLEU."""
+def score(hyps, refs, scheme, lang, raw_refs=None, test_set=None):
+    """{name: (score, description)} for the paper's BLEU and sacreBLEU;
+    ``test_set`` is (name, language pair) when ``raw_refs`` is sacrebleu's own."""
     if scheme == "wmt14":
         tok = BLEU(tokenize="none", force=True)
         tok_score = tok.corpus_score([split_compounds(h) for h in hyps], [[split_compounds(r) for r in refs]])
@@ -66,17 +72,23 @@ def score(hyps, refs, scheme, lang, raw_refs=None):
         if len(raw_refs) != len(hyps):
             raise ValueError(f"raw reference has {len(raw_refs)} lines, output has {len(hyps)}")
         detok_refs, ref_name = raw_refs, "raw references"
+        if test_set:
+            ref_name = f"sacrebleu's {test_set[0]} {test_set[1]} references"
     sacre = BLEU()
     sacre_score = sacre.corpus_score(detok_hyps, [detok_refs])
+    signature = sacre.get_signature()
+    if test_set:
+        signature.info.update(test=test_set[0], lang=test_set[1])
     return {
         "bleu": (round(tok_score.score, 2), tok_name),
         "sacrebleu": (round(sacre_score.score, 2), f"sacreBLEU on detokenized output vs {ref_name}"),
-        "sacrebleu_signature": str(sacre.get_signature()),
+        "sacrebleu_signature": str(signature),
         "sentences": len(hyps),
     }
 
 
 def main(argv=None):
+    end_cleanly_on_sigterm()
     parser = ArgumentParser(prog="powernorm-score", description=__doc__.split("\n\n")[0])
     parser.add_argument("generate_output", help="a fairseq-generate log (run with --remove-bpe)")
     parser.add_argument("--bleu", choices=("iwslt14", "wmt14"), required=True,
@@ -90,7 +102,11 @@ def main(argv=None):
     try:
         hyps, refs = read_generate_output(args.generate_output)
         raw = Path(args.raw_ref).read_text(encoding="utf-8").splitlines() if args.raw_ref else None
-        result = score(hyps, refs, args.bleu, args.target_lang, raw)
+        origin = Path(f"{args.raw_ref}.sacrebleu")
+        test_set = tuple(origin.read_text().split()) if args.raw_ref and origin.is_file() else None
+        if test_set is not None and len(test_set) != 2:
+            raise ValueError(f"{origin}: expected 'TEST_SET LANGPAIR', e.g. 'wmt14/full en-de'")
+        result = score(hyps, refs, args.bleu, args.target_lang, raw, test_set)
     except (OSError, ValueError) as err:
         parser.exit(2, f"powernorm-score: error: {err}\n")
     result["checkpoints_averaged"] = args.checkpoints
@@ -99,7 +115,8 @@ def main(argv=None):
         print(f"{value:6.2f}  {name}; {args.checkpoints} checkpoint(s) averaged")
     print(f"        sacreBLEU signature: {result['sacrebleu_signature']}")
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        with atomic_path(args.json) as tmp:
+            Path(tmp).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Writing a file so that it is either complete or absent."""
 
 import os
+import signal
+import sys
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,3 +29,11 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def end_cleanly_on_sigterm():
+    """Let SIGTERM (a scheduler's preemption, a recipe ended by one) end the
+    command as Ctrl-C does, through its ``finally`` and ``except`` blocks, so
+    that ``atomic_path`` removes its temporary file; Python's default dies at
+    once and leaves it. For console scripts only, never on import."""
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
