@@ -40,6 +40,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$SAVE_DIR" ]] || { usage >&2; die "--save-dir is required"; }
 [[ -d "$SAVE_DIR" ]] || die "--save-dir: no such directory '$SAVE_DIR'"
+# the translations, logs and scores go beside the checkpoints
+writable "$SAVE_DIR" || die "--save-dir: cannot write into '$SAVE_DIR' (a read-only file system or no permission); copy the checkpoints to a writable directory"
 [[ "$DATASET" == ptb || "$DATASET" == wikitext103 ]] || die "--dataset must be one of {ptb,wikitext103}, got '$DATASET'"
 [[ "$SUBSET" == test || "$SUBSET" == valid ]] || die "--subset must be one of {test,valid}, got '$SUBSET'"
 DATA="${DATA:-data-bin/$DATASET/bin}"

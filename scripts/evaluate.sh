@@ -45,6 +45,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$SAVE_DIR" ]] || { usage >&2; die "--save-dir is required"; }
 [[ -d "$SAVE_DIR" ]] || die "--save-dir: no such directory '$SAVE_DIR'"
+# the translations, logs and scores go beside the checkpoints
+writable "$SAVE_DIR" || die "--save-dir: cannot write into '$SAVE_DIR' (a read-only file system or no permission); copy the checkpoints to a writable directory"
 case "$DATASET" in
   iwslt14) BEAM=5 LENPEN=1.0 BLEU=iwslt14 SRC=de TGT=en N=5 ;;
   quickstart) BEAM=5 LENPEN=1.0 BLEU=iwslt14 SRC=de TGT=en N=3 ;;

@@ -18,6 +18,14 @@ temporary() {
   [[ -z "${POWERNORM_TREE:-}" ]] || realpath -m -- "$@" >> "$POWERNORM_TREE"
 }
 
+# writable DIR: whether a file can be made in DIR (test -w answers yes for
+# root on a read-only bind mount of some kernels; making one does not lie)
+writable() {
+  local probe
+  probe=$(mktemp -p "$1" .powernorm-write-test.XXXXXX 2>/dev/null) || return 1
+  rm -f -- "$probe"
+}
+
 # tied CMD...: run CMD so that it ends when this script ends. Ctrl-C reaches
 # the whole process group anyway; a SIGTERM (a scheduler's preemption,
 # `timeout`) reaches only the script, which dies at once, and its children then

@@ -156,10 +156,16 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(toy_data, tmp_path, nor
 @pytest.mark.parametrize("flags, message", [
     (["--source-lang", "de", "--target-lang", "en"], "fairseq-train: error: no such file: {empty}/dict.de.txt"),
     ([], "fairseq-train: error: Could not infer language pair, please provide it explicitly"),
+    (["--valid-subset", "test"], "fairseq-train: error: {empty}: no binarized 'test' split (fairseq-preprocess "
+                                 "--testpref makes it; --train-subset/--valid-subset pick another)"),
 ])
-def test_data_directory_without_dictionary(tmp_path, flags, message):
+def test_data_directory_without_dictionary(toy_data, tmp_path, flags, message):
     empty = tmp_path / "data"
     empty.mkdir()
+    if "--valid-subset" in flags:  # dictionaries and the train split only
+        for path in toy_data.glob("*"):
+            if path.name.startswith(("dict.", "train.")):
+                shutil.copy(path, empty)
     args = train_args(empty, tmp_path / "ckpt", *flags)
     proc = cli("fairseq-train", *args, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr

@@ -441,7 +441,7 @@ def test_a_bad_environment_is_refused_before_the_run_in_one_line(toy_data, tmp_p
     assert not save.exists() or not list(save.iterdir())  # no crash.pt, nothing
 
 
-def test_paths_that_cannot_serve_are_refused_in_one_line(toy_data, trained, tmp_path):
+def test_paths_that_cannot_serve_are_refused_in_one_line(toy_data, trained, lm_trained, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")
     proc = cli("fairseq-train", *train_args(toy_data, afile, max_update=2), check=False)
@@ -456,6 +456,23 @@ def test_paths_that_cannot_serve_are_refused_in_one_line(toy_data, trained, tmp_
     proc = cli("powernorm-analyze", "--logs", tmp_path, "--out", afile, check=False)
     one_line_error(proc, f"--out {afile} is a file", "powernorm-analyze")
     assert afile.read_text() == "x"
+    # a language model's data directory is not a translation one: the task's dictionary is named
+    proc = cli("fairseq-eval-lm", toy_data, "--user-dir", USER_DIR, "--path",
+               lm_trained("ln") / "checkpoint_last.pt", "--cpu", check=False)
+    one_line_error(proc, f"no such file: {toy_data}/dict.txt", "fairseq-eval-lm")
+
+
+def test_evaluating_a_read_only_save_directory_is_refused_in_one_line(toy_data, trained, tmp_path):
+    save = tmp_path / "run"
+    shutil.copytree(trained("pn"), save)
+    if subprocess.run(["mount", "--bind", "-o", "ro", str(save), str(save)], capture_output=True).returncode:
+        pytest.skip("a read-only bind mount needs root")
+    try:
+        for script in ("evaluate.sh", "evaluate-lm.sh"):
+            proc = sh(f"scripts/{script}", "--data", toy_data, "--save-dir", save, "--cpu")
+            one_line_error(proc, f"--save-dir: cannot write into '{save}'", script)
+    finally:
+        subprocess.run(["umount", str(save)], check=True)
 
 
 def test_resuming_with_other_dimensions_is_refused_in_one_line(toy_data, trained, tmp_path):

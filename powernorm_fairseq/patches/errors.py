@@ -33,13 +33,34 @@ def _input_error(exc):
     missing = re.match(r"Model file not found: (.+)", str(exc)) if isinstance(exc, OSError) else None
     if missing:  # generate, interactive, eval-lm: before any model code runs
         return f"--path {missing[1]}: no such checkpoint"
-    if not name_fairseq_input_errors.installed:
+    if not (name_fairseq_input_errors.installed or _runs_the_plugins_model(sys.argv[1:])):
         return None
     if isinstance(exc, FileNotFoundError) and exc.filename:
         return f"no such file: {exc.filename}"
+    split = re.fullmatch(r"Dataset not found: (\S+) \((.*)\)", str(exc)) if isinstance(exc, OSError) else None
+    if split:  # a data directory binarized without one of the splits a run reads
+        return (f"{split[2]}: no binarized '{split[1]}' split (fairseq-preprocess --{split[1]}pref makes it; "
+                f"--train-subset/--valid-subset pick another)")
     if any(fragment in str(exc) for fragment in FAIRSEQ_INPUT_ERRORS):
         return " ".join(str(exc).split())
     return None
+
+
+def _runs_the_plugins_model(argv):
+    """Whether a command that failed before building a model (fairseq-eval-lm
+    sets its task up first) was given one of this plugin's: ``--arch`` names
+    it, or ``--path`` its checkpoint. Read at the failure only."""
+    from ..common.checkpoints import load, model_setting
+
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--arch" and value.startswith("powernorm_"):
+            return True
+        if flag == "--path":
+            try:
+                return str(model_setting(load(value.split(os.pathsep)[0]), "arch")).startswith("powernorm_")
+            except Exception:  # an unreadable checkpoint: fairseq's own error stands
+                return False
+    return False
 
 
 #: fairseq's own messages about its input, printed as one line
