@@ -38,11 +38,18 @@ def test_the_example_configs_train_through_fairseq_hydra_train(config, data, nor
         assert kinds == {cls}, (part, kinds)
 
 
-def test_a_bad_value_in_a_hydra_config_is_refused_naming_the_flag(toy_data, tmp_path):
+@pytest.mark.parametrize("override, message", [
+    ("+model.pn_alpha_fwd=1.5", "--pn-alpha-fwd must be in (0, 1), got 1.5"),
+    # hydra takes any key: a misspelling would train the default norm (pn) with exit status 0
+    ("+model.norm_typ=bn", "model.norm_typ: not a setting of powernorm_transformer_iwslt_de_en "
+                           "(did you mean model.norm_type?)"),
+])
+def test_a_bad_value_or_key_in_a_hydra_config_is_refused_naming_it(toy_data, tmp_path, override, message):
     proc = cli("fairseq-hydra-train", "--config-dir", ROOT / "configs" / "hydra", "--config-name", "iwslt14-pn",
                f"task.data={toy_data}", f"common.user_dir={USER_DIR}", f"checkpoint.save_dir={tmp_path / 'ckpt'}",
-               f"hydra.run.dir={tmp_path / 'hydra'}", "+model.pn_alpha_fwd=1.5", check=False)
+               f"hydra.run.dir={tmp_path / 'hydra'}", "optimization.max_update=1", "dataset.max_tokens=600",
+               "+model.encoder_layers=1", "+model.decoder_layers=1", override, check=False)
     assert proc.returncode != 0
-    assert "--pn-alpha-fwd must be in (0, 1), got 1.5" in proc.stderr
+    assert message in proc.stderr.splitlines(), proc.stderr[-1000:]  # hydra's compact error: the line alone
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())

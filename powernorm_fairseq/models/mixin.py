@@ -18,6 +18,28 @@ from .diagnostics import NormDiagnostics
 from .options import check_args
 
 
+def check_model_keys(cls, args):
+    """A hydra config's model keys must be settings of the model: its flags, or
+    what its architecture fills in. Hydra takes any key, so a misspelled norm
+    option would otherwise train the default norm silently."""
+    import difflib
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    parser = argparse.ArgumentParser(add_help=False)
+    cls.add_args(parser)
+    known = {action.dest for action in parser._actions} | {"_name", "arch"}
+    arch = getattr(args, "_name", None) or getattr(args, "arch", None)
+    if arch in ARCH_CONFIG_REGISTRY:
+        filled = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[arch](filled)
+        known |= set(vars(filled))
+    for key in sorted(set(vars(args)) - known):
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+        hint = f" (did you mean model.{close[0]}?)" if close else ""
+        raise PowerNormConfigError(f"model.{key}: not a setting of {arch}{hint}")
+
+
 class PowerNormModelMixin:
     """What the translation model and the language model add to their fairseq
     parents: flag checks, SmallInit, diagnostics, FixNorm embeddings and a
@@ -33,6 +55,7 @@ class PowerNormModelMixin:
             # fairseq's parents copy a config into a TransformerConfig field by field and
             # drop the keys it does not declare (the norm flags); a namespace keeps them all
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
+            check_model_keys(cls, args)
         check_args(args)
         try:
             kernels.check_environment()
