@@ -1,16 +1,11 @@
-"""powernorm-fairseq: Power Normalization and its neighbours as a fairseq plugin.
-
-torch and fairseq are not declared here on purpose: an unpinned ``torch``
-pulls a multi-GB CUDA build, and fairseq's Python 3.11 fork requires
-torchaudio, which pulls yet another torch. ``scripts/setup.sh`` installs both,
-pinned, before this package.
-"""
+"""The C++ CPU kernels of powernorm-fairseq, an extension built at install.
+The package's metadata and dependencies are in pyproject.toml."""
 
 import hashlib
 import platform
 import sys
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 KERNELS = "powernorm_fairseq/norms/kernels/csrc/norms.cpp"
 
@@ -38,25 +33,4 @@ def cpu_kernels():
 
 commands, extensions = cpu_kernels()
 
-setup(
-    name="powernorm-fairseq",
-    version="0.1.0",
-    description="PowerNorm, BatchNorm, ScaleNorm and friends for fairseq transformers",
-    long_description=open("README.md", encoding="utf-8").read(),
-    long_description_content_type="text/markdown",
-    license="MIT",
-    python_requires=">=3.11,<3.14",  # what scripts/setup.sh and fairseq-fixed support
-    packages=find_packages(include=["powernorm_fairseq", "powernorm_fairseq.*"]),
-    package_data={"powernorm_fairseq.norms.kernels": ["csrc/*.cpp"]},
-    install_requires=["sacrebleu>=2", "sacremoses", "subword-nmt"],
-    ext_modules=extensions,
-    cmdclass=commands,
-    entry_points={
-        "console_scripts": [
-            "powernorm-average=powernorm_fairseq.cli.average:main",
-            "powernorm-score=powernorm_fairseq.cli.score:main",
-            "powernorm-analyze=powernorm_fairseq.cli.analyze:main",
-            "powernorm-flags=powernorm_fairseq.cli.flags:main",
-        ]
-    },
-)
+setup(ext_modules=extensions, cmdclass=commands)

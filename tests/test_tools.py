@@ -230,3 +230,36 @@ def test_the_console_shows_an_epochs_last_validation():
                          ("train", "epoch 001 | loss 9.75 | wps 1000 | num_updates 20 | wall 12")]:
         shown += summary.lines(f"2026-11-24 10:00:00 | INFO | {source} | {body}")
     assert shown == ["epoch   1 | train loss 9.750 | valid loss 8.250 | 1,000 words/s | 20 updates | 0:00:12"]
+
+
+def test_every_runtime_import_is_a_declared_dependency():
+    """pyproject.toml declares what the package imports: a plain `pip install .`
+    has the kernels' build (ninja, filelock) and powernorm-analyze's figures
+    (matplotlib). fairseq and what it brings (hydra-core, omegaconf) are
+    installed apart, without their deps (pyproject.toml says why); triton is
+    the `gpu` extra."""
+    import ast
+    import importlib
+    import importlib.metadata
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    name = lambda spec: re.match(r"[A-Za-z0-9_.-]+", spec)[0].lower()  # noqa: E731
+    declared = {name(d) for d in project["dependencies"]}
+    extras = {name(d) for deps in project["optional-dependencies"].values() for d in deps}
+    imported = set()
+    for path in (ROOT / "powernorm_fairseq").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    distributions = importlib.metadata.packages_distributions()
+    needed = {dist.lower() for module in imported - set(sys.stdlib_module_names) - {"powernorm_fairseq"}
+              for dist in distributions[module]}
+    assert needed - declared - extras == {"fairseq-fixed", "hydra-core", "omegaconf"}
+    assert "triton" in extras and {"ninja", "filelock", "matplotlib", "torch"} <= declared
+    for script, target in project["scripts"].items():  # each console script names a real function
+        module, function = target.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), script
