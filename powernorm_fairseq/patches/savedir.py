@@ -193,6 +193,8 @@ def guard_training_runs():
             atexit.register(_remove_if_empty, save_dir)
 
     def load_checkpoint(cfg, trainer, **passthrough_args):
+        if not _runs_the_plugins_model(trainer):  # a stock model trains as fairseq trains it
+            return load(cfg, trainer, **passthrough_args)
         master = trainer.is_data_parallel_master
         if cfg.restore_file != "checkpoint_last.pt" and not os.path.exists(cfg.restore_file):
             # fairseq would train from scratch, and say nothing
@@ -233,6 +235,13 @@ def guard_training_runs():
 
     checkpoint_utils.load_checkpoint = load_checkpoint
     checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory
+
+
+def _runs_the_plugins_model(trainer) -> bool:
+    from ..models.mixin import PowerNormModelMixin
+
+    model = getattr(trainer, "model", None)
+    return isinstance(getattr(model, "module", model), PowerNormModelMixin)
 
 
 def _writable(cfg):
