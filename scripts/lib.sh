@@ -15,7 +15,7 @@ whole() {
 # temporary PATH...: files or directories that a step writes and renames when
 # complete; removed if the script is ended before it renames them
 temporary() {
-  [[ -z "${POWERNORM_TREE:-}" ]] || realpath -m -- "$@" >> "$POWERNORM_TREE"
+  [[ -z "${POWERNORM_TREE:-}" ]] || realpath -ms -- "$@" >> "$POWERNORM_TREE"  # -s: a link named, not its target
 }
 
 # writable DIR: whether a file can be made in DIR (test -w answers yes for
@@ -24,6 +24,20 @@ writable() {
   local probe
   probe=$(mktemp -p "$1" .powernorm-write-test.XXXXXX 2>/dev/null) || return 1
   rm -f -- "$probe"
+}
+
+# fresh PATH...: refuse a symbolic link at a path the script writes (a log it
+# appends to, an output it replaces), and remove a temporary file left there:
+# nothing is written through a link
+fresh() {
+  local path
+  for path in "$@"; do
+    if [[ "$path" == *.tmp ]]; then
+      rm -f -- "$path"
+    elif [[ -L "$path" ]]; then
+      die "$path is a symbolic link; remove it (nothing is written through a link)"
+    fi
+  done
 }
 
 # tied CMD...: run CMD so that it ends when this script ends. Ctrl-C reaches

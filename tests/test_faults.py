@@ -684,3 +684,20 @@ def test_sigterm_ends_every_process_of_a_recipe_and_leaves_no_temporary_file(toy
             f"prepare-quickstart.sh: error: --out: '{save}' is being prepared by another run (pid "), second.stderr
         term_while(script, ["sacremoses", str(save)], save, wait=0)
     assert temporaries(save) == []
+
+
+def test_evaluate_sh_writes_nothing_through_a_link(toy_data, trained, tmp_path):
+    """A link planted where evaluate.sh appends its log is refused in one line;
+    one planted at its temporary output is removed, not written through."""
+    save, victim = tmp_path / "run", tmp_path / "victim"
+    shutil.copytree(trained("pn"), save)
+    victim.write_text("mine\n")
+    flags = ["--dataset", "iwslt14", "--data", toy_data, "--save-dir", save, "--average", "1", "--cpu"]
+    (save / "generate.log").symlink_to(victim)
+    proc = sh("scripts/evaluate.sh", *flags)
+    one_line_error(proc, f"{save / 'generate.log'} is a symbolic link", "evaluate.sh")
+    (save / "generate.log").unlink()
+    (save / "generate-test-checkpoint_last.txt.tmp").symlink_to(victim)
+    proc = sh("scripts/evaluate.sh", *flags)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert victim.read_text() == "mine\n" and (save / "generate-test-checkpoint_last.txt").read_text().count("H-")
