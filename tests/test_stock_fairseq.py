@@ -1,7 +1,7 @@
 """Stock fairseq stays stock: a CI-sized subset of fairseq's own tests, of the
 pinned version (``tests/fairseq-0.12.3``), passes in a process where every
 patch of the plugin is installed (``conftest.py`` there). On fairseq alone
-(``POWERNORM_STOCK=1``), 6 of the 14 fail on this torch: fairseq reads its
+(``POWERNORM_STOCK=1``), 7 of the 15 fail on this torch: fairseq reads its
 checkpoints with torch.load's weights-only default, which the plugin's reader
 answers. Before the save-directory patch acted for the plugin's models only,
 12 of 18 failed with it installed (fairseq's mocks of its reader bypassed)."""
@@ -24,6 +24,7 @@ SUBSET = [
     "tests/test_iopath.py",  # mid-epoch resume without iopath
     "tests/test_reproducibility.py::TestReproducibility::test_mid_epoch_reproducibility",
     "tests/test_binaries.py::TestTranslation::test_multilingual_translation_latent_depth",  # max positions: a dict
+    "tests/test_binaries.py::TestLanguageModeling::test_lightconv_lm",  # saves a NaN conv_bias, which fairseq loads
 ]
 
 
@@ -35,4 +36,4 @@ def test_fairseqs_own_tests_pass_with_every_patch_of_the_plugin_installed():
                           timeout=600)
     summary = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert re.fullmatch(r"14 passed, 4 subtests passed in [\d.]+s", summary), summary
+    assert re.fullmatch(r"15 passed, 4 subtests passed in [\d.]+s", summary), summary
