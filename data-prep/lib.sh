@@ -133,7 +133,6 @@ learn_subwords() {
     [[ -n "${VERBOSE:-}" ]] && bar=()
     run_step "$model" "${bar[@]+"${bar[@]}"}" subword-nmt learn-bpe -s "$size" --input "$model.joint"
   else
-    rm -rf "$model.tmp"
     temporary "$model.tmp"
     tied python - "$model" "$size" "$WORKERS" <<'PY' || die "learning the sentencepiece model failed"
 import os, shutil, sys
@@ -203,7 +202,6 @@ PY
 preprocess() {
   local dest=$1; shift
   [[ -f "$dest/.done" ]] && return 0
-  rm -rf "$dest.tmp"
   temporary "$dest.tmp"
   local log; log="$(dirname "$dest")/preprocess.log"
   log "  fairseq-preprocess log: $log"

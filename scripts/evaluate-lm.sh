@@ -67,7 +67,7 @@ CONTEXT="${CONTEXT:-$(( BLOCK * 3 / 4 ))}"
 
 LOG="$SAVE_DIR/eval-lm-$SUBSET.log"
 temporary "$LOG.tmp" "$SAVE_DIR/perplexity-$SUBSET.json.tmp"
-fresh "$LOG" "$LOG.tmp" "$SAVE_DIR/perplexity-$SUBSET.json" "$SAVE_DIR/perplexity-$SUBSET.json.tmp"
+fresh "$LOG" "$SAVE_DIR/perplexity-$SUBSET.json"
 tied fairseq-eval-lm "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "$CKPT" --gen-subset "$SUBSET" \
   --sample-break-mode none --tokens-per-sample "$BLOCK" --context-window "$CONTEXT" \
   --batch-size 2 "${CPU[@]}" > "$LOG.tmp" 2>&1 || { mv "$LOG.tmp" "$LOG"; tail -n 3 "$LOG" >&2; die "fairseq-eval-lm failed (log: $LOG)"; }

@@ -83,7 +83,7 @@ generate=(fairseq-generate "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "
   --beam "$BEAM" --lenpen "$LENPEN" "${DECODE[@]}" --batch-size 128 "${CPU[@]}"
   --required-batch-size-multiple 1)  # fairseq drops a last batch that is not a multiple
 temporary "$OUT.tmp" "$OUT.hyp.tmp"
-fresh "$LOG" "$OUT" "$OUT.tmp" "$OUT.hyp" "$OUT.hyp.tmp" "$SAVE_DIR/bleu-$SUBSET.json"
+fresh "$LOG" "$OUT" "$OUT.hyp" "$SAVE_DIR/bleu-$SUBSET.json"
 if [[ -n "${VERBOSE:-}" ]]; then
   tied "${generate[@]}" > "$OUT.tmp" 2> >(tied tee -a "$LOG" >&2)
 else

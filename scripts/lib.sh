@@ -12,9 +12,12 @@ whole() {
   [[ -n "${POWERNORM_TREE:-}" ]] || exec python3 "$_TREE" bash "$0" "$@"
 }
 
-# temporary PATH...: files or directories that a step writes and renames when
-# complete; removed if the script is ended before it renames them
+# temporary PATH...: files or directories that a step is about to write and
+# rename when complete: whatever an earlier run left there (a link included,
+# never followed) is removed now, and they are removed if the script is ended
+# before it renames them
 temporary() {
+  rm -rf -- "$@"
   [[ -z "${POWERNORM_TREE:-}" ]] || realpath -ms -- "$@" >> "$POWERNORM_TREE"  # -s: a link named, not its target
 }
 
@@ -27,16 +30,11 @@ writable() {
 }
 
 # fresh PATH...: refuse a symbolic link at a path the script writes (a log it
-# appends to, an output it replaces), and remove a temporary file left there:
-# nothing is written through a link
+# appends to, an output it replaces): nothing is written through a link
 fresh() {
   local path
   for path in "$@"; do
-    if [[ "$path" == *.tmp ]]; then
-      rm -f -- "$path"
-    elif [[ -L "$path" ]]; then
-      die "$path is a symbolic link; remove it (nothing is written through a link)"
-    fi
+    [[ ! -L "$path" ]] || die "$path is a symbolic link; remove it (nothing is written through a link)"
   done
 }
 

@@ -20,6 +20,7 @@ any environment is checked.
 
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,7 +85,7 @@ def remove_registered(listing):
         paths = [line.rstrip("\n") for line in f if line.strip()]
     for path in paths:
         if os.path.isdir(path) and not os.path.islink(path):
-            subprocess.run(["rm", "-rf", "--", path], check=False)
+            shutil.rmtree(path, ignore_errors=True)
         else:
             try:
                 os.unlink(path)

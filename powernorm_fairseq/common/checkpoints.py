@@ -108,6 +108,11 @@ def model_setting(state, key):
     return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
 
 
+def of_the_plugin(state) -> bool:
+    """Whether a checkpoint is of one of this plugin's architectures."""
+    return str(model_setting(state, "arch") or "").startswith("powernorm_")
+
+
 def first_nonfinite(model: dict):
     """The name of the first floating-point model entry holding NaN or inf, or None."""
     for name, value in model.items():

@@ -8,7 +8,7 @@ import shutil
 
 import torch
 
-from ..common.checkpoints import UNREADABLE, check_finite, model_setting, weights_only_loads, why_unreadable
+from ..common.checkpoints import UNREADABLE, check_finite, of_the_plugin, weights_only_loads, why_unreadable
 from ..common.errors import InputFileError
 from ..common.files import atomic_path
 from .base import installs_once
@@ -41,7 +41,7 @@ def name_unreadable_checkpoints():
             if isinstance(exc, InputFileError):
                 raise
             raise InputFileError(why_unreadable(path, exc)) from exc
-        if str(model_setting(state, "arch") or "").startswith("powernorm_"):  # a stock model loads as in fairseq
+        if of_the_plugin(state):  # a stock model's loads as fairseq loads it
             check_finite(path, state, os.environ.get("POWERNORM_ALLOW_NONFINITE", "0") == "1")
         return state
 

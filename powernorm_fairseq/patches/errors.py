@@ -50,14 +50,14 @@ def _runs_the_plugins_model(argv):
     """Whether a command that failed before building a model (fairseq-eval-lm
     sets its task up first) was given one of this plugin's: ``--arch`` names
     it, or ``--path`` its checkpoint. Read at the failure only."""
-    from ..common.checkpoints import load, model_setting
+    from ..common.checkpoints import load, of_the_plugin
 
     for flag, value in zip(argv, argv[1:]):
         if flag == "--arch" and value.startswith("powernorm_"):
             return True
         if flag == "--path":
             try:
-                return str(model_setting(load(value.split(os.pathsep)[0]), "arch")).startswith("powernorm_")
+                return of_the_plugin(load(value.split(os.pathsep)[0]))
             except Exception:  # an unreadable checkpoint: fairseq's own error stands
                 return False
     return False
