@@ -52,6 +52,12 @@ def group_norm(x, groups, w, b, eps=1e-5):
     return torch.cat(out, dim=-1) * w + b
 
 
+def dyt(x, alpha, w, b):
+    """Zhu et al. (2025), Eq. 1, with tanh written out: (e^2z - 1) / (e^2z + 1)."""
+    e = torch.exp(2 * alpha * x)
+    return w * (e - 1) / (e + 1) + b
+
+
 def scale_norm(x, g, eps=1e-5):
     length = torch.sqrt((x * x).sum(-1, keepdim=True))
     return g * x / torch.maximum(length, torch.full_like(length, eps))

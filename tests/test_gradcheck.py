@@ -20,7 +20,7 @@ def _exact(kind):
 
 @pytest.mark.parametrize("backend", ["plain", "cpu", pytest.param("triton", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("kind", ["ln", "scalenorm", "bn", "pn-v", "pn", "bn-original", "rmsnorm",
-                                  "layernorm-simple", "groupnorm", "none"])
+                                  "layernorm-simple", "groupnorm", "dyt", "none"])
 def test_gradcheck_exact_gradients(kind, backend):
     backend_or_fail(backend)
     norm = affine(_exact(kind)).train()

@@ -76,7 +76,7 @@ def test_registry_is_the_source_of_kinds_options_and_running_statistics():
 
 def test_registry_and_unknown_kind():
     assert set(NORM_TYPES) == {"ln", "bn", "pn", "pn-v", "bn-original", "scalenorm", "rmsnorm", "layernorm-simple",
-                               "detachnorm", "adanorm", "groupnorm", "none"}
+                               "detachnorm", "adanorm", "groupnorm", "dyt", "none"}
     with pytest.raises(ValueError, match="unknown norm type 'rms'.*ln, bn, pn, pn-v, bn-original, scalenorm, rmsnorm"):
         build_norm("rms", C)
 
@@ -408,6 +408,7 @@ def test_original_batch_norm_depends_on_padding_where_bn_does_not():
     ("detachnorm:unbiased", lambda n, x: ref.layer_norm_simple(x, detach="both", unbiased=True)),
     ("adanorm", lambda n, x: ref.ada_norm(x)),
     ("groupnorm", lambda n, x: ref.group_norm(x, 4, n.weight, n.bias)),
+    ("dyt", lambda n, x: ref.dyt(x, n.alpha, n.weight, n.bias)),
     ("none", lambda n, x: x * 1),
 ])
 def test_per_token_norms_match_references(kind, reference):
@@ -443,6 +444,13 @@ def test_adanorm_scale_and_rms_init():
     x, pad, _ = batch(122)
     torch.testing.assert_close(build_norm("adanorm", C, scale=2.5).double()(x, pad), 2.5 * ref.ada_norm(x))
     assert torch.equal(build_norm("rmsnorm", C).weight, torch.ones(C))
+    dyt = build_norm("dyt", C, alpha_init=0.7)
+    with torch.no_grad():
+        dyt.alpha.fill_(3.0)
+    dyt.reset_parameters()
+    assert dyt.alpha.item() == pytest.approx(0.7) and torch.equal(dyt.weight, torch.ones(C))
+    with pytest.raises(ValueError, match="alpha_init must be positive"):
+        build_norm("dyt", C, alpha_init=0.0)
     with pytest.raises(ValueError, match="groups must divide"):
         build_norm("groupnorm", C, groups=3)
 

@@ -105,6 +105,8 @@ class NormConfig(FairseqDataclass):
     layernorm_simple_std: str = _flag("biased", "the divisor of layernorm-simple and detachnorm: sqrt(biased "
                                       "var + eps), as LayerNorm, or unbiased std + eps, as Xu et al.'s code",
                                       **_choice(("biased", "unbiased")))
+    dyt_alpha_init: float = _flag(0.5, "DyT's alpha at initialisation (Zhu et al., 2025: 0.5)", type=positive,
+                                  metavar="A")
     norm_groups: Optional[int] = _flag(None, "channel groups of groupnorm (default: the attention heads)",
                                        type=at_least(1, "--norm-groups"), metavar="G")
     norm_sync: Optional[str] = _flag(None, "statistics of bn, pn-v and pn across data-parallel workers: batch = "

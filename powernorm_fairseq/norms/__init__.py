@@ -11,6 +11,7 @@ from torch import nn
 
 from .base import NoNorm, Norm, padding_mask
 from .batchnorm import MaskedBatchNorm, OriginalBatchNorm
+from .dyt import DyT
 from .layernorm import AdaNorm, DetachNorm, GroupNorm, LayerNorm, LayerNormSimple
 from .powernorm import PowerNorm, PowerNormV
 from .rmsnorm import RMSNorm
@@ -28,6 +29,7 @@ NORMS = {
     "detachnorm": DetachNorm,
     "adanorm": AdaNorm,
     "groupnorm": GroupNorm,
+    "dyt": DyT,
     "none": NoNorm,
 }
 NORM_TYPES = tuple(NORMS)
