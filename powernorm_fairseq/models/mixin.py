@@ -67,8 +67,7 @@ class PowerNormModelMixin:
             raise PowerNormConfigError(f"{flag} without a GPU: fairseq's flattened fp16 master weights need CUDA; "
                                        "train on a GPU, or add --cpu --fp16-no-flatten-grads")
         model = super().build_model(args, task)
-        if args.small_init:
-            small_init_(model)
+        initialize_(model, "smallinit" if args.small_init else args.init)
         if args.norm_diagnostics:
             model.norm_diagnostics = NormDiagnostics(model, args.norm_diagnostics_interval)
         return model
@@ -100,6 +99,35 @@ class PowerNormModelMixin:
                 f"checkpoint {list(theirs)}, model {list(ours)}): it was trained with other dimensions or "
                 "another dictionary; pass its flags and data, or another --save-dir")
         return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
+
+
+def initialize_(model, scheme):
+    """``--init``: ``default`` keeps fairseq's; ``xavier-kaiming`` is the
+    sentiment study's (Kaiming uniform for the ReLU feed-forward's two layers,
+    Xavier uniform for every other weight matrix and embedding); ``uniform:A``
+    draws each of them from U(-A, A); ``smallinit`` is :func:`small_init_`.
+    Biases start at 0, padding embeddings at 0, and the norms at their own start."""
+    if scheme == "default":
+        return
+    if scheme == "smallinit":
+        return small_init_(model)
+    feed_forward = {id(fc) for layer in model.modules()
+                    if isinstance(layer, (PowerNormEncoderLayer, PowerNormDecoderLayer)) for fc in (layer.fc1, layer.fc2)}
+    scale = float(scheme.partition(":")[2]) if scheme.startswith("uniform:") else None
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, (nn.Linear, nn.Embedding)):
+                continue
+            if scale is not None:
+                nn.init.uniform_(module.weight, -scale, scale)
+            elif id(module) in feed_forward:
+                nn.init.kaiming_uniform_(module.weight, nonlinearity="relu")
+            else:
+                nn.init.xavier_uniform_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                module.bias.zero_()
+            if getattr(module, "padding_idx", None) is not None:
+                module.weight[module.padding_idx].zero_()
 
 
 def small_init_(model):

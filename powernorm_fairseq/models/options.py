@@ -59,6 +59,23 @@ def _sublayer(flag, lm=True):
                  metavar=KINDS)
 
 
+INITS = ("default", "xavier-kaiming", "uniform:A", "smallinit")
+
+
+def init_scheme(text):
+    """An ``--init``: default, xavier-kaiming, smallinit, or uniform:A with A > 0."""
+    kind, _, scale = str(text).partition(":")
+    if kind == "uniform" and scale:
+        try:
+            if float(scale) > 0:
+                return f"uniform:{float(scale):g}"
+        except ValueError:
+            pass
+    elif text in INITS and text != "uniform:A":
+        return text
+    raise argparse.ArgumentTypeError(f"invalid --init {text!r}: choose one of {', '.join(INITS)} (A > 0)")
+
+
 def _choice(values):
     return dict(choices=values, metavar="{" + ",".join(values) + "}")
 
@@ -83,6 +100,10 @@ class NormConfig(FairseqDataclass):
                           action="store_true")
     small_init: bool = _flag(False, "attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))",
                              action="store_true")
+    init: str = _flag("default", "the weights at initialisation: fairseq's (default); Xavier, and Kaiming for "
+                      "the ReLU feed-forward (xavier-kaiming); every weight matrix and embedding U(-A, A) "
+                      "(uniform:A); or SmallInit (smallinit, as --small-init); biases start at 0 and norms "
+                      "at their own start", type=init_scheme, metavar="{" + ",".join(INITS) + "}")
     pn_alpha_fwd: float = _flag(0.9, "PN running psi^2 decay, in (0, 1)", type=fraction("--pn-alpha-fwd"))
     pn_alpha_bwd: float = _flag(0.9, "PN running nu decay, in (0, 1)", type=fraction("--pn-alpha-bwd"))
     pn_warmup_updates: Optional[int] = _flag(None, "PN forwards that use batch statistics (default: "
@@ -192,6 +213,8 @@ def check_args(args):
         if dim and "groupnorm" in kinds and args.norm_groups and dim % args.norm_groups:
             raise PowerNormConfigError(
                 f"--norm-groups {args.norm_groups} does not divide --{side}-embed-dim {dim}")
+    if args.small_init and args.init not in ("default", "smallinit"):
+        raise PowerNormConfigError(f"--small-init contradicts --init {args.init}; use --init alone")
     if args.fixnorm and getattr(args, "adaptive_input", False):
         raise PowerNormConfigError("--fixnorm replaces the word embeddings, --adaptive-input too: drop one")
     if args.fixnorm and not (getattr(args, "share_all_embeddings", False)

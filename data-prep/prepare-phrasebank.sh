@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# Sentence classification data for fairseq's sentence_prediction task from
+# Financial PhraseBank (Malo et al., 2014) or any text<TAB>label file:
+# shuffle and split with a seed, Moses-tokenize, learn subwords on the
+# training split only, and binarize into DIR/bin/input0 and DIR/bin/label.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+source "$HERE/lib.sh"
+whole "$@"
+
+SRC=""
+DEMO=""
+OUT=data-bin/phrasebank
+FORMAT=auto
+ENCODING=auto
+VALID=0.2
+TEST=0
+SEED=1
+BPE=subword-nmt
+BPE_SIZE=2000
+SKIP=""
+FORCE=""
+
+usage() {
+  cat <<USAGE
+usage: data-prep/prepare-phrasebank.sh (--src FILE | --demo N) [--out DIR] [options]
+
+  --src FILE            Financial PhraseBank's Sentences_AllAgree.txt (or the
+                        50/66/75 files): one 'sentence@label' per line, split at
+                        the last '@', labels negative, neutral, positive; or
+                        any 'text<TAB>label' file
+  --demo N              instead of --src: N sentences written from templates
+                        whose labels are true of their text (not PhraseBank;
+                        data-prep/sentiment_demo.py, docs/study.md)
+  --out DIR             where to write (default: $OUT); the binarized data goes
+                        to DIR/bin, the split text to DIR/raw
+  --format F            auto | phrasebank | tsv (default: auto: tsv if the
+                        first line holds a tab)
+  --encoding E          the file's encoding (default: auto: UTF-8 if it reads
+                        as UTF-8, else ISO-8859-1, PhraseBank's)
+  --valid-fraction F    share of the sentences for valid (default: $VALID)
+  --test-fraction F     share for a test split (default: $TEST, no test split)
+  --seed N              the shuffle's seed (default: $SEED)
+  --bpe METHOD          subword-nmt | sentencepiece (default: $BPE), learned on
+                        the training split only
+  --bpe-size N          merges, or the sentencepiece vocabulary (default: $BPE_SIZE)
+  --skip-malformed      drop malformed lines (counted and named) instead of stopping
+  --force               redo everything even if DIR is already prepared
+USAGE
+}
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --src) SRC="$2"; shift 2 ;;
+    --demo) DEMO="$2"; shift 2 ;;
+    --out) OUT="$2"; shift 2 ;;
+    --format) FORMAT="$2"; shift 2 ;;
+    --encoding) ENCODING="$2"; shift 2 ;;
+    --valid-fraction) VALID="$2"; shift 2 ;;
+    --test-fraction) TEST="$2"; shift 2 ;;
+    --seed) SEED="$2"; shift 2 ;;
+    --bpe) BPE="$2"; shift 2 ;;
+    --bpe-size|--bpe-merges) BPE_SIZE="$2"; shift 2 ;;
+    --skip-malformed) SKIP=1; shift ;;
+    --force) FORCE=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option '$1'" ;;
+  esac
+done
+[[ -n "$SRC" || -n "$DEMO" ]] || { usage >&2; die "give --src FILE or --demo N"; }
+[[ -z "$SRC" || -z "$DEMO" ]] || die "--src and --demo exclude each other: give one"
+[[ -z "$SRC" || -f "$SRC" ]] || die "--src: no such file '$SRC'"
+[[ -z "$DEMO" || "$DEMO" =~ ^[1-9][0-9]*$ ]] || die "--demo must be a positive integer, got '$DEMO'"
+[[ "$FORMAT" =~ ^(auto|phrasebank|tsv)$ ]] || die "--format must be one of {auto,phrasebank,tsv}, got '$FORMAT'"
+[[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$SEED'"
+for pair in "--valid-fraction:$VALID" "--test-fraction:$TEST"; do
+  python -c 'import sys; f = float(sys.argv[1]); sys.exit(not 0 <= f < 1)' "${pair#*:}" 2>/dev/null \
+    || die "${pair%%:*} must be a number in [0, 1), got '${pair#*:}'"
+done
+python -c 'import sys; sys.exit(not 0 < float(sys.argv[1]) < 1)' "$VALID" || die "--valid-fraction must be in (0, 1), got '$VALID'"
+python -c 'import codecs, sys; sys.argv[1] == "auto" or codecs.lookup(sys.argv[1])' "$ENCODING" 2>/dev/null \
+  || die "--encoding: unknown encoding '$ENCODING' (e.g. utf-8, iso-8859-1, or auto)"
+check_subwords "$BPE" "$BPE_SIZE"
+
+hold "$OUT" "$FORCE"
+if [[ -z "$FORCE" ]] && prepared "$OUT" "$BPE"; then
+  exit 0
+fi
+mkdir -p "$OUT/tmp" "$OUT/raw"
+
+if [[ -n "$DEMO" ]]; then
+  log "writing $DEMO demo sentences (data-prep/sentiment_demo.py, seed $SEED)"
+  run_step "$OUT/tmp/demo.tsv" python "$HERE/sentiment_demo.py" "$DEMO" "$SEED"
+  SRC="$OUT/tmp/demo.tsv" FORMAT=tsv
+fi
+
+log "reading $SRC and splitting it (seed $SEED, valid $VALID, test $TEST)"
+if [[ ! -s "$OUT/raw/train.label" ]]; then
+  temporary "$OUT/raw.tmp"
+  rm -rf "$OUT/raw.tmp" && mkdir -p "$OUT/raw.tmp"
+  tied python - "$SRC" "$FORMAT" "$ENCODING" "$VALID" "$TEST" "$SEED" "$SKIP" "$OUT/raw.tmp" <<'PY' || die "reading $SRC failed"
+import collections, os, random, sys
+src, fmt, encoding, valid, test, seed, skip, out = sys.argv[1:]
+raw = open(src, "rb").read()
+if encoding == "auto":
+    try:
+        raw.decode("utf-8")
+        encoding = "utf-8"
+    except UnicodeDecodeError:
+        encoding = "iso-8859-1"
+text = raw.decode(encoding, errors="strict")
+lines = text.splitlines()
+if fmt == "auto":
+    first = next((line for line in lines if line.strip()), "")
+    fmt = "tsv" if "\t" in first else "phrasebank"
+PHRASEBANK = {"negative", "neutral", "positive"}
+rows, bad, blank, seen, duplicates = [], [], 0, set(), 0
+for number, line in enumerate(lines, 1):
+    if not line.strip():
+        blank += 1
+        continue
+    sep = "\t" if fmt == "tsv" else "@"
+    sentence, found, label = line.rpartition(sep)
+    sentence, label = " ".join(sentence.split()), label.strip()
+    if not found or not sentence or not label or " " in label:
+        bad.append((number, f"no '{'<TAB>' if sep == chr(9) else '@'}label' at its end"))
+    elif fmt == "phrasebank" and label not in PHRASEBANK:
+        bad.append((number, f"label {label!r} is not one of negative, neutral, positive"))
+    elif (sentence, label) in seen:
+        duplicates += 1
+    else:
+        seen.add((sentence, label))
+        rows.append((sentence, label))
+if bad:
+    where = ", ".join(f"{src}:{n} ({why})" for n, why in bad[:3])
+    more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    if not skip:
+        sys.exit(f"error: {len(bad)} malformed line(s) in {src} ({fmt}, {encoding}): {where}{more}; "
+                 "fix them, or pass --skip-malformed to drop them")
+    print(f"warning: dropped {len(bad)} malformed line(s): {where}{more}", file=sys.stderr)
+labels = collections.Counter(label for _, label in rows)
+if len(labels) < 2:
+    sys.exit(f"error: {src} holds {len(labels)} label(s) ({', '.join(labels) or 'none'}): a classifier needs two or more")
+random.Random(int(seed)).shuffle(rows)
+n_valid, n_test = round(len(rows) * float(valid)), round(len(rows) * float(test))
+splits = {"valid": rows[:n_valid], "test": rows[n_valid:n_valid + n_test], "train": rows[n_valid + n_test:]}
+if not splits["train"] or not splits["valid"]:
+    sys.exit(f"error: {len(rows)} sentences leave an empty train or valid split; give more, or other fractions")
+for split, part in splits.items():
+    if not part:
+        continue
+    with open(os.path.join(out, f"{split}.txt"), "w", encoding="utf-8") as ft, \
+            open(os.path.join(out, f"{split}.label"), "w", encoding="utf-8") as fl:
+        for sentence, label in part:
+            ft.write(sentence + "\n")
+            fl.write(label + "\n")
+counts = ", ".join(f"{label} {n}" for label, n in sorted(labels.items()))
+print(f"{len(rows)} sentences ({fmt}, {encoding}; {counts}); skipped {blank} blank line(s), "
+      f"{duplicates} exact duplicate(s); train {len(splits['train'])}, valid {len(splits['valid'])}, "
+      f"test {len(splits['test'])}", file=sys.stderr)
+PY
+  cp -f "$OUT/raw.tmp"/* "$OUT/raw/"
+  rm -rf "$OUT/raw.tmp"
+fi
+SPLITS=(train valid)
+[[ -s "$OUT/raw/test.txt" ]] && SPLITS+=(test)
+
+log "tokenizing (sacremoses)"
+for split in "${SPLITS[@]}"; do
+  tokenize en "$OUT/raw/$split.txt" "$OUT/tmp/$split.tok"
+done
+log "learning subwords on the training split ($BPE, size $BPE_SIZE)"
+MODEL=$(subword_model "$OUT/tmp" "$BPE")
+learn_subwords "$BPE" "$BPE_SIZE" "$MODEL" "$OUT/tmp/train.tok" /dev/null
+for split in "${SPLITS[@]}"; do
+  apply_subwords "$BPE" "$MODEL" "$OUT/tmp/$split.tok" "$OUT/tmp/$split.input0"
+done
+
+log "binarizing (fairseq-preprocess --only-source: input0 and label)"
+prefixes() {  # --trainpref etc. of the splits there are, for files ending in $1
+  local split; for split in "${SPLITS[@]}"; do echo "--${split}pref" "$OUT/tmp/$split$1"; done
+}
+for split in "${SPLITS[@]}"; do run_step "$OUT/tmp/$split.label" cat "$OUT/raw/$split.label"; done
+BESIDE=("$MODEL")
+# shellcheck disable=SC2046
+preprocess "$OUT/tmp/bin-input0" --only-source $(prefixes .input0)
+BESIDE=()
+# shellcheck disable=SC2046
+preprocess "$OUT/tmp/bin-label" --only-source --padding-factor 1 $(prefixes .label)
+temporary "$OUT/bin.tmp"
+rm -rf "$OUT/bin.tmp" && mkdir -p "$OUT/bin.tmp"
+cp -r "$OUT/tmp/bin-input0" "$OUT/bin.tmp/input0"
+cp -r "$OUT/tmp/bin-label" "$OUT/bin.tmp/label"
+mv "$OUT/bin.tmp/input0/$(basename "$MODEL")" "$OUT/bin.tmp/"
+touch "$OUT/bin.tmp/.done"
+rm -rf "$OUT/bin"
+mv "$OUT/bin.tmp" "$OUT/bin"
+log "done: $OUT/bin ($(wc -l < "$OUT/bin/label/dict.txt") classes; train with --task sentence_prediction --num-classes $(wc -l < "$OUT/bin/label/dict.txt"))"
