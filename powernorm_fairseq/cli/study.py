@@ -225,8 +225,11 @@ def layer_of(name):
 
 
 def order(layer):
+    """Embeddings, then the layers bottom up (encoder before decoder), then the rest (final norm, head)."""
     m = re.match(r"(encoder|decoder) layer (\d+)$", layer)
-    return (0 if layer.startswith("encoder") else 1, int(m.group(2)) if m else 10**6, layer)
+    if m:
+        return (1, m.group(1) != "encoder", int(m.group(2)), layer)
+    return (0 if "embed" in layer else 2, False, 0, layer)
 
 
 def read_log(path):
@@ -489,10 +492,11 @@ def figures(args, grid, results):
                 continue
             seen.add((c["norm"], c["width"]))
             probe = json.loads(Path(args.out, "cells", c["name"], "init.json").read_text())
-            layers = [k for k in probe["grad_norms"] if " layer " in k]
-            ax.plot(range(1, len(layers) + 1), [probe["grad_norms"][k] for k in layers], marker="o",
+            groups = sorted(probe["grad_norms"], key=order)
+            ax.plot(range(len(groups)), [probe["grad_norms"][g] for g in groups], marker="o",
                     color=colors[c["norm"]], linestyle=styles[c["width"]], label=f"{c['norm']}, width {c['width']}")
-        ax.set(yscale="log", xlabel="layer", ylabel="gradient norm at init", title=f"depth {depth}, init {init}")
+            ax.set_xticks(range(len(groups)), [re.sub(r"^(encoder[. ]|head )", "", g) for g in groups], rotation=60, fontsize=7, ha="right")
+        ax.set(yscale="log", ylabel="gradient norm at init (per example)", title=f"depth {depth}, init {init}")
         ax.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, Path(args.out, "init_grads.png"), plt)
@@ -506,16 +510,18 @@ def figures(args, grid, results):
             continue
         ax = axes[rows.index((c["depth"], c["width"], c["init"]))][lrs.index(c["lr"])]
         records = read_log(Path(args.out, "cells", c["name"], "train.log"))
-        train_points = [(x["num_updates"], x[key]) for x in records["train_inner"] if key in x and "num_updates" in x]
+        train_points = [(0, r["initial_loss"])] + [(x["num_updates"], x[key]) for x in records["train_inner"]
+                                                   if key in x and "num_updates" in x]
         valid_points = [(x["num_updates"], x[key]) for x in records["valid"] if key in x and "num_updates" in x]
         for points, style in ((train_points, "-"), (valid_points, "--")):
             if points:
-                ax.plot(*zip(*points), linestyle=style, color=colors[c["norm"]],
-                        label=c["norm"] if style == "-" else None)
+                ax.plot(*zip(*points), linestyle=style, color=colors[c["norm"]], marker=".")
         ax.set_title(f"d{c['depth']} w{c['width']} {c['init']} lr {c['lr']:g}", fontsize=8)
         ax.set(yscale="log", xlabel="update", ylabel="loss (bits)")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"training (solid) and valid (dashed) loss, seed {args.seeds[0]}")
+    from matplotlib.lines import Line2D
+
+    fig.legend([Line2D([], [], color=colors[n]) for n in args.norms], args.norms, loc="upper right", fontsize=8)
+    fig.suptitle(f"training (solid, from the initial loss) and valid (dashed) loss, seed {args.seeds[0]}")
     fig.tight_layout()
     save_figure(fig, Path(args.out, "loss.png"), plt)
     if args.landscape:
