@@ -322,6 +322,10 @@ def train(train_args, log_path, verbose):
     try:
         distributed_utils.call_main(convert_namespace_to_omegaconf(train_args), fairseq_train.main)
         return "finished"
+    except SystemExit as end:  # the plugin ends a run that resumes with nothing left to train
+        if end.code not in (0, None):
+            raise
+        return "finished"
     except Exception as err:  # fairseq's NaN detector may fail while it reports the FloatingPointError
         cause = err
         while cause is not None and not isinstance(cause, FloatingPointError):
@@ -346,11 +350,12 @@ T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 
 
 def t975(df):
-    """Student's t 0.975 quantile (a table to 30 degrees of freedom, then Cornish-Fisher)."""
+    """Student's t 0.975 quantile: a table to 30 degrees of freedom, then the
+    Cornish-Fisher expansion to its second term (Abramowitz & Stegun 26.7.5)."""
     if df <= len(T975):
         return T975[df - 1]
     z = 1.959964
-    return z + (z ** 3 + z) / (4 * df)
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
 def mean_sd(values):

@@ -1,0 +1,238 @@
+"""Sentence classification and the normalization study: the classifier,
+--init, data-prep/prepare-phrasebank.sh and scripts/norm-study.sh end to end."""
+
+import json
+import math
+import os
+import re
+import subprocess
+import time
+
+import pytest
+import torch
+
+from conftest import BIN, ROOT, build_model, once
+from powernorm_fairseq.norms import NORM_TYPES
+
+pytestmark = pytest.mark.slow
+LRS = ["1", "0.1"]
+GRID = ["--task", "classification", "--lrs", *LRS, "--depths", "1", "--widths", "32", "--norms", "ln", "bn",
+        "none", "--max-update", "8", "--log-interval", "2", "--threads", "1"]
+
+
+def sh(*args, check=True):
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(["bash", *map(str, args)], cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The offline demo set, prepared by the recipe."""
+    return once(tmp_path_factory, "sentiment-demo", lambda root: sh(
+        "data-prep/prepare-phrasebank.sh", "--demo", "300", "--out", root, "--bpe-size", "200")) / "bin"
+
+
+@pytest.fixture(scope="module")
+def study(demo, tmp_path_factory):
+    """The test grid, run once per session (its console output kept beside it)."""
+    def make(out):
+        proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape")
+        (out / "console.txt").write_text(proc.stderr)
+
+    out = once(tmp_path_factory, "study", make)
+    return out, subprocess.CompletedProcess([], 0, "", (out / "console.txt").read_text())
+
+
+def classifier(demo, *flags):
+    return build_model(demo, "--user-dir", ROOT / "powernorm_fairseq", "--task", "sentence_prediction",
+                       "--criterion", "sentence_prediction", "--num-classes", "3", "--arch", "powernorm_classifier",
+                       "--encoder-layers", "2", "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+                       "--encoder-attention-heads", "2", "--cpu", *flags)
+
+
+def test_the_demo_set_is_binarized_for_sentence_prediction_with_true_labels(demo):
+    assert sorted(line.split()[0] for line in (demo / "label" / "dict.txt").read_text().splitlines()) == [
+        "negative", "neutral", "positive"]
+    for split in ("train", "valid"):
+        assert (demo / "input0" / f"{split}.bin").exists() and (demo / "label" / f"{split}.bin").exists()
+    raw = demo.parent / "raw"
+    for text, label in zip((raw / "train.txt").read_text().splitlines(), (raw / "train.label").read_text().splitlines()):
+        up = re.search(r"\b(rose|increased|grew|climbed|went up)\b", text)
+        down = re.search(r"\b(fell|decreased|dropped|declined|went down)\b", text)
+        bad = re.search(r"\b(loss|costs)\b", text, re.I)
+        if up or down:  # a direction: good metrics up or bad ones down are positive
+            assert label == ("positive" if bool(up) != bool(bad) else "negative"), text
+        else:
+            assert label == "neutral", text
+
+
+def test_phrasebank_format_encoding_and_malformed_lines(tmp_path):
+    lines = [b"Operating profit rose to EUR 13.1 mn .@positive", b"The company is based in Espoo@Helsinki .@neutral",
+             "Sales in Jyv\xe4skyl\xe4 fell .@negative".encode("iso-8859-1")] * 10
+    src = tmp_path / "Sentences_AllAgree.txt"
+    src.write_bytes(b"\r\n".join(lines + [b"no label here"]) + b"\r\n")
+    bad = sh("data-prep/prepare-phrasebank.sh", "--src", src, "--out", tmp_path / "a", check=False)
+    assert bad.returncode != 0
+    assert f"1 malformed line(s) in {src} (phrasebank, iso-8859-1): {src}:31" in bad.stderr
+    assert not (tmp_path / "a" / "bin").exists()
+    ok = sh("data-prep/prepare-phrasebank.sh", "--src", src, "--out", tmp_path / "b", "--skip-malformed",
+            "--valid-fraction", "0.34", "--bpe-size", "20")
+    assert "dropped 1 malformed line(s)" in ok.stderr and "27 exact duplicate(s)" in ok.stderr
+    text = (tmp_path / "b" / "raw" / "train.txt").read_text(encoding="utf-8") + \
+        (tmp_path / "b" / "raw" / "valid.txt").read_text(encoding="utf-8")
+    assert "Sales in Jyväskylä fell ." in text and "The company is based in Espoo@Helsinki ." in text
+    usage = sh("data-prep/prepare-phrasebank.sh", "--demo", "10", "--valid-fraction", "1.5", check=False)
+    assert usage.returncode != 0 and usage.stderr.strip().endswith("--valid-fraction must be a number in [0, 1), "
+                                                                   "got '1.5'")
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_the_classifier_trains_with_every_norm(demo, placement):
+    """One SGD step with each --norm-type lowers the loss of its batch a little, with finite gradients."""
+    from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
+
+    from conftest import sample
+
+    for kind in NORM_TYPES:
+        model, task = classifier(demo, "--norm-type", kind, "--norm-placement", placement, "--dropout", "0")
+        criterion = SentencePredictionCriterion(SentencePredictionConfig(), task)
+        batch = sample(task, 16)
+        model.train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        losses = []
+        for _ in range(4):
+            opt.zero_grad()
+            loss, size, _ = criterion(model, batch)
+            loss = loss / size
+            loss.backward()
+            assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None), kind
+            opt.step()
+            losses.append(loss.item())
+        assert losses[-1] < losses[0], (kind, placement, losses)
+
+
+def test_mean_pooling_leaves_out_padding(demo):
+    model, task = classifier(demo, "--norm-type", "ln")
+    model.eval()
+    batch = __import__("conftest").sample(task, 8)
+    tokens = batch["net_input"]["src_tokens"]
+    lengths = tokens.ne(task.source_dictionary.pad()).sum(1)
+    short = int(lengths.argmin())
+    alone = tokens[short][tokens[short].ne(task.source_dictionary.pad())].unsqueeze(0)  # its real tokens
+    with torch.no_grad():
+        together = model(tokens, features_only=True, classification_head_name="sentence_classification_head")[0]
+        single = model(alone, features_only=True, classification_head_name="sentence_classification_head")[0]
+    assert tokens.eq(task.source_dictionary.pad()).any()
+    torch.testing.assert_close(together[short], single[0], rtol=1e-5, atol=1e-5)
+
+
+def test_init_schemes(demo):
+    model, _ = classifier(demo, "--init", "xavier-kaiming")
+    layer = model.encoder.layers[0]
+    d, d_ff = layer.fc1.in_features, layer.fc1.out_features
+    bound = lambda w: w.abs().max().item()  # noqa: E731  uniform: the largest draw is near the bound
+    assert bound(layer.fc1.weight) == pytest.approx(math.sqrt(6 / d), rel=0.1)  # Kaiming, fan-in d
+    assert bound(layer.fc2.weight) == pytest.approx(math.sqrt(6 / d_ff), rel=0.1)
+    assert bound(layer.self_attn.q_proj.weight) == pytest.approx(math.sqrt(6 / (2 * d)), rel=0.1)  # Xavier
+    assert not layer.fc1.bias.any() and not model.encoder.embed_tokens.weight[1].any()  # bias 0, padding 0
+    model, _ = classifier(demo, "--init", "uniform:100", "--norm-type", "ln")
+    weights = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
+    assert all(w.abs().max() <= 100 for w in weights) and max(w.abs().max() for w in weights) > 90
+    assert torch.equal(layer.self_attn_layer_norm.weight, torch.ones(d))  # the norms keep their start
+    from powernorm_fairseq.common.errors import PowerNormConfigError
+
+    with pytest.raises(SystemExit):
+        classifier(demo, "--init", "uniform:-1")
+    with pytest.raises(PowerNormConfigError, match="--small-init contradicts --init uniform:0.1"):
+        classifier(demo, "--init", "uniform:0.1", "--small-init")
+
+
+def cell_results(out):
+    return {p.parent.name: json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")}
+
+
+def test_the_study_writes_its_table_figures_and_landscape(study, demo):
+    out, proc = study
+    results = cell_results(out)
+    assert len(results) == 6 and "6 to run" in proc.stderr and "[6/6]" in proc.stderr
+    md = (out / "study.md").read_text()
+    table = [line for line in md.splitlines() if line.startswith("| ")]
+    assert table[0] == "| lr | ln | bn | none |" and [row.split(" | ")[0] for row in table[1:]] == ["| 1", "| 0.1"]
+    for name in ("init_grads.png", "loss.png", "landscape.png"):
+        assert (out / name).stat().st_size > 10_000
+    study_json = json.loads((out / "study.json").read_text())
+    majority = study_json["majority_loss"]
+    counts = [int(line.split()[1]) for line in (demo / "label" / "dict.txt").read_text().splitlines()]
+    p = [c / sum(counts) for c in counts]
+    assert majority == pytest.approx(-sum(x * math.log2(x) for x in p))
+    for name, r in results.items():
+        cell = out / "cells" / name
+        init = json.loads((cell / "init.json").read_text())
+        assert "encoder layer 1" in init["grad_norms"] and r["initial_loss"] == init["loss"]
+        # the final loss is the last epoch record of the cell's own log
+        epochs = [json.loads(line.split(" | train | ")[1]) for line in (cell / "train.log").read_text().splitlines()
+                  if " | train | " in line]
+        if r["status"] == "finished":
+            assert r["final_loss"] == float(epochs[-1]["train_loss"]) and r["updates"] == 8
+            assert r["lipschitz"] > 0 and r["smoothness"] > 0
+            assert r["converged"] == (r["final_loss"] < 0.5 * r["initial_loss"] and r["final_loss"] < majority)
+        else:
+            assert r["status"] == "diverged" and not r["converged"] and math.isnan(r["final_loss"])
+        cells_row = study_json["tables"][0]["rows"][LRS.index(f"{r['lr']:g}")]["norms"][r["norm"]]
+        assert cells_row["converged"] == int(r["converged"])
+
+
+def test_a_rerun_skips_every_cell_and_an_interrupted_one_resumes(study, demo, tmp_path):
+    import shutil
+
+    out = tmp_path / "study"  # a copy: the other tests read the shared one
+    shutil.copytree(study[0], out)
+    before = {name: (out / "cells" / name / "result.json").stat().st_mtime_ns for name in cell_results(out)}
+    start = time.time()
+    proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape")
+    assert "6 finished, 0 to run" in proc.stderr and time.time() - start < 30
+    assert {name: (out / "cells" / name / "result.json").stat().st_mtime_ns for name in before} == before
+    # a cell stopped after its last checkpoint and before its result: the rerun resumes, not retrains
+    name = next(n for n, r in cell_results(out).items() if r["status"] == "finished" and r["norm"] == "bn")
+    result = json.loads((out / "cells" / name / "result.json").read_text())
+    (out / "cells" / name / "result.json").unlink()
+    proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out)
+    assert "1 to run" in proc.stderr
+    log = (out / "cells" / name / "train.log").read_text()
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 8 updates\)", log)
+    again = json.loads((out / "cells" / name / "result.json").read_text())
+    assert again["final_loss"] == result["final_loss"] and again["updates"] == 8
+
+
+def test_print_commands_and_bad_grids(demo, tmp_path):
+    from powernorm_fairseq.cli import study as norm_study
+
+    out = tmp_path / "s"
+    norm_study.main([*GRID, "--norms", "ln", "dyt", "--data", str(demo), "--out", str(out), "--print-commands",
+                     "--jobs", "2", "--", "--dropout", "0.2"])
+    commands = (out / "commands.sh").read_text().splitlines()
+    assert len(commands) == 4 and all("--cell d1-w32-" in c and c.endswith("-- --dropout 0.2") for c in commands)
+    assert not any("--jobs" in c or "--print-commands" in c for c in commands)
+    bad = sh("scripts/norm-study.sh", *GRID, "--norms", "ln", "layernorm", "--data", demo, "--out", out, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+        "norm-study.sh: error: --norms: unknown kind 'layernorm'; choose from ln, bn")
+    bad = sh("scripts/norm-study.sh", "--task", "translation", "--data", demo, "--out", out, check=False)
+    assert bad.returncode == 2 and "no dict.*.txt for --task translation" in bad.stderr
+
+
+def test_paired_differences_and_their_interval():
+    from powernorm_fairseq.cli.study import paired, t975
+
+    d = paired({1: 31.0, 2: 32.0, 3: 33.0}, {1: 30.0, 2: 30.0, 3: 30.0})  # differences 1, 2, 3
+    half = 4.303 * 1.0 / math.sqrt(3)
+    assert d["n"] == 3 and d["mean"] == pytest.approx(2.0)
+    assert (d["low"], d["high"]) == (pytest.approx(2 - half), pytest.approx(2 + half)) and not d["evidence"]
+    d = paired({s: 30 + 1 + 0.01 * s for s in range(1, 6)}, {s: 30.0 for s in range(1, 6)})
+    assert d["evidence"] and d["low"] > 0
+    assert paired({1: 1.0}, {1: 0.0}) is None  # one seed: no interval
+    scipy = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 5, 29, 30, 31, 60, 200):
+        assert t975(df) == pytest.approx(scipy.t.ppf(0.975, df), abs=2e-3)
