@@ -387,7 +387,7 @@ def report(args, grid, results):
     for cell in grid:
         groups[(cell["depth"], cell["width"], cell["init"])].append(cell)
     lines = [f"# Normalization study: {args.task}", "",
-             f"Data `{args.data}`; {args.optimizer}, {args.placement}-norm, warmup {args.warmup_updates} updates, "
+             f"Data `{args.data_as_given}`; {args.optimizer}, {args.placement}-norm, warmup {args.warmup_updates} updates, "
              + (f"{args.max_update} updates" if args.max_update else f"{args.max_epochs} epochs")
              + f"; seeds {', '.join(map(str, args.seeds))}.", "",
              f"A cell reads *converged k/n* over the seeds, then the mean final training loss (bits) and "
@@ -436,7 +436,7 @@ def report(args, grid, results):
     figures = [f for f in ("init_grads.png", "loss.png", "landscape.png") if Path(args.out, f).exists()]
     if figures:
         lines += ["## figures", ""] + [f"![{f}]({f})" for f in figures] + [""]
-    study = dict(task=args.task, data=str(args.data), majority_loss=args.majority_loss,
+    study = dict(task=args.task, data=args.data_as_given, majority_loss=args.majority_loss,
                  converged_fraction=args.converged_fraction, tables=tables, seeds=seeds,
                  cells=[results.get(c["name"], dict(c, status="pending")) for c in grid])
     with atomic_path(Path(args.out, "study.json")) as tmp:
@@ -614,6 +614,7 @@ def check(args, p):
         if len(set(values)) != len(values):
             p.error(f"--{key} lists a value twice: {' '.join(map(str, values))}")
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    args.data_as_given = args.data  # what the report names: no path of this machine beyond the user's own
     args.data = Path(args.data).resolve()
     args.out = Path(args.out).resolve()
     check_data(args)
