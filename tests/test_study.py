@@ -236,3 +236,45 @@ def test_paired_differences_and_their_interval():
     scipy = pytest.importorskip("scipy.stats")
     for df in (1, 2, 5, 29, 30, 31, 60, 200):
         assert t975(df) == pytest.approx(scipy.t.ppf(0.975, df), abs=2e-3)
+
+
+def descendants(pid):
+    """Every process below ``pid``, from /proc's parent links."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def test_sigterm_ends_every_cell_of_a_parallel_study(demo, tmp_path):
+    import signal
+
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
+    out = tmp_path / "s"
+    script = subprocess.Popen(["bash", "scripts/norm-study.sh", *GRID, "--max-update", "100000", "--jobs", "2",
+                               "--data", str(demo), "--out", str(out)], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(list(out.glob("cells/*/train.log"))) < 2:  # both workers are training
+        assert time.time() < deadline and script.poll() is None, script.stderr.read() if script.poll() else ""
+        time.sleep(0.1)
+    below = descendants(script.pid)
+    assert len(below) >= 4  # the supervisor's bash, python, and two workers at least
+    script.send_signal(signal.SIGTERM)
+    assert script.wait(timeout=60) != 0
+    deadline = time.time() + 30
+    while (left := [p for p in below if os.path.exists(f"/proc/{p}")]) and time.time() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], f"processes left running after SIGTERM: {left}"
+    assert not list(out.glob("cells/*/result.json"))  # no cell is taken for finished

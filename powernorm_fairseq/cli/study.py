@@ -38,11 +38,11 @@ WIDTHS = {"narrow": 128, "normal": 256, "wide": 512}
 #: per task: the defaults of the grid and of training
 DEFAULTS = {
     "classification": dict(lrs=[10, 1, 0.5, 0.1, 0.01, 0.001, 0.0001], depths=[1, 5], widths=["narrow", "normal",
-                           "wide"], norms=["ln", "bn", "none"], inits=["xavier-kaiming"], optimizer="sgd",
+                           "wide"], norms=["ln", "bn", "none", "dyt"], inits=["xavier-kaiming"], optimizer="sgd",
                            placement="post", warmup_updates=0, max_epochs=10),
-    "translation": dict(lrs=[0.002], depths=[3], widths=["normal"], norms=["ln", "pn"], inits=["default"],
+    "translation": dict(lrs=[0.002], depths=[3], widths=["normal"], norms=["ln", "pn", "dyt"], inits=["default"],
                         optimizer="adam", placement="pre", warmup_updates=300, max_epochs=8),
-    "lm": dict(lrs=[0.0005], depths=[2], widths=["normal"], norms=["ln", "pn"], inits=["default"],
+    "lm": dict(lrs=[0.0005], depths=[2], widths=["normal"], norms=["ln", "pn", "dyt"], inits=["default"],
                optimizer="adam", placement="pre", warmup_updates=300, max_epochs=5),
 }
 #: what a table reports besides the loss: (key in fairseq's valid record, label, format)
