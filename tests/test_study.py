@@ -207,7 +207,7 @@ def test_a_rerun_skips_every_cell_and_an_interrupted_one_resumes(study, demo, tm
     assert again["final_loss"] == result["final_loss"] and again["updates"] == 8
 
 
-def test_print_commands_and_bad_grids(demo, tmp_path):
+def test_print_commands_and_bad_grids(demo, tmp_path, capsys):
     from powernorm_fairseq.cli import study as norm_study
 
     out = tmp_path / "s"
@@ -216,11 +216,16 @@ def test_print_commands_and_bad_grids(demo, tmp_path):
     commands = (out / "commands.sh").read_text().splitlines()
     assert len(commands) == 4 and all("--cell d1-w32-" in c and c.endswith("-- --dropout 0.2") for c in commands)
     assert not any("--jobs" in c or "--print-commands" in c for c in commands)
-    bad = sh("scripts/norm-study.sh", *GRID, "--norms", "ln", "layernorm", "--data", demo, "--out", out, check=False)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
-        "norm-study.sh: error: --norms: unknown kind 'layernorm'; choose from ln, bn")
-    bad = sh("scripts/norm-study.sh", "--task", "translation", "--data", demo, "--out", out, check=False)
-    assert bad.returncode == 2 and "no dict.*.txt for --task translation" in bad.stderr
+    capsys.readouterr()
+    for flags, message in ((["--norms", "ln", "layernorm", "--data", str(demo)],
+                            "--norms: unknown kind 'layernorm'; choose from ln, bn"),
+                           (["--task", "translation", "--data", str(demo)], "no dict.*.txt for --task translation"),
+                           (["--inits", "uniform:0", "--data", str(demo)], "invalid --inits 'uniform:0'")):
+        with pytest.raises(SystemExit) as end:
+            norm_study.main([*GRID, *flags, "--out", str(out)])
+        error = capsys.readouterr().err.strip().splitlines()
+        assert end.value.code == 2 and len(error) == 1 and error[0].startswith("norm-study.sh: error: ")
+        assert message in error[0], error
 
 
 def test_paired_differences_and_their_interval():
