@@ -12,20 +12,13 @@ import pytest
 import torch
 
 from conftest import BIN, ROOT, build_model, once
+from test_recipes import sh
 from powernorm_fairseq.norms import NORM_TYPES
 
 pytestmark = pytest.mark.slow
 LRS = ["1", "0.1"]
 GRID = ["--task", "classification", "--lrs", *LRS, "--depths", "1", "--widths", "32", "--norms", "ln", "bn",
         "none", "--max-update", "8", "--log-interval", "2", "--threads", "1"]
-
-
-def sh(*args, check=True):
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(["bash", *map(str, args)], cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{args[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc
 
 
 @pytest.fixture(scope="module")
