@@ -255,8 +255,6 @@ def run_cell(args, cell, verbose=False):
     ``result.json``. Returns None when another process holds the cell."""
     import torch
 
-    from .analyze import landscape
-
     root = Path(args.out, "cells", cell["name"])
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".lock", "a+") as lock:
@@ -264,10 +262,13 @@ def run_cell(args, cell, verbose=False):
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
-        if (root / "result.json").exists():
-            return json.loads((root / "result.json").read_text())
         if args.threads:
             torch.set_num_threads(args.threads)
+        if (root / "result.json").exists():
+            result = json.loads((root / "result.json").read_text())
+            if not wants_landscape(args, result):
+                return result
+            return measure_landscape(args, cell, root, result)
         start = time.time()
         train_args = parse(train_argv(args, cell, root))
         if not (root / "init.json").exists():
@@ -287,13 +288,28 @@ def run_cell(args, cell, verbose=False):
                                     default=0))
         result["converged"] = converged(result["final_loss"], result["initial_loss"], args.majority_loss,
                                         args.converged_fraction)
-        if args.landscape and status == "finished" and math.isfinite(result["final_loss"]):
-            _, summary = landscape([root / "checkpoint_last.pt"], args.data, "train", 2,
-                                   args.max_tokens, 8, None, cell["seed"])
-            result.update(zip(("lipschitz", "smoothness", "grad_norm"), summary[0][5:8]))
+        if wants_landscape(args, result):
+            return measure_landscape(args, cell, root, result)
         with atomic_path(root / "result.json") as tmp:
             Path(tmp).write_text(json.dumps(result, indent=1))
         return result
+
+
+def wants_landscape(args, result):
+    return args.landscape and "lipschitz" not in result and result["status"] == "finished" \
+        and math.isfinite(result["final_loss"])
+
+
+def measure_landscape(args, cell, root, result):
+    """``--landscape`` at the cell's final checkpoint, added to its result."""
+    from .analyze import landscape
+
+    _, summary = landscape([root / "checkpoint_last.pt"], args.data, "train", 2, args.max_tokens, 8, None,
+                           cell["seed"])
+    result = dict(result, **dict(zip(("lipschitz", "smoothness", "grad_norm"), summary[0][5:8])))
+    with atomic_path(root / "result.json") as tmp:
+        Path(tmp).write_text(json.dumps(result, indent=1))
+    return result
 
 
 def converged(final, initial, majority, frac):
@@ -650,7 +666,12 @@ def main(argv=None):
         if not grid:
             p.error(f"--cell {args.cell}: not a cell of this grid")
     args.out.mkdir(parents=True, exist_ok=True)
-    finished = lambda c: Path(args.out, "cells", c["name"], "result.json").exists()  # noqa: E731
+    same_settings(args, p)
+
+    def finished(cell):
+        path = Path(args.out, "cells", cell["name"], "result.json")
+        return path.exists() and not wants_landscape(args, json.loads(path.read_text()))
+
     if args.print_commands:
         rest, skip = [], 0
         for a in argv:  # the same command, one cell each
@@ -699,6 +720,29 @@ def main(argv=None):
     pending = len(full) - len(results)
     print(f"norm-study: {args.out / 'study.md'}" + (f" ({pending} cells pending)" if pending else ""),
           file=sys.stderr)
+
+
+#: what every cell of one OUT must share (the grid's lists may grow between runs)
+SETTINGS = ("task", "optimizer", "placement", "warmup_updates", "max_epochs", "max_update", "batch_size",
+            "max_tokens", "converged_fraction", "fairseq_args")
+
+
+def same_settings(args, p):
+    """OUT/settings.json: the training settings of the study's first run; a
+    rerun with others would mix cells trained two ways, and is refused."""
+    path = Path(args.out, "settings.json")
+    mine = {key: getattr(args, key) for key in SETTINGS}
+    mine["data"] = str(args.data)
+    if path.exists():
+        theirs = json.loads(path.read_text())
+        differ = [k for k in mine if theirs.get(k) != mine[k]]
+        if differ:
+            k = differ[0]
+            p.error(f"--out {args.out} holds a study run with {k.replace('_', '-')} {theirs.get(k)!r}, not "
+                    f"{mine[k]!r}: rerun it with its settings, or give another --out")
+    else:
+        with atomic_path(path) as tmp:
+            Path(tmp).write_text(json.dumps(mine, indent=1))
 
 
 def rest_with_cell(rest, name):
