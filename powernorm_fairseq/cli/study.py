@@ -645,6 +645,8 @@ def quiet(verbose):
     logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S", level=logging.INFO if verbose else logging.WARNING,
                         stream=sys.stderr, force=True)
+    # fairseq's --eval-tokenized-bleu scores tokenized text on purpose; sacreBLEU warns of it all the same
+    logging.getLogger("sacrebleu").setLevel(logging.ERROR)
     if not verbose:
         warnings.filterwarnings("ignore", category=UserWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
