@@ -78,7 +78,7 @@ def test_interactive_translates(toy_data, trained):
     (["--norm-typ", "pn"], "unrecognized arguments: --norm-typ pn (--norm-typ: did you mean --norm-type?)"),
     (["--arch", "transformer_iwslt_de_en", "--norm-type", "pn"],
      "unrecognized arguments: --norm-type pn (--norm-type: a flag of the plugin's architectures, which --arch "
-     "must name: powernorm_transformer, powernorm_transformer_iwslt_de_en"),
+     "must name: powernorm_classifier, powernorm_transformer, powernorm_transformer_iwslt_de_en"),
 ])
 def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)

@@ -636,6 +636,37 @@ def term_while(script, running, tree, wait=0.5):
     assert left == [], f"processes left running after SIGTERM: {left}"
 
 
+@pytest.mark.parametrize("where", ["in a __del__", "caught by the command"])
+def test_a_sigterm_is_never_lost(where):
+    """Python ignores an exit raised in a ``__del__``, and a command may catch
+    it: either way the command ends, at once or after the grace period."""
+    program = f"""
+import os, signal, time
+from powernorm_fairseq.common import files
+files.GRACE = 1.0
+files.end_cleanly_on_sigterm()
+class Trap:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs here, and Python ignores what it raises
+        sum(range(1000))
+if {where == "in a __del__"}:
+    Trap()
+else:
+    os.kill(os.getpid(), signal.SIGTERM)
+start = time.monotonic()
+while time.monotonic() < start + 20:
+    try:
+        sum(range(1000))
+    except BaseException:
+        if {where == "in a __del__"}:
+            raise
+"""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert time.monotonic() - start < (1 if where == "in a __del__" else 5)
+
+
 def temporaries(directory):
     """Files a step writes before renaming them: ``*.tmp`` and hidden ones (the locks excepted)."""
     return [str(p) for p in Path(directory).rglob("*") if p.name.endswith(".tmp") or p.name.startswith(".")

@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,9 +32,34 @@ def _umask() -> int:
     return mask
 
 
+GRACE = 10.0  # seconds a command has to end after SIGTERM before it is ended at once
+
+
 def end_cleanly_on_sigterm():
     """Let SIGTERM (a scheduler's preemption, a recipe ended by one) end the
     command as Ctrl-C does, through its ``finally`` and ``except`` blocks, so
     that ``atomic_path`` removes its temporary file; Python's default dies at
-    once and leaves it. For console scripts only, never on import."""
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    once and leaves it. For console scripts only, never on import.
+
+    Python ignores an exception raised in a ``__del__`` or a weakref callback,
+    so a signal that lands in one would be lost and the command would go on:
+    such a swallowed exit delivers the signal again, and ``GRACE`` seconds
+    after the first signal the process ends at once whatever it is doing."""
+    def stop(signum, _frame):
+        if not stop.timer:
+            stop.timer = threading.Timer(GRACE, os._exit, (128 + signum,))
+            stop.timer.daemon = True
+            stop.timer.start()
+        raise SystemExit(128 + signum)
+
+    def unraisable(hook):
+        if stop.timer and isinstance(hook.exc_value, SystemExit):  # again once the hook has returned
+            again = threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM))
+            again.daemon = True
+            again.start()
+        else:
+            default(hook)
+
+    stop.timer, default = None, sys.unraisablehook
+    sys.unraisablehook = unraisable
+    signal.signal(signal.SIGTERM, stop)
