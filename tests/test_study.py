@@ -17,6 +17,7 @@ from powernorm_fairseq.norms import NORM_TYPES
 
 pytestmark = pytest.mark.slow
 LRS = ["1", "0.1"]
+MORE = ["--", "--dropout", "0.1"]  # fairseq-train flags after --, named in the report
 GRID = ["--task", "classification", "--lrs", *LRS, "--depths", "1", "--widths", "32", "--norms", "ln", "bn",
         "none", "--max-update", "8", "--log-interval", "2", "--threads", "1"]
 
@@ -32,7 +33,7 @@ def demo(tmp_path_factory):
 def study(demo, tmp_path_factory):
     """The test grid, run once per session (its console output kept beside it)."""
     def make(out):
-        proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape")
+        proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape", *MORE)
         (out / "console.txt").write_text(proc.stderr)
 
     out = once(tmp_path_factory, "study", make)
@@ -152,6 +153,7 @@ def test_the_study_writes_its_table_figures_and_landscape(study, demo):
     results = cell_results(out)
     assert len(results) == 6 and "6 to run" in proc.stderr and "[6/6]" in proc.stderr
     md = (out / "study.md").read_text()
+    assert "fairseq-train flags after `--` (over the dimensions below where they name them): `--dropout 0.1`." in md
     table = [line for line in md.splitlines() if line.startswith("| ")]
     assert table[0] == "| lr | ln | bn | none |" and [row.split(" | ")[0] for row in table[1:]] == ["| 1", "| 0.1"]
     for name in ("init_grads.png", "loss.png", "landscape.png"):
@@ -190,7 +192,7 @@ def test_a_rerun_skips_every_cell_and_an_interrupted_one_resumes(study, demo, tm
     before = {name: (out / "cells" / name / "result.json").stat().st_mtime_ns for name in cell_results(out)
               if name != measured}
     start = time.time()
-    proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape")
+    proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape", *MORE)
     assert "5 finished, 1 to run" in proc.stderr and time.time() - start < 30
     assert {name: (out / "cells" / name / "result.json").stat().st_mtime_ns for name in before} == before
     assert cell_results(out)[measured]["lipschitz"] > 0
@@ -198,7 +200,7 @@ def test_a_rerun_skips_every_cell_and_an_interrupted_one_resumes(study, demo, tm
     name = next(n for n, r in cell_results(out).items() if r["status"] == "finished" and r["norm"] == "bn")
     result = json.loads((out / "cells" / name / "result.json").read_text())
     (out / "cells" / name / "result.json").unlink()
-    proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out)
+    proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, *MORE)
     assert "1 to run" in proc.stderr
     log = (out / "cells" / name / "train.log").read_text()
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 8 updates\)", log)

@@ -405,7 +405,9 @@ def report(args, grid, results):
     lines = [f"# Normalization study: {args.task}", "",
              f"Data `{args.data_as_given}`; {args.optimizer}, {args.placement}-norm, warmup {args.warmup_updates} updates, "
              + (f"{args.max_update} updates" if args.max_update else f"{args.max_epochs} epochs")
-             + f"; seeds {', '.join(map(str, args.seeds))}.", "",
+             + f"; seeds {', '.join(map(str, args.seeds))}."
+             + (f" fairseq-train flags after `--` (over the dimensions below where they name them): "
+                f"`{shlex.join(args.fairseq_args)}`." if args.fairseq_args else ""), "",
              f"A cell reads *converged k/n* over the seeds, then the mean final training loss (bits) and "
              f"{metric_label} of the seeds that finished. Converged: finite, and below {args.converged_fraction:g} x "
              f"the initial loss and below {args.majority_loss:.3f} bits, the best constant prediction "
