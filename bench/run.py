@@ -157,10 +157,11 @@ LAUNCH_TARGETS = {"pn (Algorithm 2)": 4, "pn in warmup": 6, "pn-v": 6, "bn": 6, 
 def bench_launches(T=512, B=8, C=512):
     """Per norm and mode, one training step of one layer (forward + backward,
     20% padding, float16 on the Triton path): launches and host waits as a GPU
-    would receive them (kernels/launches.py), the activation tensors the
+    would receive them (measure/launches.py), the activation tensors the
     kernels move against LayerNorm's five, and registers and spills of the
-    sm_90 build of what was launched (kernels/sm90.py). Runs on a CPU."""
-    from powernorm_fairseq.norms.kernels import gpu, launches, sm90
+    sm_90 build of what was launched (measure/sm90.py). Runs on a CPU."""
+    from powernorm_fairseq.measure import launches, sm90
+    from powernorm_fairseq.norms.kernels import gpu
 
     g = torch.Generator().manual_seed(0)
     pad = torch.arange(T)[None, :] >= (T - (torch.rand(B, generator=g) * 0.4 * T).long())[:, None]
@@ -556,10 +557,10 @@ def markdown(results):
     if "launches" in results:
         out += ["### 5. Launches, host waits, bytes and registers per training step of one layer", "",
                 f"Forward + backward, T x B x C = {results.get('launches_shape', '512x8x512')}, 20% padding, float16 on the Triton path "
-                "(counted under Triton's interpreter: what a GPU would be sent; kernels/launches.py), "
+                "(counted under Triton's interpreter: what a GPU would be sent; measure/launches.py), "
                 "after the first step. Activation tensors: (N, C) tensors the kernels read or write "
                 "(LayerNorm's minimum: 5). Registers and spills: the largest over the sm_90 builds of "
-                "the kernels launched (kernels/sm90.py); programs/SM: how many the grid launches per "
+                "the kernels launched (measure/sm90.py); programs/SM: how many the grid launches per "
                 "multiprocessor; all resident: whether every kernel's registers allow that many at once.", "",
                 "| norm | launches | Triton kernels | host waits (triton / cpu) | activation tensors | "
                 "registers | spill bytes | programs/SM | all resident | launch target |",

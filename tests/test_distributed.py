@@ -172,7 +172,7 @@ def test_two_worker_fairseq_train(toy_data, tmp_path, norm):
 
 def counting_worker(rank, port, kind, sync, path, backend):
     """After a first step, one training step's all-reduces and host waits, per direction."""
-    from powernorm_fairseq.norms.kernels import launches
+    from powernorm_fairseq.measure import launches
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

@@ -208,7 +208,7 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     (bfloat16 compiles as float16 does but for its conversions, and C = 250,
     512 and 1024 give kernel shapes in between.)"""
     backend_or_fail("triton")
-    from powernorm_fairseq.norms.kernels import sm90
+    from powernorm_fairseq.measure import sm90
 
     T, Bn = 91, 9  # 819 rows: not a multiple of 16
     sweep = [(1000, kind, options) for kind, options in sweep_kinds(1000)]

@@ -1,6 +1,6 @@
 """GPU speed by design, checked on the CPU: how many launches a training step
 of each norm asks of a GPU, that it never waits for the device, and that
-torch.compile traces it whole (``kernels/launches.py``, ``kernels/ops.py``).
+torch.compile traces it whole (``measure/launches.py``, ``kernels/ops.py``).
 
 The Triton kernels run under Triton's interpreter here; what is counted is
 what a GPU would be sent: each kernel call and every other op that computes.
@@ -11,7 +11,7 @@ import torch
 
 from conftest import backend_or_fail
 from powernorm_fairseq.norms import build_norm, kernels
-from powernorm_fairseq.norms.kernels import launches
+from powernorm_fairseq.measure import launches
 
 pytestmark = pytest.mark.fast
 

@@ -263,3 +263,47 @@ def test_every_runtime_import_is_a_declared_dependency():
     for script, target in project["scripts"].items():  # each console script names a real function
         module, function = target.split(":")
         assert callable(getattr(importlib.import_module(module), function)), script
+
+
+def package_imports():
+    """{module: the package's modules it imports, at any depth of its code}."""
+    import ast
+
+    package = ROOT / "powernorm_fairseq"
+    names = {}
+    for path in package.rglob("*"):
+        if path.suffix in (".py", ".so") and "csrc" not in path.parts:
+            parts = [*path.relative_to(ROOT).parent.parts, path.name.split(".")[0]]
+            names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in names.items():
+        if path.suffix == ".so":
+            continue
+        here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = here.split(".")[: len(here.split(".")) - node.level + 1] if node.level else []
+                source = ".".join(base + ([node.module] if node.module else []))
+                found |= {f"{source}.{a.name}" if f"{source}.{a.name}" in names else source for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[module] = {m for m in found if m in names and m != module}
+    return graph
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    graph = package_imports()
+
+    def reach(start):
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    circles = sorted(m for m in graph if m in reach(m))
+    assert circles == []
+    assert graph["powernorm_fairseq.norms.kernels.gpu"] == {"powernorm_fairseq.norms.kernels.contract"}

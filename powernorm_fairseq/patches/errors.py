@@ -97,15 +97,10 @@ def _unrecognized_hint(parser, words):
     architecture, or a misspelling of a flag the parser has."""
     import difflib
 
-    from ..models.options import norm_fields
-
     flags = [w.split("=")[0] for w in words if w.startswith("--")]
-    ours = {"--" + f.name.replace("_", "-") for f in norm_fields()}
+    archs, ours = _plugin_flags()
     plugin = [f for f in flags if f in ours or f.replace("--no-", "--", 1) in ours]
     if plugin:
-        from fairseq.models import ARCH_MODEL_REGISTRY
-
-        archs = sorted(a for a in ARCH_MODEL_REGISTRY if a.startswith("powernorm_"))
         return (f" ({', '.join(plugin)}: a flag of the plugin's architectures, which --arch must name: "
                 f"{', '.join(archs)})")
     known = [o for o in parser._option_string_actions if o.startswith("--")]
@@ -176,3 +171,25 @@ def skip_overlong_interactive_lines():
                 cfg.dataset.skip_invalid_size_inputs_valid_test = skip
 
     interactive.make_batches = checked_make_batches
+
+
+def _plugin_flags():
+    """The plugin's architectures, and the flags their models add to the
+    parser beyond those of the fairseq model each extends, read from parsers
+    that the models fill."""
+    import argparse
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
+    def options(model):
+        p = argparse.ArgumentParser(add_help=False)
+        model.add_args(p)
+        return set(p._option_string_actions)
+
+    archs = sorted(a for a in ARCH_MODEL_REGISTRY if a.startswith("powernorm_"))
+    flags = set()
+    for model in {ARCH_MODEL_REGISTRY[a] for a in archs}:
+        stock = next(b for b in model.__mro__[1:] if hasattr(b, "add_args")
+                     and not b.__module__.startswith("powernorm_fairseq"))
+        flags |= options(model) - options(stock)
+    return archs, flags

@@ -238,10 +238,10 @@ def guard_training_runs():
 
 
 def _runs_the_plugins_model(trainer) -> bool:
-    from ..models.mixin import PowerNormModelMixin
-
+    """Whether the trainer's model is one of the plugin's, or derives from one
+    (read from its classes: the models import this package, not it them)."""
     model = getattr(trainer, "model", None)
-    return isinstance(getattr(model, "module", model), PowerNormModelMixin)
+    return any(c.__module__.startswith("powernorm_fairseq.models.") for c in type(getattr(model, "module", model)).__mro__)
 
 
 def _writable(cfg):

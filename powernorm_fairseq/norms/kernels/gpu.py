@@ -23,12 +23,13 @@ Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors (Triton's
 interpreter), which is how CI checks their numbers without a GPU.
 """
 
+import contextlib
 import os
 import sys
 
 import torch
 
-from . import contract, launches
+from . import contract
 
 try:
     import triton
@@ -56,7 +57,7 @@ def takes(x: torch.Tensor) -> bool:
 #: resident programs per multiprocessor that each main kernel's grid launches
 #: (float64, which only the tests run, half as many): every variant compiled
 #: for sm_90 keeps its registers within what this allows and spills nothing
-#: (sm90.py, checked in CI)
+#: (measure/sm90.py, checked in CI)
 PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 3, "_scalenorm_forward": 4,
                    "_scalenorm_backward": 3, "_rmsnorm_forward": 4, "_rmsnorm_backward": 3}
 WARPS = 4  # of every kernel (triton's default)
@@ -138,8 +139,25 @@ def _mask_args(mask, device):
     return mask, mask.size(0), mask.size(1)
 
 
+#: what watches the launches: callables ``observer(kernel_name)``, each a
+#: context manager entered around the launch; empty unless a measuring tool
+#: (``powernorm_fairseq.measure.launches``) adds one
+OBSERVERS = []
+
+
+def observed(name: str):
+    """The observers' contexts around one launch of kernel ``name``."""
+    around = contextlib.ExitStack()
+    for observer in OBSERVERS:
+        around.enter_context(observer(name))
+    return around
+
+
 def _launch(kernel, grid, *args, **constexprs):
-    with launches.kernel(kernel.__name__ if hasattr(kernel, "__name__") else str(kernel)):
+    if not OBSERVERS:
+        kernel[grid](*args, **constexprs)
+        return
+    with observed(getattr(kernel, "__name__", None) or str(kernel)):
         kernel[grid](*args, **constexprs)
 
 

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..clock import CLOCKS
 
-IMPLEMENTATIONS = {}  # name -> the op's Python implementation (launches.py sees through the op)
+IMPLEMENTATIONS = {}  # name -> the op's Python implementation (measure/launches.py sees through the op)
 
 
 def backend(name: str):

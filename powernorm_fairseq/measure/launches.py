@@ -28,6 +28,8 @@ from typing import List
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..norms.kernels import gpu, ops
+
 #: ops that allocate or alias without launching anything
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias",
          "_unsafe_view", "set_", "resize_", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
@@ -71,8 +73,6 @@ class _Mode(TorchDispatchMode):
         if _inside_kernel:
             return func(*args, **kwargs)
         if func.namespace == "powernorm":  # see through to what the implementation launches
-            from . import ops
-
             with self:
                 return ops.IMPLEMENTATIONS[_name(func)](*args, **kwargs)
         name = _name(func)
@@ -106,6 +106,7 @@ def counting():
     if len(_counters) == 1:
         for name in _PATCHED:
             setattr(torch.Tensor, name, waiting(name))
+        gpu.OBSERVERS.append(kernel)
     try:
         with _Mode(seen):
             yield seen
@@ -114,11 +115,13 @@ def counting():
         if not _counters:
             for name, original in originals.items():
                 setattr(torch.Tensor, name, original)
+            gpu.OBSERVERS.remove(kernel)
 
 
 @contextlib.contextmanager
 def kernel(name: str):
-    """Around a Triton kernel call: one launch, and nothing inside it counted."""
+    """Around a Triton kernel call (a launch observer of ``gpu.py``): one
+    launch, and nothing inside it counted."""
     global _inside_kernel
     if _counters and not _inside_kernel:
         _counters[-1].launches.append("triton:" + name)

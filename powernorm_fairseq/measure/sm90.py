@@ -8,7 +8,7 @@ registers and spills as ptxas reports them (``ptxas -v``). It
 needs ``TRITON_INTERPRET=0``, so callers on an interpreted process run it in
 a fresh one::
 
-    python -m powernorm_fairseq.norms.kernels.sm90 VARIANTS.json   # prints JSON
+    python -m powernorm_fairseq.measure.sm90 VARIANTS.json   # prints JSON
 
 A variant *spills* when ptxas reports spill stores. A main kernel *fits*
 when its registers allow the programs per multiprocessor that ``gpu.py``'s
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import gpu, launches
+from ..norms.kernels import gpu
 
 REGISTERS_PER_SM = 65536
 WARP = 32
@@ -56,7 +56,7 @@ def recording(run: bool = True):
         if run:
             launch(kernel, grid, *args, **constexprs)
         else:
-            with launches.kernel(name):  # counted all the same
+            with gpu.observed(name):  # counted all the same
                 pass
 
     gpu._launch = noted
