@@ -6,6 +6,7 @@ conftest.py); ``test_triton_kernels_compile_for_a_gpu`` compiles every kernel
 as it was launched for an H100 (sm_90), which needs no GPU.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, backend_or_fail
+from conftest import ROOT, backend_or_fail, once
 from powernorm_fairseq.norms import build_norm, kernels
 from powernorm_fairseq.norms.kernels import gpu
 
@@ -325,62 +326,54 @@ def test_installed_kernels_of_another_source_are_not_used(monkeypatch, caplog):
     assert cpu.installed() is None
 
 
-@pytest.mark.slow
-def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_run():
-    """torch's loader would wait forever for the ``lock`` file of a build that was killed.
-    (Another test's process may load the kernels meanwhile and remove the lock
-    first, saying so in its own output: the lock is gone either way.)"""
-    k = backend_or_fail("cpu")
-    k.build_directory().mkdir(parents=True, exist_ok=True)  # absent where the installed kernels serve
-    stale = k.build_directory() / "lock"
-    stale.touch()
-    try:
-        proc = subprocess.run([sys.executable, "-c", LOAD], capture_output=True, text=True, timeout=300, env=JIT)
-        removed = not stale.exists()
-    finally:
-        stale.unlink(missing_ok=True)
-    assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr[-2000:]
-    assert removed
-    said = f"removing {stale}, left by a kernel build that was interrupted"
-    # this process removed it, or waited while another test's build did
-    assert said in proc.stderr or "waiting for another process to build" in proc.stderr or not proc.stderr.strip(), \
-        proc.stderr[-2000:]
+@pytest.fixture(scope="module")
+def jit_build(tmp_path_factory):
+    """A build on first use in an extensions directory of its own, begun with
+    the ``lock`` that a killed build leaves (torch's loader would wait for it
+    forever): (the environment that uses it, its build directory, the first
+    run's output). Built once per session."""
+    def make(root):
+        env = {**JIT, "TORCH_EXTENSIONS_DIR": str(root / "torch_extensions")}
+        where = subprocess.run([sys.executable, "-c", "from powernorm_fairseq.norms.kernels import cpu\n"
+                                "print(cpu.build_directory())"], capture_output=True, text=True, env=env, check=True)
+        build = Path(where.stdout.strip())
+        build.mkdir(parents=True)
+        (build / "lock").touch()
+        norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm, kernels\n"
+                    "x = torch.randn(3, 2, 8)\n"
+                    "build_norm('pn', 8).train()(x).sum().backward()\n"
+                    "print(kernels.describe(x))\n")
+        proc = subprocess.run([sys.executable, "-c", norm_run], capture_output=True, text=True, env=env, timeout=900)
+        (root / "build").write_text(str(build))
+        (root / "run.json").write_text(json.dumps([proc.returncode, proc.stdout, proc.stderr]))
+
+    backend_or_fail("cpu")
+    root = once(tmp_path_factory, "jit-build", make)
+    build = Path((root / "build").read_text())
+    return {**JIT, "TORCH_EXTENSIONS_DIR": str(root / "torch_extensions")}, build, json.loads((root / "run.json").read_text())
 
 
 @pytest.mark.slow
-def test_a_stale_lock_in_a_fresh_extensions_directory_and_the_norm_still_runs(tmp_path):
+def test_a_stale_lock_in_a_fresh_extensions_directory_and_the_norm_still_runs(jit_build, tmp_path):
     """A build killed before its first success: nothing built yet, torch's
     ``lock`` left. The next run removes it, builds, and the norm runs on the kernels."""
-    k = backend_or_fail("cpu")
-    fresh = tmp_path / "torch_extensions"
-    env = {**JIT, "TORCH_EXTENSIONS_DIR": str(fresh)}
-    where = subprocess.run([sys.executable, "-c", "from powernorm_fairseq.norms.kernels import cpu\n"
-                            "print(cpu.build_directory())"], capture_output=True, text=True, env=env, check=True)
-    build = Path(where.stdout.strip())
-    assert str(build).startswith(str(fresh)) and k is not None
-    build.mkdir(parents=True)
-    (build / "lock").touch()
-    norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm, kernels\n"
-                "x = torch.randn(3, 2, 8)\n"
-                "build_norm('pn', 8).train()(x).sum().backward()\n"
-                "print(kernels.describe(x))\n")
-    proc = subprocess.run([sys.executable, "-c", norm_run], capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "left by a kernel build that was interrupted" in proc.stderr and not (build / "lock").exists()
-    assert proc.stdout.strip().splitlines()[-1] == "cpu", proc.stderr[-2000:]  # built, and used
+    env, build, (code, out, err) = jit_build
+    assert code == 0, err[-2000:]
+    assert str(build).startswith(env["TORCH_EXTENSIONS_DIR"])
+    assert "left by a kernel build that was interrupted" in err and not (build / "lock").exists()
+    assert out.strip().splitlines()[-1] == "cpu", err[-2000:]  # built, and used
 
 
 @pytest.mark.slow
-def test_a_run_waiting_for_another_build_says_so_and_then_proceeds():
+def test_a_run_waiting_for_another_build_says_so_and_then_proceeds(jit_build):
     import fcntl
     import time
 
-    k = backend_or_fail("cpu")
-    k.build_directory().mkdir(parents=True, exist_ok=True)  # absent where the installed kernels serve
-    with open(k.build_directory() / "powernorm-build.flock", "a") as held:
+    env, build, _ = jit_build
+    with open(build / "powernorm-build.flock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another process "building"
         proc = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=JIT)
+                                text=True, env=env)
         line, deadline = "", time.time() + 120
         while "waiting" not in line and time.time() < deadline and proc.poll() is None:
             line = proc.stderr.readline()
@@ -391,17 +384,16 @@ def test_a_run_waiting_for_another_build_says_so_and_then_proceeds():
 
 
 @pytest.mark.slow
-def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs_plain():
+def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs_plain(jit_build):
     import fcntl
 
-    k = backend_or_fail("cpu")
+    env, build, _ = jit_build
     norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm\n"
                 "print(build_norm('bn', 8).train()(torch.randn(3, 2, 8)).shape)\n")
-    k.build_directory().mkdir(parents=True, exist_ok=True)  # absent where the installed kernels serve
-    with open(k.build_directory() / "powernorm-build.flock", "a") as held:
+    with open(build / "powernorm-build.flock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # a build that hangs
         proc = subprocess.run([sys.executable, "-c", norm_run], capture_output=True, text=True, timeout=300,
-                              env={**JIT, "POWERNORM_BUILD_WAIT": "2"})
+                              env={**env, "POWERNORM_BUILD_WAIT": "2"})
     assert proc.returncode == 0 and "torch.Size([3, 2, 8])" in proc.stdout, proc.stderr[-2000:]
     assert "at most 2 s" in proc.stderr
     assert "norms run on the plain PyTorch path (cpu kernels unavailable: TimeoutError" in proc.stderr
