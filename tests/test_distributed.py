@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import backend_or_fail, train_args
+from conftest import backend_or_fail, once, train_args
 from powernorm_fairseq.norms import build_norm, kernels
 
 pytestmark = pytest.mark.slow
@@ -53,11 +53,44 @@ def run(norm, rows=None):
     return out
 
 
-def worker(rank, port, kind, sync, path, backend):
+#: every (kind, sync, backend) the tests below run on two workers; None: the automatic backend
+RUNS = [(kind, sync, backend) for backend in kernels.BACKENDS for sync in ("batch", "running") for kind in OPTIONS]
+RUNS.append(("bn", "none", None))
+
+
+def available(backend):
+    k = {"cpu": kernels.cpu, "triton": kernels.gpu}.get(backend)
+    return k is None or k.available()
+
+
+def count(norm, backend):
+    """After a first step, one training step's all-reduces and host waits, per direction."""
+    from powernorm_fairseq.measure import launches
+
+    x, pad, grad_y = next(steps())
+    x.requires_grad_(True)
+    with kernels.use(backend):
+        norm(x, pad).backward(grad_y)
+        with launches.counting() as forward:
+            y = norm(x, pad)
+        with launches.counting() as backward:
+            y.backward(grad_y)
+    reduces = [sum(op.startswith("allreduce") for op in s.launches) for s in (forward, backward)]
+    return {"reduces": reduces, "waits": forward.waits + backward.waits}
+
+
+def worker(rank, port, path):
+    """Every run of RUNS on this worker's sentences, then the kernels' collective counts."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        with kernels.use(backend):
-            torch.save(run(make(kind, sync), [split[rank] for split in SPLITS]), f"{path}.{rank}")
+        runs, counts = {}, {}
+        for kind, sync, backend in RUNS:
+            if available(backend):
+                with kernels.use(backend):
+                    runs[f"{kind}/{sync}/{backend}"] = run(make(kind, sync), [split[rank] for split in SPLITS])
+                if backend in ("cpu", "triton") and sync != "none":
+                    counts[f"{kind}/{sync}/{backend}"] = count(make(kind, sync), backend)
+        torch.save({"runs": runs, "counts": counts}, f"{path}.{rank}")
     finally:
         dist.destroy_process_group()
 
@@ -68,10 +101,18 @@ def free_port():
         return s.getsockname()[1]
 
 
-def two_workers(kind, sync, tmp_path, backend=None):
-    path = str(tmp_path / "result")
-    mp.spawn(worker, args=(free_port(), kind, sync, path, backend), nprocs=2, join=True)
-    return [torch.load(f"{path}.{r}", weights_only=True) for r in (0, 1)]
+@pytest.fixture(scope="module")
+def spawned(tmp_path_factory):
+    """What each of two gloo workers gave, per rank: one spawn for the module."""
+    def make_all(root):
+        mp.spawn(worker, args=(free_port(), str(root / "result")), nprocs=2, join=True)
+
+    root = once(tmp_path_factory, "two-workers", make_all)
+    return [torch.load(root / f"result.{r}", weights_only=True) for r in (0, 1)]
+
+
+def two_workers(spawned, kind, sync, backend=None):
+    return [spawned[r]["runs"][f"{kind}/{sync}/{backend}"] for r in (0, 1)]
 
 
 def close(a, b):
@@ -80,17 +121,16 @@ def close(a, b):
 
 @pytest.fixture(params=kernels.BACKENDS)
 def backend(request):
-    """The synchronised statistics with each backend forced: under --norm-sync
-    the batch-statistic norms take the plain path's differentiable all-reduce."""
+    """The synchronised statistics with each backend forced."""
     backend_or_fail(request.param)
     with kernels.use(request.param):
         yield request.param
 
 
 @pytest.mark.parametrize("kind", ["bn", "pn-v", "pn"])
-def test_batch_sync_equals_one_process_on_the_whole_batch(kind, tmp_path, backend):
+def test_batch_sync_equals_one_process_on_the_whole_batch(kind, spawned, backend):
     whole = run(make(kind, "batch"))  # one process: no collectives
-    halves = two_workers(kind, "batch", tmp_path, backend)
+    halves = two_workers(spawned, kind, "batch", backend)
     for t, (y, grad, buffers) in enumerate(whole):
         (y0, g0, b0), (y1, g1, b1) = halves[0][t], halves[1][t]
         i0, i1 = SPLITS[t]
@@ -102,9 +142,9 @@ def test_batch_sync_equals_one_process_on_the_whole_batch(kind, tmp_path, backen
 
 
 @pytest.mark.parametrize("kind", ["bn", "pn-v"])
-def test_running_sync_keeps_buffers_global_and_batches_local(kind, tmp_path, backend):
+def test_running_sync_keeps_buffers_global_and_batches_local(kind, spawned, backend):
     whole = run(make(kind, "batch"))
-    halves = two_workers(kind, "running", tmp_path, backend)
+    halves = two_workers(spawned, kind, "running", backend)
     for rank in (0, 1):
         local = run(make(kind, "none"), [split[rank] for split in SPLITS])
         for t in (0, 2):  # step 1: worker 1 has no real tokens and normalises with running statistics
@@ -115,14 +155,13 @@ def test_running_sync_keeps_buffers_global_and_batches_local(kind, tmp_path, bac
             assert close(value, halves[0][t][2][name]), f"step {t}: {name}"
 
 
-def test_pn_running_sync_keeps_identical_buffers(tmp_path, backend):
-    halves = two_workers("pn", "running", tmp_path, backend)
+def test_pn_running_sync_keeps_identical_buffers(spawned, backend):
+    halves = two_workers(spawned, "pn", "running", backend)
     for t in range(len(SPLITS)):
         for name, value in halves[0][t][2].items():
             assert torch.equal(value, halves[1][t][2][name]), f"step {t}: {name}"
     if backend != "plain":  # and the kernels compute what the plain path does
-        (tmp_path / "plain").mkdir()
-        plain = two_workers("pn", "running", tmp_path / "plain", "plain")
+        plain = two_workers(spawned, "pn", "running", "plain")
         for rank in (0, 1):
             for t in range(len(SPLITS)):
                 (y, g, b), (yp, gp, bp) = halves[rank][t], plain[rank][t]
@@ -130,9 +169,9 @@ def test_pn_running_sync_keeps_identical_buffers(tmp_path, backend):
                 assert all(close(b[k].double(), bp[k].double()) for k in b), f"rank {rank} step {t}"
 
 
-def test_unsynchronised_workers_drift_apart(tmp_path):
+def test_unsynchronised_workers_drift_apart(spawned):
     """The control: without sync the buffers differ, so the tests above can fail."""
-    halves = two_workers("bn", "none", tmp_path)
+    halves = two_workers(spawned, "bn", "none")
     assert not torch.allclose(halves[0][0][2]["running_mean"], halves[1][0][2]["running_mean"])
 
 
@@ -170,35 +209,12 @@ def test_two_worker_fairseq_train(toy_data, tmp_path, norm):
     assert state["cfg"]["model"].norm_sync is None  # the default: batch for bn, pn-v and pn
 
 
-def counting_worker(rank, port, kind, sync, path, backend):
-    """After a first step, one training step's all-reduces and host waits, per direction."""
-    from powernorm_fairseq.measure import launches
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        norm = make(kind, sync)
-        x, pad, grad_y = next(steps())
-        x.requires_grad_(True)
-        with kernels.use(backend):
-            norm(x, pad).backward(grad_y)
-            with launches.counting() as forward:
-                y = norm(x, pad)
-            with launches.counting() as backward:
-                y.backward(grad_y)
-        reduces = [sum(op.startswith("allreduce") for op in s.launches) for s in (forward, backward)]
-        torch.save({"reduces": reduces, "waits": forward.waits + backward.waits}, f"{path}.{rank}")
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 @pytest.mark.parametrize("sync", ["batch", "running"])
 @pytest.mark.parametrize("kind", list(OPTIONS))
-def test_synchronised_kernels_reduce_once_per_direction_and_never_wait(kind, sync, backend, tmp_path):
+def test_synchronised_kernels_reduce_once_per_direction_and_never_wait(kind, sync, backend, spawned):
     backend_or_fail(backend)
-    path = str(tmp_path / "counts")
-    mp.spawn(counting_worker, args=(free_port(), kind, sync, path, backend), nprocs=2, join=True)
     for rank in (0, 1):
-        seen = torch.load(f"{path}.{rank}", weights_only=True)
+        seen = spawned[rank]["counts"][f"{kind}/{sync}/{backend}"]
         assert seen["waits"] == [], seen
         assert all(n <= 1 for n in seen["reduces"]) and seen["reduces"][0] == 1, seen
