@@ -228,21 +228,23 @@ def test_checkpoint_without_user_dir(toy_data, trained, tmp_path):
     assert "BLEU4" in ok.stdout
 
 
-@pytest.mark.parametrize("norm, flags", [
-    ("rmsnorm", []), ("layernorm-simple", []), ("detachnorm", ["--detachnorm-detach", "mean"]),
-    ("adanorm", ["--adanorm-scale", "2"]), ("groupnorm", ["--norm-groups", "2"]), ("none", []),
-    ("bn-original", []),
-])
-def test_more_norm_kinds_train_and_generate(toy_data, tmp_path, norm, flags):
-    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", norm, "--decoder-norm-type", norm,
-                                            *flags, max_update=12))
+@pytest.mark.parametrize("norms, flags", [
+    ({"norm_type": "rmsnorm", "encoder_norm_ff": "layernorm-simple", "decoder_norm_type": "detachnorm",
+      "decoder_norm_self": "adanorm", "decoder_norm_cross": "groupnorm", "decoder_norm_ff": "none"},
+     ["--detachnorm-detach", "mean", "--adanorm-scale", "2", "--norm-groups", "2"]),
+    ({"norm_type": "bn-original", "decoder_norm_type": "rmsnorm"}, []),
+], ids=["six-kinds", "bn-original"])
+def test_more_norm_kinds_train_and_generate(toy_data, tmp_path, norms, flags):
+    """Every other kind, in as few runs as their sublayers allow."""
+    given = [a for key, kind in norms.items() for a in ("--" + key.replace("_", "-"), kind)]
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *given, *flags, max_update=12))
     curve = losses(proc.stdout + proc.stderr)
     assert len(curve) == 12 and all(math.isfinite(v) for v in curve) and curve[-1] < curve[0]
     gen = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
               "--beam", "2", "--batch-size", "8", "--required-batch-size-multiple", "1")
     assert len([l for l in gen.stdout.splitlines() if l.startswith("H-")]) == 27
     model = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["cfg"]["model"]
-    assert model.norm_type == norm
+    assert {key: getattr(model, key) for key in norms} == norms
 
 
 def test_norm_groups_must_divide_the_width(toy_data, tmp_path):
