@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from conftest import backend_or_fail
-from powernorm_fairseq.norms import build_norm, kernels
 from powernorm_fairseq.measure import launches
+from powernorm_fairseq.norms import build_norm, kernels
+from powernorm_fairseq.norms.kernels import ops
 
 pytestmark = pytest.mark.fast
 
@@ -191,3 +192,32 @@ def test_a_model_step_adds_at_most_the_target_per_norm_layer_and_no_host_wait(to
     if backend == "triton":
         assert len(seen.kernels()) >= layers
         assert len(seen.launches) <= len(stock.launches) + per_layer * layers, (len(seen.launches), len(stock.launches))
+
+
+@pytest.mark.parametrize("backend", ["plain", "cpu"])
+def test_every_custom_op_passes_opcheck(backend):
+    """torch.library.opcheck (schema, fake tensor, autograd registration, AOT
+    dispatch) on each op as a training step of each fused norm calls it.
+    (Under Triton's interpreter it takes two minutes; the Triton kernels'
+    outputs are held to the plain path's in test_kernels.py.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    backend_or_fail(backend)
+    calls = {}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "powernorm" and func._schema.name not in calls:
+                copy = lambda a: a.clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
+                calls[func._schema.name] = (func, tuple(map(copy, args)), kwargs or {})
+            return func(*args, **(kwargs or {}))
+
+    x, pad, grad = data()
+    norms = [build_norm(kind, C, **options).train() for kind, options, _ in TARGETS]  # alive: PN's clocks
+    with kernels.use(backend):
+        for norm in norms:
+            with Record():
+                step(norm, x, pad, grad)
+    assert set(calls) == {f"powernorm::{name}" for name in ops.IMPLEMENTATIONS}
+    for name, (func, args, kwargs) in sorted(calls.items()):
+        torch.library.opcheck(func, args, kwargs)

@@ -161,9 +161,11 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     ns = n.clamp(min=1)
     sd = nu.dtype if nu.numel() else (torch.float64 if weight.dtype == torch.float64 else torch.float32)
     exact = kind == "exact"
-    none = torch.empty(0, dtype=sd, device=part.device)
-    A = (w * s[1] / ns).to(sd) if exact and center else none
-    B = (w * s[0] / ns).to(sd) if exact else none
+    def none():  # a fresh empty tensor each: an op's outputs must not alias
+        return torch.empty(0, dtype=sd, device=part.device)
+
+    A = (w * s[1] / ns).to(sd) if exact and center else none()
+    B = (w * s[0] / ns).to(sd) if exact else none()
     if nu.numel():
         old = nu.double()
         if kind == "reference":  # mean over every position of g' * xh, g' = g - (1 - a) nu xh
