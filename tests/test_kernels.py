@@ -354,7 +354,7 @@ def jit_build(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_a_stale_lock_in_a_fresh_extensions_directory_and_the_norm_still_runs(jit_build, tmp_path):
+def test_a_stale_lock_in_a_fresh_extensions_directory_and_the_norm_still_runs(jit_build):
     """A build killed before its first success: nothing built yet, torch's
     ``lock`` left. The next run removes it, builds, and the norm runs on the kernels."""
     env, build, (code, out, err) = jit_build
