@@ -8,7 +8,7 @@ import pytest
 import torch
 from matplotlib import image
 
-from conftest import Command, cli, once, train_args
+from support import Command, cli, once, train_args
 from powernorm_fairseq.cli.analyze import (
     Probe,
     normalized_singular_values,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from powernorm_fairseq.norms import NORM_TYPES
 
 pytestmark = pytest.mark.fast

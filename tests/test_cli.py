@@ -9,7 +9,7 @@ from statistics import mean
 import pytest
 import torch
 
-from conftest import USER_DIR, Command, cli, losses, train_args
+from support import USER_DIR, Command, cli, losses, train_args
 
 pytestmark = pytest.mark.slow
 

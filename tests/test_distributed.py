@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from conftest import backend_or_fail, once, train_args
+from support import backend_or_fail, once, train_args
 from powernorm_fairseq.norms import build_norm, kernels
 
 pytestmark = pytest.mark.slow
@@ -196,7 +196,7 @@ def test_two_worker_fairseq_train(toy_data, tmp_path, norm):
             "--ddp-backend", "legacy_ddp", "--distributed-init-method", f"tcp://127.0.0.1:{port}"]
     import subprocess
 
-    from conftest import Command
+    from support import Command
 
     procs = [Command("fairseq-train", [*args, "--distributed-rank", r], stdout=subprocess.PIPE,
                      stderr=subprocess.STDOUT) for r in (0, 1)]

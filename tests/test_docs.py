@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 pytestmark = pytest.mark.fast
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import BIN, ROOT, Command, cli, processes_mentioning, train_args
+from support import BIN, ROOT, Command, cli, processes_mentioning, train_args
 
 pytestmark = pytest.mark.slow
 

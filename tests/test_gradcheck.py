@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from conftest import backend_or_fail
+from support import backend_or_fail
 from powernorm_fairseq.norms import build_norm, kernels
 from test_norms import C, affine, batch
 

@@ -4,7 +4,7 @@ a tiny model each, and the checkpoint's saved config and model carry the norms."
 import pytest
 import torch
 
-from conftest import ROOT, USER_DIR, cli
+from support import ROOT, USER_DIR, cli
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, backend_or_fail, once
+from support import ROOT, backend_or_fail, once
 from powernorm_fairseq.norms import build_norm, kernels
 from powernorm_fairseq.norms.kernels import gpu
 

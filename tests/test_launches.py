@@ -9,7 +9,7 @@ what a GPU would be sent: each kernel call and every other op that computes.
 import pytest
 import torch
 
-from conftest import backend_or_fail
+from support import backend_or_fail
 from powernorm_fairseq.measure import launches
 from powernorm_fairseq.norms import build_norm, kernels
 from powernorm_fairseq.norms.kernels import ops
@@ -160,7 +160,7 @@ def model_step(model, s):
 
 def counted_model_step(toy_data, backend, *flags):
     import powernorm_fairseq.models  # noqa: F401  (registers the architectures in this process)
-    from conftest import TINY, build_model, sample
+    from support import TINY, build_model, sample
 
     model, task = build_model(toy_data, "--optimizer", "adam", "--lr-scheduler", "inverse_sqrt", *TINY, *flags)
     s = sample(task)

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from conftest import ROOT, TINY_LM, build_model, cli, sample
+from support import ROOT, TINY_LM, build_model, cli, sample
 from powernorm_fairseq.common.errors import PowerNormConfigError
 from powernorm_fairseq.models.powernorm_transformer_lm import powernorm_transformer_lm_wiki103
 from powernorm_fairseq.norms import Norm, norm_type_of

@@ -6,7 +6,7 @@ import pytest
 import torch
 from fairseq import options
 
-from conftest import TINY, build_model, sample
+from support import TINY, build_model, sample
 from powernorm_fairseq.common.errors import PowerNormConfigError
 from powernorm_fairseq.modules import FixNormEmbedding
 from powernorm_fairseq.norms import NORM_TYPES, NORMS, Norm, norm_type_of

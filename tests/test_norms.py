@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import reference as ref
-from conftest import backend_or_fail
+from support import backend_or_fail
 from powernorm_fairseq.norms import NORM_TYPES, RUNNING_STAT_TYPES, build_norm, kernels
 
 pytestmark = pytest.mark.fast

@@ -12,7 +12,7 @@ import torch
 import torch.utils.checkpoint as checkpoint
 
 import reference as ref
-from conftest import backend_or_fail
+from support import backend_or_fail
 from powernorm_fairseq.norms import NORM_TYPES, build_norm, kernels, padding_mask
 from powernorm_fairseq.norms.base import Norm
 from powernorm_fairseq.norms.kernels import gpu

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, USER_DIR, cli, losses, train_args
+from support import ROOT, USER_DIR, cli, losses, train_args
 from powernorm_fairseq import patches
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from conftest import cli, train_args
+from support import cli, train_args
 from powernorm_fairseq.norms import build_norm
 
 pytestmark = pytest.mark.fast

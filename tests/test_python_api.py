@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, USER_DIR
+from support import ROOT, USER_DIR
 
 pytestmark = pytest.mark.slow
 

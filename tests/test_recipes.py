@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from conftest import BIN, ROOT, TINY, cli, once, processes_mentioning
+from support import BIN, ROOT, TINY, cli, once, processes_mentioning
 
 pytestmark = pytest.mark.slow
 
@@ -386,7 +386,7 @@ def test_every_config_is_a_valid_row():
 def make_lm_archives(directory):
     """simple-examples.tgz (members under ./simple-examples/, as Mikolov's
     archive has them) and wikitext-103-v1.zip, each with a toy corpus."""
-    from conftest import lm_corpus
+    from support import lm_corpus
 
     sizes = {"train": (300, 1), "valid": (30, 2), "test": (150, 3)}  # > 1,000 test tokens: fairseq prints "1,234"
     ptb = directory / "ptb-src" / "simple-examples" / "data"

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 
 pytestmark = pytest.mark.slow
 

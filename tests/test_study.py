@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import BIN, ROOT, build_model, once
+from support import BIN, ROOT, build_model, once
 from test_recipes import sh
 from powernorm_fairseq.norms import NORM_TYPES
 
@@ -88,7 +88,7 @@ def test_the_classifier_trains_with_every_norm(demo, placement):
     """One SGD step with each --norm-type lowers the loss of its batch a little, with finite gradients."""
     from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
 
-    from conftest import sample
+    from support import sample
 
     for kind in NORM_TYPES:
         model, task = classifier(demo, "--norm-type", kind, "--norm-placement", placement, "--dropout", "0")
@@ -111,7 +111,7 @@ def test_the_classifier_trains_with_every_norm(demo, placement):
 def test_mean_pooling_leaves_out_padding(demo):
     model, task = classifier(demo, "--norm-type", "ln")
     model.eval()
-    batch = __import__("conftest").sample(task, 8)
+    batch = __import__("support").sample(task, 8)
     tokens = batch["net_input"]["src_tokens"]
     lengths = tokens.ne(task.source_dictionary.pad()).sum(1)
     short = int(lengths.argmin())

@@ -7,6 +7,7 @@ import types
 import pytest
 
 import conftest
+import support
 
 pytestmark = pytest.mark.fast
 
@@ -46,4 +47,4 @@ def test_a_fast_test_that_starts_a_process_fails():
     with pytest.raises(AssertionError, match="starts a process: mark it @pytest.mark.slow"):
         subprocess.run(["true"])
     with pytest.raises(AssertionError, match="starts a process"):
-        conftest.cli("fairseq-train", "--help")
+        support.cli("fairseq-train", "--help")

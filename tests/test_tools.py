@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, cli
+from support import ROOT, cli
 from powernorm_fairseq.cli.average import average_checkpoints, last_checkpoints
 from powernorm_fairseq.cli.score import read_generate_output, score, split_compounds
 

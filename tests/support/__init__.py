@@ -1,0 +1,49 @@
+"""What the tests share beyond pytest's fixtures (``conftest.py``): running
+console scripts (``commands.py``, through ``forkserver.py``), the toy
+corpora and tiny models (``toy.py``), and :func:`once`."""
+
+import os
+
+import pytest
+
+from .commands import BIN, ROOT, Command, cli, processes_mentioning
+from .toy import (TINY, TINY_LM, USER_DIR, build_model, lm_corpus, losses, make_lm_data, make_toy_data, preprocess,
+                  sample, toy_corpus, train_args)
+
+
+def once(tmp_path_factory, name, make):
+    """A directory ``name`` that ``make(path)`` fills once per test session,
+    whichever worker asks first; the others wait for it and share it."""
+    import shutil
+
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the session's directory, above each worker's own
+    path, made = base / name, base / f"{name}.made"
+    with FileLock(str(base / f"{name}.lock")):
+        if not made.exists():
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir()
+            make(path)
+            made.touch()
+    return path
+
+
+
+def backend_or_fail(name):
+    """The kernels module of backend ``name``, failing (never skipping) when it is missing."""
+    from powernorm_fairseq.norms import kernels
+
+    if name == "plain":
+        return None
+    k = {"cpu": kernels.cpu, "triton": kernels.gpu}[name]
+    if not k.available():
+        pytest.fail(f"the {name} kernels are unavailable: {k.failure}")
+    return k
+
+
+__all__ = ["BIN", "ROOT", "TINY", "TINY_LM", "USER_DIR", "Command", "backend_or_fail", "build_model", "cli", "lm_corpus", "losses",
+           "make_lm_data", "make_toy_data", "once", "preprocess", "processes_mentioning", "sample", "toy_corpus",
+           "train_args"]

@@ -1,0 +1,71 @@
+"""The suite's own machinery (``support/``): a command run through the fork
+server behaves as the same console script started afresh, and the toy
+corpora are what the tests take them to be."""
+
+import os
+import signal
+import subprocess
+
+import pytest
+from support import BIN, Command, cli, lm_corpus, toy_corpus
+
+pytestmark = pytest.mark.slow
+
+
+def fresh(tool, *args, cwd, env=None):
+    return subprocess.run([str(BIN / tool), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args", [("--format", "markdown"), ("--format", "html")], ids=["ok", "bad-flag"])
+def test_a_forked_command_is_the_fresh_one(args, tmp_path):
+    """Output, errors and exit status of a fork equal those of a fresh process."""
+    forked, started = cli("powernorm-flags", *args, check=False, cwd=tmp_path), fresh("powernorm-flags", *args,
+                                                                                       cwd=tmp_path)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (started.returncode, started.stdout, started.stderr)
+    assert forked.returncode == (0 if args[1] == "markdown" else 2)
+
+
+def test_a_forked_command_takes_its_directory_and_environment(tmp_path):
+    log = "S-0\tdas ist ein haus\nT-0\tthis is a house\nH-0\t-0.1\tthis is a house\n"
+    (tmp_path / "gen.out").write_text(log)
+    proc = cli("powernorm-score", "gen.out", "--bleu", "iwslt14", "--json", "s.json", cwd=tmp_path)
+    assert "100.00" in proc.stdout and (tmp_path / "s.json").is_file()
+    bad = cli("powernorm-score", "missing.out", "--bleu", "iwslt14", check=False, cwd=tmp_path)
+    assert bad.returncode == 2 and "missing.out" in bad.stderr
+    narrow, wide = (cli("powernorm-flags", "--help", env={"COLUMNS": c}).stdout for c in ("40", "200"))
+    assert narrow != wide and narrow == fresh("powernorm-flags", "--help", cwd=tmp_path, env={"COLUMNS": "40"}).stdout
+
+
+def test_a_signal_ends_a_forked_command_as_it_ends_a_process(tmp_path):
+    read, write = os.pipe()  # a stdin that never ends: the command waits on it
+    try:
+        command = Command("powernorm-score", ["/dev/stdin", "--bleu", "iwslt14"], cwd=tmp_path, stdin=read)
+        command.send_signal(signal.SIGKILL)
+        assert command.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        os.close(read), os.close(write)
+
+
+def test_the_toy_corpora_are_word_for_word_and_repeatable():
+    src, tgt = toy_corpus(50, seed=1)
+    assert (src, tgt) == toy_corpus(50, seed=1) and src != toy_corpus(50, seed=2)[0]
+    lexicon = {}
+    for s, t in zip(src, tgt):
+        a, b = s.split(), t.split()
+        assert len(a) == len(b) and 3 <= len(a) <= 12
+        for x, y in zip(a, b):
+            assert lexicon.setdefault(x, y) == y  # one translation per word
+    lines = lm_corpus(50, seed=4)
+    follows = {}
+    for line in lines:
+        words = line.split()
+        for x, y in zip(words, words[1:]):
+            assert follows.setdefault(x, y) == y  # each next word is determined
+
+
+def test_the_toy_data_is_binarized_with_one_dictionary(toy_data):
+    assert (toy_data / "dict.de.txt").read_text() == (toy_data / "dict.en.txt").read_text()
+    for split in ("train", "valid", "test"):
+        for lang in ("de", "en"):
+            assert (toy_data / f"{split}.de-en.{lang}.bin").stat().st_size > 0
