@@ -402,7 +402,8 @@ def gpu_markdown(results):
                 "Full-size model (6+6 layers, 512 dims); words/s is the median of the logged intervals over the "
                 "second half of each run; peak memory is `torch.cuda.max_memory_allocated`; runs interleaved in "
                 "shuffled order, median over rounds.", "",
-                "| encoder norm | tokens per batch | updates x rounds | words/s | / stock | peak MiB | / stock | target (pn) |",
+                "| encoder norm | tokens per batch | updates x rounds | words/s | / stock | peak MiB | / stock "
+                "| target (pn) |",
                 "|---|---|---|---|---|---|---|---|"]
         for r in results["train"]:
             met = ""
@@ -556,7 +557,8 @@ def markdown(results):
         out.append("")
     if "launches" in results:
         out += ["### 5. Launches, host waits, bytes and registers per training step of one layer", "",
-                f"Forward + backward, T x B x C = {results.get('launches_shape', '512x8x512')}, 20% padding, float16 on the Triton path "
+                f"Forward + backward, T x B x C = {results.get('launches_shape', '512x8x512')}, 20% padding, "
+                "float16 on the Triton path "
                 "(counted under Triton's interpreter: what a GPU would be sent; measure/launches.py), "
                 "after the first step. Activation tensors: (N, C) tensors the kernels read or write "
                 "(LayerNorm's minimum: 5). Registers and spills: the largest over the sm_90 builds of "
@@ -567,17 +569,19 @@ def markdown(results):
                 "|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["launches"]:
             met = _met(r["launches"], r["target"])
-            out.append(f"| {r['norm']} | {r['launches']} | {r['kernels']} | {r['host_waits']} / {r['cpu_host_waits']} | "
-                       f"{r['activation_tensors']} | {r.get('max_registers', '')} | {r.get('spill_bytes', '')} | "
-                       f"{r.get('programs_per_sm', '')} | {({True: 'yes', False: '**no**'}).get(r.get('all_resident'), '')} | "
-                       f"{met} |")
+            resident = {True: "yes", False: "**no**"}.get(r.get("all_resident"), "")
+            out.append(f"| {r['norm']} | {r['launches']} | {r['kernels']} | {r['host_waits']} / "
+                       f"{r['cpu_host_waits']} | {r['activation_tensors']} | {r.get('max_registers', '')} | "
+                       f"{r.get('spill_bytes', '')} | {r.get('programs_per_sm', '')} | {resident} | {met} |")
         out.append("")
     if "throughput" in results:
-        out += ["### 2 and 4. `fairseq-train` words/s and peak memory, relative to stock `transformer_iwslt_de_en` (LN)", "",
+        out += ["### 2 and 4. `fairseq-train` words/s and peak memory, relative to stock "
+                "`transformer_iwslt_de_en` (LN)", "",
                 f"Model {results['dims']}, interleaved runs, median; peak memory is the process's peak RSS.", "",
                 "| variant | words/s | / stock LN | peak MiB | / stock LN |", "|---|---|---|---|---|"]
         for r in results["throughput"]:
-            out.append(f"| {r['variant']} | {r['wps']} | {r['wps_ratio']:.3f} | {r['peak_mib']} | {r['memory_ratio']:.3f} |")
+            out.append(f"| {r['variant']} | {r['wps']} | {r['wps_ratio']:.3f} | {r['peak_mib']} | "
+                       f"{r['memory_ratio']:.3f} |")
         out += ["", f"Targets: `--norm-type pn` words/s >= {TARGETS['throughput']} x stock, "
                     f"memory <= {TARGETS['memory']} x stock.", ""]
     if "quality" in results:

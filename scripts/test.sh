@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up .venv (idempotent) and run the test suite; other arguments go to pytest.
+# Set up .venv (idempotent), lint the code (ruff) and run the test suite; other
+# arguments go to pytest.
 #   --fast     the fast tier only: the tests that run in pytest's own process
 #              (about a minute); without it, both tiers
 #   -n N       N workers (default: one per CPU core, at most 4; pytest-xdist); -n 0: one process
@@ -10,7 +11,7 @@ cores=$(nproc 2>/dev/null || echo 2)
 args=() workers=(-n "$(( cores < 4 ? cores : 4 ))" --dist worksteal)
 for arg in "$@"; do
   case "$arg" in
-    -h|--help) sed -n '2,6p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,7p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --fast) args+=(--tier fast) ;;
     -n|-n[0-9]*|--numprocesses*) workers=(); args+=("$arg") ;;
     *) args+=("$arg") ;;
@@ -18,4 +19,5 @@ for arg in "$@"; do
 done
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
+"$ROOT/.venv/bin/ruff" check --quiet .
 exec "$ROOT/.venv/bin/python" -m pytest "${workers[@]+"${workers[@]}"}" "${args[@]+"${args[@]}"}"

@@ -109,7 +109,8 @@ def _writes_stay_in_tmp(tmp_path_factory):
     before = subprocess.run(status, capture_output=True, text=True).stdout
     yield
     after = subprocess.run(status, capture_output=True, text=True).stdout
-    assert after == before, f"the tests wrote into the checkout: {sorted(set(after.splitlines()) - set(before.splitlines()))}"
+    new = sorted(set(after.splitlines()) - set(before.splitlines()))
+    assert after == before, f"the tests wrote into the checkout: {new}"
 
 
 @pytest.fixture(scope="session", autouse=True)

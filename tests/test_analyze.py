@@ -91,8 +91,8 @@ def test_diagnostics_leave_training_bit_identical(runs):
     assert on["model"].keys() == off["model"].keys()
     assert all(torch.equal(on["model"][k], off["model"][k]) for k in on["model"])
     assert on["last_optimizer_state"]["state"].keys() == off["last_optimizer_state"]["state"].keys()
-    assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b)) for s, t in zip(on["last_optimizer_state"]["state"].values(),
-                                                   off["last_optimizer_state"]["state"].values())
+    states = zip(on["last_optimizer_state"]["state"].values(), off["last_optimizer_state"]["state"].values())
+    assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b)) for s, t in states
                for a, b in zip(s.values(), t.values()))
 
 

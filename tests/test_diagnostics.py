@@ -33,7 +33,7 @@ def probed(kind, interval=1, **options):
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():
         norm.weight.copy_(1 + 0.3 * torch.randn(C, generator=g, dtype=torch.float64))
-        for name, buf in norm.named_buffers():  # running statistics away from their init
+        for buf in norm.buffers():  # running statistics away from their init
             if buf.is_floating_point() and buf.dim() == 1:
                 buf.copy_(0.5 + torch.rand(C, generator=g, dtype=torch.float64))
     return model, norm, NormDiagnostics(model, interval)

@@ -350,7 +350,8 @@ def jit_build(tmp_path_factory):
     backend_or_fail("cpu")
     root = once(tmp_path_factory, "jit-build", make)
     build = Path((root / "build").read_text())
-    return {**JIT, "TORCH_EXTENSIONS_DIR": str(root / "torch_extensions")}, build, json.loads((root / "run.json").read_text())
+    env = {**JIT, "TORCH_EXTENSIONS_DIR": str(root / "torch_extensions")}
+    return env, build, json.loads((root / "run.json").read_text())
 
 
 @pytest.mark.slow

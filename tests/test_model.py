@@ -264,7 +264,7 @@ def test_checkpoint_activations_equals_a_run_without(toy_data, kind):
         model, task = build(toy_data, "--norm-type", kind, "--decoder-norm-type", kind, "--pn-warmup-updates", "2",
                             *flags)
         model.train()
-        for step in range(3):
+        for _ in range(3):
             model.zero_grad()
             forward(model, sample(task)).logsumexp(-1).sum().backward()
         runs.append(({k: v.clone() for k, v in model.state_dict().items()},

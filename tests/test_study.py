@@ -53,7 +53,8 @@ def test_the_demo_set_is_binarized_for_sentence_prediction_with_true_labels(demo
     for split in ("train", "valid"):
         assert (demo / "input0" / f"{split}.bin").exists() and (demo / "label" / f"{split}.bin").exists()
     raw = demo.parent / "raw"
-    for text, label in zip((raw / "train.txt").read_text().splitlines(), (raw / "train.label").read_text().splitlines()):
+    labels = (raw / "train.label").read_text().splitlines()
+    for text, label in zip((raw / "train.txt").read_text().splitlines(), labels):
         up = re.search(r"\b(rose|increased|grew|climbed|went up)\b", text)
         down = re.search(r"\b(fell|decreased|dropped|declined|went down)\b", text)
         bad = re.search(r"\b(loss|costs)\b", text, re.I)

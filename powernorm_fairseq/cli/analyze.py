@@ -141,7 +141,7 @@ def plot_statistics(rows, prefix, out, title, plt):
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         curves = defaultdict(lambda: defaultdict(list))
-        for run, kind, layer, m, update, value in rows:
+        for run, kind, _layer, m, update, value in rows:
             if m == metric:
                 curves[(run, kind)][update].append(value)
         for (run, kind), points in sorted(curves.items()):

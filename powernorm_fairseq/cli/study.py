@@ -180,7 +180,6 @@ def initial_probe(train_args, loss_key, batches=4):
     and that loss in bits, of the model as freshly initialised with the cell's
     seed, in training mode without dropout, averaged over the first batches of
     the training data (Figures 2 and 3 of the sentiment study)."""
-    import torch
     from fairseq import tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
@@ -389,7 +388,8 @@ def paired(norm_values, base_values):
         return None
     mean, sd = mean_sd(diffs)
     half = t975(len(diffs) - 1) * sd / len(diffs) ** 0.5
-    return dict(n=len(diffs), mean=mean, low=mean - half, high=mean + half, evidence=not (mean - half <= 0 <= mean + half))
+    low, high = mean - half, mean + half
+    return dict(n=len(diffs), mean=mean, low=low, high=high, evidence=not low <= 0 <= high)
 
 
 def fmt(value, spec="{:.3f}"):
@@ -403,7 +403,8 @@ def report(args, grid, results):
     for cell in grid:
         groups[(cell["depth"], cell["width"], cell["init"])].append(cell)
     lines = [f"# Normalization study: {args.task}", "",
-             f"Data `{args.data_as_given}`; {args.optimizer}, {args.placement}-norm, warmup {args.warmup_updates} updates, "
+             f"Data `{args.data_as_given}`; {args.optimizer}, {args.placement}-norm, "
+             f"warmup {args.warmup_updates} updates, "
              + (f"{args.max_update} updates" if args.max_update else f"{args.max_epochs} epochs")
              + f"; seeds {', '.join(map(str, args.seeds))}."
              + (f" fairseq-train flags after `--` (over the dimensions below where they name them): "
@@ -518,7 +519,8 @@ def figures(args, grid, results):
             groups = sorted(probe["grad_norms"], key=order)
             ax.plot(range(len(groups)), [probe["grad_norms"][g] for g in groups], marker="o",
                     color=colors[c["norm"]], linestyle=styles[c["width"]], label=f"{c['norm']}, width {c['width']}")
-            ax.set_xticks(range(len(groups)), [re.sub(r"^(encoder[. ]|head )", "", g) for g in groups], rotation=60, fontsize=7, ha="right")
+            ax.set_xticks(range(len(groups)), [re.sub(r"^(encoder[. ]|head )", "", g) for g in groups],
+                          rotation=60, fontsize=7, ha="right")
         ax.set(yscale="log", ylabel="gradient norm at init (per example)", title=f"depth {depth}, init {init}")
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -701,7 +703,7 @@ def main(argv=None):
     todo = [c for c in grid if c["name"] not in results]
     print(f"norm-study: {len(grid)} cells, {len(results)} finished, {len(todo)} to run ({args.jobs} at once)",
           file=sys.stderr)
-    start, busy = time.time(), []
+    busy = []
     for done, (cell, result) in enumerate(run_all(args, todo), 1):
         if result is None:
             print(f"norm-study: {cell['name']}: running in another process, skipped", file=sys.stderr)

@@ -111,8 +111,8 @@ def initialize_(model, scheme):
         return
     if scheme == "smallinit":
         return small_init_(model)
-    feed_forward = {id(fc) for layer in model.modules()
-                    if isinstance(layer, (PowerNormEncoderLayer, PowerNormDecoderLayer)) for fc in (layer.fc1, layer.fc2)}
+    layers = (PowerNormEncoderLayer, PowerNormDecoderLayer)
+    feed_forward = {id(fc) for layer in model.modules() if isinstance(layer, layers) for fc in (layer.fc1, layer.fc2)}
     scale = float(scheme.partition(":")[2]) if scheme.startswith("uniform:") else None
     with torch.no_grad():
         for module in model.modules():

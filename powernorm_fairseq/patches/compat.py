@@ -15,9 +15,7 @@ from .base import installs_once
 @installs_once
 def numpy_compat_long():
     """Give NumPy 2 the ``np.compat.long`` that fairseq 0.12 uses (a no-op on NumPy 1)."""
-    try:
-        np.compat.long
-    except AttributeError:
+    if not hasattr(getattr(np, "compat", None), "long"):
         np.compat = types.SimpleNamespace(long=int)
 
 

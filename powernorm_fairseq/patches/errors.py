@@ -163,7 +163,8 @@ def skip_overlong_interactive_lines():
                 print(f"fairseq-interactive: skipped a line of {length} tokens, more than the model takes "
                       f"({limit}): {shown!r}", file=sys.stderr, flush=True)
         with open_dict(cfg):
-            skip, cfg.dataset.skip_invalid_size_inputs_valid_test = cfg.dataset.skip_invalid_size_inputs_valid_test, True
+            skip = cfg.dataset.skip_invalid_size_inputs_valid_test
+            cfg.dataset.skip_invalid_size_inputs_valid_test = True
         try:
             yield from make_batches(lines, cfg, task, max_positions, encode_fn)
         finally:

@@ -241,7 +241,8 @@ def _runs_the_plugins_model(trainer) -> bool:
     """Whether the trainer's model is one of the plugin's, or derives from one
     (read from its classes: the models import this package, not it them)."""
     model = getattr(trainer, "model", None)
-    return any(c.__module__.startswith("powernorm_fairseq.models.") for c in type(getattr(model, "module", model)).__mro__)
+    classes = type(getattr(model, "module", model)).__mro__
+    return any(c.__module__.startswith("powernorm_fairseq.models.") for c in classes)
 
 
 def _writable(cfg):

@@ -44,6 +44,7 @@ def backend_or_fail(name):
     return k
 
 
-__all__ = ["BIN", "ROOT", "TINY", "TINY_LM", "USER_DIR", "Command", "backend_or_fail", "build_model", "cli", "lm_corpus", "losses",
+__all__ = ["BIN", "ROOT", "TINY", "TINY_LM", "USER_DIR", "Command", "backend_or_fail", "build_model", "cli",
+           "lm_corpus", "losses",
            "make_lm_data", "make_toy_data", "once", "preprocess", "processes_mentioning", "sample", "toy_corpus",
            "train_args"]

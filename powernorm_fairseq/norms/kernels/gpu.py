@@ -15,7 +15,8 @@ are counted in a ticket of the launch's own: the first element of the
 partial sums' last row, which one extra program of the pass before, past
 the last row, writes as 0 with the rest of its (empty) sums (the row
 kernels: one element past the forward's per-row statistic, set to 0 by its
-first program). Two launches in flight, or one aborted, share nothing. Nothing is read back to the host. Half inputs are read as they are and
+first program). Two launches in flight, or one aborted, share nothing.
+Nothing is read back to the host. Half inputs are read as they are and
 computed in float32; float64 inputs in float64 (the tests compare them with
 float64 references). The kernels read fairseq's (B, T) padding mask.
 
