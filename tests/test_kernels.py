@@ -436,18 +436,32 @@ def test_float32_bn_statistics_hold_off_centre(backend, mean):
 
 
 def test_every_backend_keeps_the_contract():
-    """The CPU module (as compiled) and the GPU backend take the contract's
-    arguments by name; a backend that drifts is refused, naming the function."""
+    """The CPU module (as compiled), the GPU backend and the plain one take
+    the contract's arguments by name (the compiled one with their types), and
+    the C++ enumerations have the contract's values; a backend that drifts is
+    refused, naming the function."""
+    import re
     import types
 
-    from powernorm_fairseq.norms.kernels import contract, cpu
+    from powernorm_fairseq.norms.kernels import contract, cpu, plain
 
-    k = backend_or_fail("cpu")
+    backend_or_fail("cpu")
     contract.check(cpu.load(), "compiled cpu")
-    contract.check(k, "cpu")
     contract.check(gpu, "triton")
+    contract.check(plain, "plain")
+    source = (Path(cpu.__file__).parent / "csrc" / "norms.cpp").read_text()
+    for enum in (contract.Update, contract.Mode):
+        body = re.search(rf"enum {enum.__name__} : int64_t {{(.*?)}};", source).group(1)
+        names = {n.strip(): int(v) for n, v in (item.split("=") for item in body.split(","))}
+        assert names == {("REFERENCE_RUN" if m.name == "REFERENCE" and enum is contract.Update else m.name): m.value
+                         for m in enum}
+    typed = types.SimpleNamespace(**{name: getattr(cpu.load(), name) for name in contract.CONTRACT})
+    typed.finish_stats = type("Compiled", (), {"__doc__": cpu.load().finish_stats.__doc__.replace(
+        "update: typing.SupportsInt | typing.SupportsIndex", "update: str").replace("update: int", "update: str")})()
+    with pytest.raises(TypeError, match=r"the typed kernels' finish_stats takes types .*'str'.* the contract"):
+        contract.check(typed, "typed")
     assert contract.argument_names(cpu.load().backward) == contract.CONTRACT["backward"]
-    drifted = types.SimpleNamespace(**{name: getattr(k, name) for name in contract.CONTRACT})
+    drifted = types.SimpleNamespace(**{name: getattr(plain, name) for name in contract.CONTRACT})
     drifted.backward = lambda x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, B, A, b_scale, groups, \
         correct_pads, want_gx, want_sums: None  # A and B swapped
     with pytest.raises(TypeError, match=r"the drifted kernels' backward takes .*'B', 'A'.* the contract"):

@@ -149,8 +149,8 @@ def test_a_compiled_layer_matches_the_eager_one(kind, backend):
         torch.testing.assert_close(a, b, msg=name)
 
 
-#: (encoder norm, the most launches a norm layer may add to the stock model's step)
-MODEL_TARGETS = [("pn", 4), ("pn-v", 6), ("bn", 6), ("scalenorm", 2)]
+#: (encoder norm and its flags, the most launches a norm layer may add to the stock model's step)
+MODEL_TARGETS = [("pn", 4), ("pn --pn-warmup-updates 4", 6), ("pn-v", 6), ("bn", 6), ("scalenorm", 2)]
 
 
 def model_step(model, s):
@@ -183,7 +183,8 @@ def test_a_model_step_adds_at_most_the_target_per_norm_layer_and_no_host_wait(to
 
     backend_or_fail(backend)
     ours, seen = counted_model_step(toy_data, backend, "--arch", "powernorm_transformer_iwslt_de_en",
-                                    "--norm-type", norm, "--decoder-norm-type", "ln", "--pn-warmup-updates", "0")
+                                    "--decoder-norm-type", "ln", "--pn-warmup-updates", "0",
+                                    "--norm-type", *norm.split())
     _, stock = counted_model_step(toy_data, backend, "--arch", "transformer_iwslt_de_en",
                                   "--encoder-normalize-before", "--decoder-normalize-before")
     layers = sum(type(m).__name__ != "LayerNorm" for m in ours.modules() if isinstance(m, Norm))

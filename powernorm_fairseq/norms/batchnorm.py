@@ -13,10 +13,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import kernels
 from . import sync as sync_mod
 from .base import Norm, layer_scale_option, momentum_option, recomputing
 from .kernels import functions as fused
+from .kernels.contract import Mode, Update
 from .kernels import plain
 from .stats import group_scale, real_tokens, token_mean, upcast
 
@@ -73,28 +73,20 @@ class BatchStatNorm(Norm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         if not self.training:
             return self._with_running(x).to(x.dtype)
-        k = kernels.select(x)
-        xk = x if x.dtype in k.DTYPES else upcast(x)
-        x2, mask = fused.rows(xk, pad_mask)
-        groups = self.groups if self.layer_scale else 0  # the kernels scale each row in registers
         mean_buf, second_buf = self.kernel_buffers()
-        given, mode = (x2.new_empty(0), x2.new_empty(0)), "exact"
-        replay = recomputing()
+        given, mode, replay = (None, None), Mode.EXACT, recomputing()
         if self.causal:
-            mode = "fixed"
+            mode = Mode.FIXED
             given = self._given if replay else (
-                mean_buf.clone() if self.center else mean_buf, plain.running_scale(second_buf, self.eps))
+                mean_buf.clone() if self.center else None, plain.running_scale(second_buf, self.eps))
             self._given = None if replay else given
         else:
-            self.warn_leak(self.update)  # bn or pn-v: the kind's name
-        if replay:  # the recomputed step updates copies
-            mean_buf, second_buf = mean_buf.clone(), second_buf.clone()
-        step = fused.Step(k.NAME, groups, self.center, self.update, mode, self.momentum, self.eps,
-                          sync=self.sync if sync_mod.active(self.sync) else "none")
-        # PN's step counter and nu: none here (distinct empty tensors: dynamo takes no input twice)
-        y, _ = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, mean_buf, second_buf, x2.new_empty(0),
-                                            x2.new_empty(0), *given, step)
-        return y.view_as(xk).to(x.dtype)
+            self.warn_leak("bn" if self.center else "pn-v")
+        y, _ = fused.channel_norm(x, pad_mask, self.weight, self.bias, update=self.update, mode=mode,
+                                  center=self.center, groups=self.groups if self.layer_scale else 0,
+                                  momentum=self.momentum, eps=self.eps, sync=self.sync, mean_buf=mean_buf,
+                                  second_buf=second_buf, given_mean=given[0], given_inv=given[1], replay=replay)
+        return y
 
     def _normalized(self, xf: Tensor, mean: Optional[Tensor], second: Tensor) -> Tensor:
         """gamma * (xf - mean) / sqrt(var + eps) + beta (Eq. 3's forward; no
@@ -114,8 +106,8 @@ class BatchStatNorm(Norm):
     def running(self, like: Tensor) -> Tuple[Optional[Tensor], Tensor]:
         raise NotImplementedError
 
-    def kernel_buffers(self) -> Tuple[Tensor, Tensor]:
-        """(running mean or empty, running second moment) that the kernels update in place."""
+    def kernel_buffers(self) -> Tuple[Optional[Tensor], Tensor]:
+        """(running mean or None, running second moment) that the kernels update in place."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -137,7 +129,7 @@ class MaskedBatchNorm(BatchStatNorm):
         self.running_mean.zero_()
         self.running_var.fill_(1.0)
 
-    update = "bn"  # how the kernels update the running statistics (kernels/functions.py)
+    update = Update.BN  # how the kernels update the running statistics
 
     def running(self, like):
         return self.running_mean.to(like), self.running_var.to(like)

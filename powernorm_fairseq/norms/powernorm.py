@@ -11,8 +11,8 @@ Two members of the family:
 
 ``backward="reference"`` reproduces what the authors' released code computes
 (``fairseq/modules/norms/mask_powernorm.py`` of sIncerass/powernorm), so a
-model trained with it can be continued or compared exactly. Each departure
-from the paper is marked ``REFERENCE:`` below.
+model trained with it can be continued or compared exactly; its departures
+from the paper are the ``REFERENCE`` update and mode (``kernels/contract.py``).
 """
 
 import logging
@@ -22,13 +22,13 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import kernels
 from . import sync as sync_mod
 from .base import Norm, layer_scale_option, momentum_option, recomputing
 from .batchnorm import BatchStatNorm
 from .clock import Clock
 from .kernels import functions as fused
 from .kernels import plain
+from .kernels.contract import Mode, Update
 from .stats import group_scale, real_tokens, token_mean, upcast
 
 logger = logging.getLogger(__name__)
@@ -36,10 +36,6 @@ logger = logging.getLogger(__name__)
 #: the released code builds each side's final norm without a warmup argument,
 #: so its PN gets NormSelect's default (fairseq/modules/norm_select.py there)
 RELEASED_FINAL_WARMUP = 1000
-
-
-def _affine(xh: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    return xh * weight.to(xh) + bias.to(xh)
 
 
 class PowerNormV(BatchStatNorm):
@@ -60,13 +56,13 @@ class PowerNormV(BatchStatNorm):
         return dict(eps=cfg.pn_eps, sync=cfg.norm_sync or "batch", layer_scale=layer_scale_option(cfg, False),
                     groups=heads, **momentum_option(cfg))
 
-    update = "pn-v"  # how the kernels update the running statistics (kernels/functions.py)
+    update = Update.PN_V  # how the kernels update the running statistics
 
     def running(self, like):
         return None, self.running_psi2.to(like)
 
     def kernel_buffers(self):
-        return self.running_psi2.new_empty(0), self.running_psi2
+        return None, self.running_psi2
 
 
 class PowerNorm(Norm):
@@ -84,22 +80,10 @@ class PowerNorm(Norm):
 
     running_stats = True
 
-    def __init__(
-        self,
-        dim: int,
-        alpha_fwd: float = 0.9,
-        alpha_bwd: float = 0.9,
-        warmup_updates: int = 0,
-        eps: float = 1e-5,
-        layer_scale: bool = False,
-        groups: int = 1,
-        backward: str = "paper",
-        sync: Optional[str] = None,
-        group_scaling: Optional[bool] = None,
-        causal: bool = False,
-        device=None,
-        dtype=None,
-    ):
+    def __init__(self, dim: int, alpha_fwd: float = 0.9, alpha_bwd: float = 0.9, warmup_updates: int = 0,
+                 eps: float = 1e-5, layer_scale: bool = False, groups: int = 1, backward: str = "paper",
+                 sync: Optional[str] = None, group_scaling: Optional[bool] = None, causal: bool = False, device=None,
+                 dtype=None):
         super().__init__()
         if group_scaling is not None:  # the earlier, pn-only spelling of layer_scale
             if layer_scale and not group_scaling:
@@ -150,17 +134,11 @@ class PowerNorm(Norm):
     @classmethod
     def options(cls, cfg, heads, final=False):
         reference = cfg.pn_backward == "reference"
-        return dict(
-            alpha_fwd=cfg.pn_alpha_fwd,
-            alpha_bwd=cfg.pn_alpha_bwd,
-            warmup_updates=RELEASED_FINAL_WARMUP if final and reference else cfg.pn_warmup_updates,
-            eps=cfg.pn_eps,
-            # the layer scale: on unless --no-layer-scale (or its pn-only spelling --no-pn-group-scaling)
-            layer_scale=layer_scale_option(cfg, cfg.pn_group_scaling is not False),
-            groups=heads,
-            backward=cfg.pn_backward,
-            sync=cfg.norm_sync,
-        )
+        return dict(alpha_fwd=cfg.pn_alpha_fwd, alpha_bwd=cfg.pn_alpha_bwd, eps=cfg.pn_eps, groups=heads,
+                    warmup_updates=RELEASED_FINAL_WARMUP if final and reference else cfg.pn_warmup_updates,
+                    # the layer scale: on unless --no-layer-scale (or its pn-only spelling --no-pn-group-scaling)
+                    layer_scale=layer_scale_option(cfg, cfg.pn_group_scaling is not False),
+                    backward=cfg.pn_backward, sync=cfg.norm_sync)
 
     def diagnostics_view(self, x, pad_mask):
         xs = self.scaled(upcast(x))
@@ -190,41 +168,34 @@ class PowerNorm(Norm):
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        """Eval: the running psi^2, no update. Training, on the selected
-        backend: after the warmup one pass each way (the forward sums psi_B^2
-        for the running average while it normalises with psi^2_{t-1}); during
-        it a statistics pass first, and the exact gradient in two."""
+        """Eval: the running psi^2, no update. Training: one fused step
+        (``kernels/functions.py``), with PN-V's statistics and exact gradient
+        in the warmup and Algorithm 2 after it."""
         if not self.training:
             xs = self.scaled(upcast(x))
-            return _affine(xs * torch.rsqrt(self.running_psi2.to(xs) + self.eps), self.weight, self.bias).to(x.dtype)
-        k = kernels.select(x)
-        xk = x if x.dtype in k.DTYPES else upcast(x)
-        x2, mask = fused.rows(xk, pad_mask)
-        none = x2.new_empty(0)
-        psi2, steps, replay = self.running_psi2, self.num_steps, recomputing()
-        # a recomputation (activation checkpointing) takes its first forward's plan and scale, and updates copies
-        warm, given = self._last if replay else (self._clock.warm, none)
+            y = xs * torch.rsqrt(self.running_psi2.to(xs) + self.eps) * self.weight.to(xs) + self.bias.to(xs)
+            return y.to(x.dtype)
+        replay = recomputing()  # activation checkpointing: the first forward's plan and scale again
+        warm, given = self._last if replay else (self._clock.warm, None)
         if self.backward == "reference":
-            update, mode = ("reference-warm" if warm else "reference"), "reference"
+            update, mode = (Update.REFERENCE_WARM if warm else Update.REFERENCE), Mode.REFERENCE
         elif warm:
-            update, mode = "pn-warm", "fixed" if self.causal else "exact"
+            update, mode = Update.PN_WARM, Mode.FIXED if self.causal else Mode.EXACT
             if self.causal and not replay:
-                given = plain.running_scale(psi2, self.eps)
+                given = plain.running_scale(self.running_psi2, self.eps)
             elif not self.causal:
                 self.warn_leak("pn (in its warmup)")
         else:
-            update, mode = "pn", "paper"
-        if replay:
-            psi2, steps = psi2.clone(), steps.clone()
-        plan = fused.Step(k.NAME, self.groups if self.layer_scale else 0, False, update, mode, 1.0 - self.alpha_fwd,
-                          self.eps, self.warmup_updates, 1.0 - self.alpha_bwd,
-                          self.sync if sync_mod.active(self.sync) else "none", -1 if replay else self._clock.key)
-        # no mean (distinct empty tensors: dynamo takes no input twice)
-        y, inv = fused.FusedChannelNorm.apply(x2, mask, self.weight, self.bias, x2.new_empty(0), psi2, steps,
-                                              self.running_nu, x2.new_empty(0), given, plan)
+            update, mode = Update.PN, Mode.PAPER
+        y, inv = fused.channel_norm(x, pad_mask, self.weight, self.bias, update=update, mode=mode, center=False,
+                                    groups=self.groups if self.layer_scale else 0, momentum=1.0 - self.alpha_fwd,
+                                    eps=self.eps, sync=self.sync, second_buf=self.running_psi2,
+                                    steps=self.num_steps, nu=self.running_nu, given_inv=given,
+                                    warmup=self.warmup_updates, rate=1.0 - self.alpha_bwd, clock=self._clock.key,
+                                    replay=replay)
         if not replay:  # what a recomputation of this forward must use again
-            self._last = (warm, inv if update in fused.RUNNING_SCALE or given.numel() else none)
-        return y.view_as(xk).to(x.dtype)
+            self._last = (warm, inv if update.running_scale or given is not None else None)
+        return y
 
     def scaled(self, xf: Tensor) -> Tensor:
         """The input psi^2 is taken of: group-scaled if asked."""

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from . import kernels
 from .base import Norm
-from .kernels.functions import FusedRMSNorm
+from .kernels.functions import FusedRMSNorm, rows
 from .stats import upcast
 
 
@@ -23,8 +23,8 @@ class RMSNorm(Norm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         k = kernels.select(x)
         xk = x if x.dtype in k.DTYPES else upcast(x)
-        y = FusedRMSNorm.apply(xk.contiguous().view(-1, self.dim), self.weight, self.eps, k.NAME)
-        return y.view_as(xk).to(x.dtype)
+        x2, _, back = rows(xk)
+        return back(FusedRMSNorm.apply(x2, self.weight, self.eps, k.NAME)).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from . import kernels
 from .base import Norm
-from .kernels.functions import FusedScaleNorm
+from .kernels.functions import FusedScaleNorm, rows
 from .stats import upcast
 
 
@@ -32,8 +32,8 @@ class ScaleNorm(Norm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         k = kernels.select(x)
         xk = x if x.dtype in k.DTYPES else upcast(x)
-        y = FusedScaleNorm.apply(xk.contiguous().view(-1, self.dim), self.scale, self.eps, k.NAME)
-        return y.view_as(xk).to(x.dtype)
+        x2, _, back = rows(xk)
+        return back(FusedScaleNorm.apply(x2, self.scale, self.eps, k.NAME)).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

@@ -13,8 +13,49 @@ as a PyTorch op, and ops take and give tensors.
 """
 
 import re
+from enum import IntEnum
 
-CONTRACT = {
+
+class Update(IntEnum):
+    """How ``finish_stats`` updates the running statistics: BN's mean and
+    unbiased variance (EMA), PN-V's psi^2 (EMA), PN's psi^2 as a cumulative
+    mean in its warmup and Algorithm 2's EMA after, and the released PN's (a
+    cumulative mean that stops a step before its warmup, an EMA on top)."""
+
+    BN = 0
+    PN_V = 1
+    PN_WARM = 2
+    PN = 3
+    REFERENCE_WARM = 4
+    REFERENCE = 5
+
+    @classmethod
+    def _missing_(cls, value):
+        raise ValueError(f"unknown update {value!r} (contract.py's Update: 0 to {len(cls) - 1})")
+
+    @property
+    def running_scale(self) -> bool:
+        """Whether the forward normalises with the running psi^2_{t-1}."""
+        return self in (Update.PN, Update.REFERENCE)
+
+
+class Mode(IntEnum):
+    """Which backward (``functions.py``): the exact gradient (Eq. 3 / Eq. 6),
+    Algorithm 2's, the released code's, or statistics that are constants of
+    the gradient (the causal mode's running ones; nu still follows Algorithm 2)."""
+
+    EXACT = 0
+    PAPER = 1
+    REFERENCE = 2
+    FIXED = 3
+
+    @classmethod
+    def _missing_(cls, value):
+        raise ValueError(f"unknown mode {value!r} (contract.py's Mode: 0 to {len(cls) - 1})")
+
+
+#: name -> (arguments, results), in the schema language of PyTorch's ops; ``Tensor(a!)`` is updated in place
+SCHEMAS = {
     # y = (xs - mean) * inv * weight + bias over the rows, xs the row after the
     # optional group scaling (groups > 0, eps gs_eps); inv_eps >= 0: inv holds
     # a running second moment and the scale is 1 / sqrt(inv + inv_eps). mask:
@@ -22,33 +63,44 @@ CONTRACT = {
     # statistics of the real rows, part (P, 3, C): count, then (center) mean
     # and sum of squared deviations from it, or 0 and the sum of xs^2.
     # Returns (y, group scales (N, groups), part), each empty where not asked.
-    "forward": ("x", "mask", "groups", "gs_eps", "mean", "inv", "inv_eps", "weight", "bias", "want_y",
-                "want_stats", "center"),
+    "forward": ("Tensor x, Tensor mask, int groups, float gs_eps, Tensor mean, Tensor inv, float inv_eps, "
+                "Tensor weight, Tensor bias, bool want_y, bool want_stats, bool center", 3),
     # the batch's statistics from forward's part and the running statistics'
-    # update (functions.UPDATES), in a fixed order; steps counts PN's steps.
+    # update (an Update), in a fixed order; steps counts PN's steps.
     # Returns (mean (bn) or empty, inv for the forward, inv of the batch, n (1,) float64).
-    "finish_stats": ("part", "mean_buf", "second_buf", "steps", "update", "momentum", "eps", "warmup"),
+    "finish_stats": ("Tensor part, Tensor(a!) mean_buf, Tensor(b!) second_buf, Tensor(c!) steps, int update, "
+                     "float momentum, float eps, int warmup", 4),
     # dL/dxs = (g - m * (A + b_scale * B * xh)) * inv_bwd, g = grad_y * weight,
     # back through the group scaling; m = 1 at real rows, and at padding too
     # when correct_pads (the released code's backward). With want_sums,
     # per-program sums part (P, 5, C): dy*xh and dy over every row, dy*xh and
     # xh^2 over the real rows, xh^2 over every row. Returns (dL/dx, part).
-    "backward": ("x", "mask", "scale", "grad_y", "weight", "mean", "inv_fwd", "inv_bwd", "A", "B", "b_scale",
-                 "groups", "correct_pads", "want_gx", "want_sums"),
+    "backward": ("Tensor x, Tensor mask, Tensor scale, Tensor grad_y, Tensor weight, Tensor mean, Tensor inv_fwd, "
+                 "Tensor inv_bwd, Tensor A, Tensor B, float b_scale, int groups, bool correct_pads, bool want_gx, "
+                 "bool want_sums", 2),
     # from backward's part: the weight and bias gradients, A and B of the exact
-    # gradient (kind "exact"), and nu's update (kind "paper": Algorithm 2, or
-    # "exact" with a nu; "reference": the released code's). rows: N.
-    # Returns (grad_weight, grad_bias, A or empty, B or empty).
-    "finish_backward": ("part", "weight", "n", "nu", "rate", "kind", "center", "rows"),
+    # gradient (kind EXACT, a Mode), and nu's update (Algorithm 2; the released
+    # code's under REFERENCE). rows: N. Returns (grad_weight, grad_bias, A or empty, B or empty).
+    "finish_backward": ("Tensor part, Tensor weight, Tensor n, Tensor(a!) nu, float rate, int kind, bool center, "
+                        "int rows", 4),
     # ScaleNorm: y = scale * x / max(||x||, eps) per row; returns (y, norms)
-    "scalenorm_forward": ("x", "scale", "eps"),
+    "scalenorm_forward": ("Tensor x, Tensor scale, float eps", 2),
     # returns (dL/dx, dL/dscale)
-    "scalenorm_backward": ("x", "norms", "grad_y", "scale", "eps"),
+    "scalenorm_backward": ("Tensor x, Tensor norms, Tensor grad_y, Tensor scale, float eps", 2),
     # RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight per row; returns (y, 1 / rms)
-    "rmsnorm_forward": ("x", "weight", "eps"),
+    "rmsnorm_forward": ("Tensor x, Tensor weight, float eps", 2),
     # returns (dL/dx, dL/dweight)
-    "rmsnorm_backward": ("x", "rstd", "grad_y", "weight"),
+    "rmsnorm_backward": ("Tensor x, Tensor rstd, Tensor grad_y, Tensor weight", 2),
 }
+#: name -> its argument names, in order: what every backend's function takes
+CONTRACT = {name: tuple(arg.split()[-1] for arg in args.split(", ")) for name, (args, _) in SCHEMAS.items()}
+
+
+def schema(name: str, before: str = "", after: str = "") -> str:
+    """The op schema of entry point ``name``, with arguments ``before`` and ``after`` its own."""
+    args, results = SCHEMAS[name]
+    return f"({before}{args}{after}) -> ({', '.join(['Tensor'] * results)})"
+
 
 def argument_names(function) -> tuple:
     """The argument names of a Python function, or of a pybind11 function
@@ -56,17 +108,37 @@ def argument_names(function) -> tuple:
     code = getattr(function, "__code__", None)
     if code is not None:
         return code.co_varnames[:code.co_argcount]
+    return tuple(name for name, _ in _pybind_arguments(function))
+
+
+def _pybind_arguments(function) -> tuple:
+    """((name, type), ...) from the signature a pybind11 function's docstring opens with."""
     match = re.match(r"\w+\((.*?)\)\s*->", (function.__doc__ or "").strip())
     if match is None:
         return ()
-    return tuple(re.sub(r"[:=].*", "", arg).strip() for arg in re.split(r",\s*(?![^\[]*\])", match.group(1)))
+    return tuple(tuple(part.strip() for part in arg.split(":", 1)) for arg in re.split(r",\s*", match.group(1)))
 
 
-def check(module, name: str, entry_points=CONTRACT) -> None:
-    """Raise TypeError unless ``module`` defines each of ``entry_points`` with
-    the contract's argument names, in its order."""
-    for function, wanted in entry_points.items():
+def _schema_type(pybind: str) -> str:
+    """The schema's name of a type as pybind11 writes it ("torch.Tensor",
+    "int", or "typing.SupportsInt | typing.SupportsIndex" in newer releases)."""
+    for word, name in (("Tensor", "Tensor"), ("bool", "bool"), ("Int", "int"), ("int", "int"), ("Float", "float"),
+                       ("float", "float")):
+        if word in pybind:
+            return name
+    return pybind
+
+
+def check(module, name: str) -> None:
+    """Raise TypeError unless ``module`` defines every entry point with the
+    contract's argument names in its order (and, compiled, their types)."""
+    for function, wanted in CONTRACT.items():
         have = argument_names(getattr(module, function, None)) if hasattr(module, function) else None
         if have != wanted:
             raise TypeError(f"the {name} kernels' {function} takes {have}, the contract "
                             f"(norms/kernels/contract.py) says {wanted}")
+        typed = tuple(_schema_type(t) for _, t in _pybind_arguments(getattr(module, function)))
+        types = tuple(arg.split()[0].split("(")[0] for arg in SCHEMAS[function][0].split(", "))
+        if typed and typed != types:
+            raise TypeError(f"the {name} kernels' {function} takes types {typed}, the contract "
+                            f"(norms/kernels/contract.py) says {types}")

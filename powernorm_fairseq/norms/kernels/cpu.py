@@ -183,8 +183,6 @@ def takes(x: torch.Tensor) -> bool:
     return x.device.type == "cpu"
 
 
-# The backend interface (contract.py) is the compiled module's own: the C++
-# kernels make the passes over the rows and the small per-channel epilogues.
 TICKET_ROWS, ROW_TICKET = 0, 0  # the GPU kernels' arrival tickets (gpu.py); none here
 
 
@@ -193,42 +191,13 @@ def parts(x, groups, kernel, tall):
     return 1, torch.float64
 
 
-def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
-    return tuple(load().forward(x=x, mask=mask, groups=groups, gs_eps=gs_eps, mean=mean, inv=inv, inv_eps=inv_eps,
-                                weight=weight, bias=bias, want_y=want_y, want_stats=want_stats, center=center))
+def _entry_point(name):
+    def call(*args):  # in the contract's order, which load() checked the compiled module against
+        return tuple(getattr(load(), name)(*args))
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
-def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
-    return tuple(load().finish_stats(part=part, mean_buf=mean_buf, second_buf=second_buf, steps=steps,
-                                     update=update, momentum=momentum, eps=eps, warmup=warmup))
-
-
-def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
-             want_gx, want_sums):
-    return tuple(load().backward(x=x, mask=mask, scale=scale, grad_y=grad_y, weight=weight, mean=mean,
-                                 inv_fwd=inv_fwd, inv_bwd=inv_bwd, A=A, B=B, b_scale=b_scale, groups=groups,
-                                 correct_pads=correct_pads, want_gx=want_gx, want_sums=want_sums))
-
-
-def finish_backward(part, weight, n, nu, rate, kind, center, rows):
-    return tuple(load().finish_backward(part=part, weight=weight, n=n, nu=nu, rate=rate, kind=kind, center=center,
-                                        rows=rows))
-
-
-def scalenorm_forward(x, scale, eps):
-    return tuple(load().scalenorm_forward(x=x, scale=scale, eps=eps))
-
-
-def scalenorm_backward(x, norms, grad_y, scale, eps):
-    return tuple(load().scalenorm_backward(x=x, norms=norms, grad_y=grad_y, scale=scale, eps=eps))
-
-
-def rmsnorm_forward(x, weight, eps):
-    return tuple(load().rmsnorm_forward(x=x, weight=weight, eps=eps))
-
-
-def rmsnorm_backward(x, rstd, grad_y, weight):
-    return tuple(load().rmsnorm_backward(x=x, rstd=rstd, grad_y=grad_y, weight=weight))
-
-
-contract.check(sys.modules[__name__], "cpu")
+# The backend interface (contract.py) is the compiled module's own: the C++
+# kernels make the passes over the rows and the small per-channel epilogues.
+globals().update({name: _entry_point(name) for name in contract.CONTRACT})

@@ -35,19 +35,12 @@ import torch
 from torch import Tensor
 
 from .. import sync as sync_mod
-from ..stats import GROUP_EPS, update_nu
+from ..stats import GROUP_EPS, update_nu, upcast
 from . import ops  # registers torch.ops.powernorm
+from . import select
+from .contract import Mode, Update
 
 P = torch.ops.powernorm
-
-#: how ``finish_stats`` updates the running statistics, by norm and phase:
-#: BN's mean and unbiased variance (EMA), PN-V's psi^2 (EMA), PN's psi^2 as a
-#: cumulative mean in warmup and Algorithm 2's EMA after, and the released
-#: PN's (a cumulative mean that stops a step before its warmup, an EMA on top)
-UPDATES = ("bn", "pn-v", "pn-warm", "pn", "reference-warm", "reference")
-#: the updates after which the forward normalised with the running psi^2_{t-1}
-RUNNING_SCALE = ("pn", "reference")
-MODES = ("exact", "paper", "reference", "fixed")
 
 
 class Step(NamedTuple):
@@ -56,14 +49,36 @@ class Step(NamedTuple):
     backend: str  # "plain", "cpu" or "triton" (ops.py)
     groups: int  # group scaling of each row in this many channel groups (0: none)
     center: bool  # subtract the mean (BN), or not (PN-V, PN)
-    update: str  # one of UPDATES
-    mode: str  # one of MODES: which backward (module doc)
+    update: Update  # how the running statistics are updated
+    mode: Mode  # which backward (module doc)
     momentum: float  # of the running statistics' EMA
     eps: float
     warmup: int = 0  # the released PN's warmup (reference updates)
     rate: float = 0.0  # PN's 1 - alpha_bwd
     sync: str = "none"  # --norm-sync where workers are synchronised: "batch" or "running" (sync.py)
     clock: int = -1  # the key of PN's warmup clock, advanced once the step is committed (norms/clock.py)
+
+
+def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mode, center: bool, groups: int,
+                 momentum: float, eps: float, sync: str, second_buf: Tensor, mean_buf=None, steps=None, nu=None,
+                 given_mean=None, given_inv=None, warmup: int = 0, rate: float = 0.0, clock: int = -1,
+                 replay: bool = False):
+    """One training step of BN, PN-V or PN over x (T, B, C) on the backend
+    :func:`kernels.select` gives it: (y in x's dtype, the inv it normalised
+    with). ``replay``: activation checkpointing's recomputation, which gives
+    the first forward's output again (with its ``given_*`` statistics) and
+    updates copies of the running statistics."""
+    k = select(x)
+    xk = x if x.dtype in k.DTYPES else upcast(x)
+    x2, mask, back = rows(xk, pad_mask)
+    if replay:
+        mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
+    step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate,
+                sync if sync_mod.active(sync) else "none", -1 if replay else clock)
+    # absent tensors as distinct empty ones (dynamo takes no input twice)
+    y, inv = FusedChannelNorm.apply(x2, mask, weight, bias, _none(x2, mean_buf), second_buf, _none(x2, steps),
+                                    _none(x2, nu), _none(x2, given_mean), _none(x2, given_inv), step)
+    return back(y).to(x.dtype), inv
 
 
 class FusedChannelNorm(torch.autograd.Function):
@@ -90,22 +105,19 @@ class FusedChannelNorm(torch.autograd.Function):
         """x: (N, C) contiguous rows; mask: the (B, T) padding mask or empty;
         mean_buf, second_buf: the running statistics (BN's mean or empty);
         steps: PN's step counter or empty; nu: PN's running nu or empty."""
-        s, none = step, x.new_empty(0)
+        s = step
         if given_inv.numel():
-            y, scale, part = P.forward(s.backend, x, mask, s.groups, GROUP_EPS, given_mean, given_inv, -1.0, weight,
-                                       bias, True, True, s.center)
+            y, scale, part = _forward(s, x, mask, mean=given_mean, inv=given_inv, weight=weight, bias=bias,
+                                      center=s.center)
             _, _, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
             mean, inv = given_mean, given_inv
-        elif s.update in RUNNING_SCALE:
-            y, scale, part = P.forward(s.backend, x, mask, s.groups, GROUP_EPS, none, second_buf, s.eps, weight, bias,
-                                       True, True, False)
+        elif s.update.running_scale:
+            y, scale, part = _forward(s, x, mask, inv=second_buf, inv_eps=s.eps, weight=weight, bias=bias)
             mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
         else:
-            _, _, part = P.forward(s.backend, x, mask, s.groups, GROUP_EPS, none, none, -1.0, none, none, False, True,
-                                   s.center)
+            _, _, part = _forward(s, x, mask, want_y=False, center=s.center)
             mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
-            y, scale, _ = P.forward(s.backend, x, mask, s.groups, GROUP_EPS, mean, inv, -1.0, weight, bias, True,
-                                    False, False)
+            y, scale, _ = _forward(s, x, mask, mean=mean, inv=inv, weight=weight, bias=bias, want_stats=False)
         ctx.save_for_backward(x, mask, scale, weight, mean, inv, inv_batch, n, n_all)
         ctx.step, ctx.nu = s, nu  # nu: a buffer the backward updates, not a saved value
         ctx.mark_non_differentiable(inv)
@@ -118,30 +130,50 @@ class FusedChannelNorm(torch.autograd.Function):
             return (None,) * 11
         first_derivative_only("bn, pn-v and pn", grad_y)
         x, mask, scale, weight, mean, inv, inv_batch, n, n_all = ctx.saved_tensors
-        s, nu, none, gy = ctx.step, ctx.nu, x.new_empty(0), grad_y.contiguous()
-        if s.mode == "exact":  # the batch terms of Eq. 3 / Eq. 6 first, then the gradient
-            _, part = P.backward(s.backend, x, mask, scale, gy, weight, mean, inv, none, none, none, 1.0, s.groups,
-                                 False, False, True)
-            if s.sync == "none":
-                grad_w, grad_b, A, B = P.finish_backward(s.backend, part, weight, n, nu, s.rate, "exact", s.center,
-                                                         x.size(0))
-            else:
-                grad_w, grad_b, A, B = _synced_terms(s, part, weight, n, n_all, nu, exact=True)
-            grad_x, _ = P.backward(s.backend, x, mask, scale, gy, weight, mean, inv, inv, A, B, 1.0, s.groups, False,
-                                   True, False)
+        s, nu, gy = ctx.step, ctx.nu, grad_y.contiguous()
+        saved = dict(x=x, mask=mask, scale=scale, grad_y=gy, weight=weight, mean=mean, inv_fwd=inv)
+        if s.mode == Mode.EXACT:  # the batch terms of Eq. 3 / Eq. 6 first, then the gradient
+            _, part = _backward(s, **saved, want_gx=False)
+            grad_w, grad_b, A, B = _backward_terms(s, part, weight, n, n_all, nu, x.size(0))
+            grad_x, _ = _backward(s, **saved, inv_bwd=inv, A=A, B=B, want_sums=False)
         else:
             # B = nu_{t-1} (Algorithm 2), (1 - alpha_bwd) nu over every position (the released code),
-            # or none: statistics that did not come from this batch ("fixed") are constants of the gradient
-            reference, kind = s.mode == "reference", "paper" if s.mode == "fixed" else s.mode
-            grad_x, part = P.backward(s.backend, x, mask, scale, gy, weight, mean, inv,
-                                      inv_batch if reference else inv, none, none if s.mode == "fixed" else nu,
-                                      s.rate if reference else 1.0, s.groups, reference, True, True)
-            if s.sync == "none":
-                grad_w, grad_b, _, _ = P.finish_backward(s.backend, part, weight, n, nu, s.rate, kind, False,
-                                                         x.size(0))
-            else:
-                grad_w, grad_b, _, _ = _synced_terms(s, part, weight, n, n_all, nu, exact=False)
+            # or none: statistics that did not come from this batch (FIXED) are constants of the gradient
+            reference = s.mode == Mode.REFERENCE
+            grad_x, part = _backward(s, **saved, inv_bwd=inv_batch if reference else inv,
+                                     B=nu if s.mode != Mode.FIXED else None, b_scale=s.rate if reference else 1.0,
+                                     correct_pads=reference)
+            grad_w, grad_b, _, _ = _backward_terms(s, part, weight, n, n_all, nu, x.size(0))
         return grad_x, None, grad_w, grad_b, None, None, None, None, None, None, None
+
+
+def _none(like: Tensor, t) -> Tensor:
+    return like.new_empty(0) if t is None else t
+
+
+def _forward(s: Step, x, mask, *, mean=None, inv=None, inv_eps=-1.0, weight=None, bias=None, want_y=True,
+             want_stats=True, center=False):
+    """The contract's forward on the step's backend; absent tensors empty."""
+    return P.forward(impl=s.backend, x=x, mask=mask, groups=s.groups, gs_eps=GROUP_EPS, mean=_none(x, mean),
+                     inv=_none(x, inv), inv_eps=inv_eps, weight=_none(x, weight), bias=_none(x, bias),
+                     want_y=want_y, want_stats=want_stats, center=center)
+
+
+def _backward(s: Step, x, mask, scale, grad_y, weight, mean, inv_fwd, *, inv_bwd=None, A=None, B=None,
+              b_scale=1.0, correct_pads=False, want_gx=True, want_sums=True):
+    """The contract's backward on the step's backend; absent tensors empty."""
+    return P.backward(impl=s.backend, x=x, mask=mask, scale=scale, grad_y=grad_y, weight=weight, mean=mean,
+                      inv_fwd=inv_fwd, inv_bwd=_none(x, inv_bwd), A=_none(x, A), B=_none(x, B), b_scale=b_scale,
+                      groups=s.groups, correct_pads=correct_pads, want_gx=want_gx, want_sums=want_sums)
+
+
+def _backward_terms(s: Step, part, weight, n, n_all, nu, rows):
+    """(grad_weight, grad_bias, A, B) and nu's update from the backward's part."""
+    if s.sync != "none":
+        return _synced_terms(s, part, weight, n, n_all, nu, exact=s.mode == Mode.EXACT)
+    kind = Mode.PAPER if s.mode == Mode.FIXED else s.mode  # nu follows Algorithm 2
+    return P.finish_backward(impl=s.backend, part=part, weight=weight, n=n, nu=nu, rate=s.rate, kind=kind,
+                             center=s.center, rows=rows)
 
 
 def first_derivative_only(kinds: str, grad_y: Tensor):
@@ -159,13 +191,11 @@ def _statistics(s: Step, part, mean_buf, second_buf, steps):
     the running statistics follow the global batch; ``running`` normalises
     each worker's batch with its own statistics."""
     if s.sync == "none":
-        mean, inv, inv_batch, n = P.finish_stats(s.backend, part, mean_buf, second_buf, steps, s.update, s.momentum,
-                                                 s.eps, s.warmup, s.clock)
+        mean, inv, inv_batch, n = _finish_stats(s, part, mean_buf, second_buf, steps)
         return mean, inv, inv_batch, n, n
     local = _totals(_rows_of(part, s))
-    mean, inv, inv_batch, n_all = P.finish_stats(s.backend, _as_part(sync_mod.all_sum(local), s), mean_buf, second_buf,
-                                                 steps, s.update, s.momentum, s.eps, s.warmup, s.clock)
-    if s.sync == "batch" or s.update in RUNNING_SCALE or s.mode == "fixed":  # the forward used running ones
+    mean, inv, inv_batch, n_all = _finish_stats(s, _as_part(sync_mod.all_sum(local), s), mean_buf, second_buf, steps)
+    if s.sync == "batch" or s.update.running_scale or s.mode == Mode.FIXED:  # the forward used running ones
         return mean, inv, inv_batch, n_all, n_all
     n = local[:1]
     real, ns = n > 0, n.clamp(min=1)
@@ -177,6 +207,11 @@ def _statistics(s: Step, part, mean_buf, second_buf, steps):
     if s.center:
         mean = torch.where(real, local_mean, mean_buf.double()).to(sd)
     return mean, inv.to(sd), inv_batch, n, n_all
+
+
+def _finish_stats(s: Step, part, mean_buf, second_buf, steps):
+    return P.finish_stats(impl=s.backend, part=part, mean_buf=mean_buf, second_buf=second_buf, steps=steps,
+                          update=s.update, momentum=s.momentum, eps=s.eps, warmup=s.warmup, clock=s.clock)
 
 
 def _rows_of(part: Tensor, s: Step) -> Tensor:
@@ -226,13 +261,14 @@ def _synced_terms(s: Step, part, weight, n, n_all, nu, exact: bool):
     return sums[0].to(weight.dtype, copy=True), sums[1].to(weight.dtype, copy=True), A, B
 
 
-def rows(x: Tensor, pad_mask):
-    """x as contiguous (N, C) rows, and the padding mask as the kernels take it:
-    a contiguous (B, T) bool tensor, or empty for none (a slice of a larger
-    mask is not evenly strided, and the kernels read it row by row)."""
+def rows(x: Tensor, pad_mask=None):
+    """x (T, B, C) as contiguous (N, C) rows, r = t * B + b (a copy where x is
+    a view of another layout: the kernels read rows at a fixed stride); the
+    padding mask as they take it, a contiguous (B, T) bool tensor or empty for
+    none; and the function that gives a result in x's shape."""
     T, B, C = x.shape
-    return x.contiguous().view(T * B, C), (x.new_empty(0, dtype=torch.bool) if pad_mask is None
-                                           else pad_mask.contiguous())
+    mask = x.new_empty(0, dtype=torch.bool) if pad_mask is None else pad_mask.contiguous()
+    return x.contiguous().view(T * B, C), mask, lambda y: y.view(T, B, C)
 
 
 class FusedScaleNorm(torch.autograd.Function):

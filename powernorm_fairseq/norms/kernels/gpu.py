@@ -31,6 +31,7 @@ import sys
 import torch
 
 from . import contract
+from .contract import Mode, Update
 
 try:
     import triton
@@ -191,20 +192,15 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     return y, scale, part
 
 
-#: how ``finish_stats`` updates the running statistics (functions.UPDATES), as the kernel's constexpr
-_UPDATES = {"bn": 0, "pn-v": 1, "pn-warm": 2, "pn": 3, "reference-warm": 4, "reference": 5}
-
-
 def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
     """The batch's statistics from ``forward``'s per-program ``part`` and the
-    running statistics' update, in one kernel (contract.py; cpu.py has the same in PyTorch ops)."""
-    if update not in _UPDATES:
-        raise ValueError(f"unknown update {update!r}; one of {', '.join(_UPDATES)}")
+    running statistics' update, in one kernel (contract.py; plain.py has the same in PyTorch ops)."""
+    update = Update(update)  # a ValueError names an unknown one
     P, _, C = part.shape
     P -= 1  # the last row: the arrival ticket
     dev, sd = part.device, second_buf.dtype
     progs = triton.cdiv(C, _FINISH_BLOCK)
-    mean = torch.empty(C if update == "bn" else 0, dtype=sd, device=dev)
+    mean = torch.empty(C if update == Update.BN else 0, dtype=sd, device=dev)
     inv, inv_batch = torch.empty(C, dtype=sd, device=dev), torch.empty(C, dtype=sd, device=dev)
     n = torch.empty(1, dtype=torch.float64, device=dev)
     scratch = torch.empty(2, C, dtype=sd, device=dev)
@@ -212,7 +208,7 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
     _launch(_finish_stats, (progs,),
             part, _or(mean_buf, dev), second_buf, _or(steps, dev), _or(mean, dev), inv, inv_batch, n, scratch, flags,
             part[P], P, C, momentum, eps, warmup,
-            UPDATE=_UPDATES[update], HAS_STEPS=not _empty(steps), BLOCK=_FINISH_BLOCK)
+            UPDATE=int(update), HAS_STEPS=not _empty(steps), BLOCK=_FINISH_BLOCK)
     return mean, inv, inv_batch, n
 
 
@@ -238,22 +234,18 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     return gx, part
 
 
-_KINDS = {"exact": 0, "paper": 1, "reference": 2}
-
-
 def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     """The weight and bias gradients from ``backward``'s ``part``, the exact
-    gradient's A and B (``kind`` exact) and nu's update, in one kernel
-    (contract.py; cpu.py has the same in PyTorch ops)."""
-    if kind not in _KINDS:
-        raise ValueError(f"unknown kind {kind!r}; one of {', '.join(_KINDS)}")
+    gradient's A and B (``kind`` EXACT) and nu's update, in one kernel
+    (contract.py; plain.py has the same in PyTorch ops)."""
+    kind = Mode(kind)  # a ValueError names an unknown one
     P, _, C = part.shape
     P -= 1  # the last row: the arrival ticket
     dev = part.device
     sd = nu.dtype if not _empty(nu) else (torch.float64 if part.dtype == torch.float64 else torch.float32)
     progs = triton.cdiv(C, _FINISH_BLOCK)
     grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
-    exact = kind == "exact"
+    exact = kind == Mode.EXACT
     A = torch.empty(C if exact and center else 0, dtype=sd, device=dev)
     B = torch.empty(C if exact else 0, dtype=sd, device=dev)
     scratch = torch.empty(C, dtype=sd, device=dev) if not _empty(nu) else _nothing(dev)
@@ -261,7 +253,7 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     _launch(_finish_backward, (progs,),
             part, weight, n, _or(nu, dev), grad_w, grad_b, _or(A, dev), _or(B, dev), scratch, flags, part[P],
             P, C, rate, rows,
-            KIND=_KINDS[kind], CENTER=center, HAS_NU=not _empty(nu), BLOCK=_FINISH_BLOCK)
+            MODE=int(kind), CENTER=center, HAS_NU=not _empty(nu), BLOCK=_FINISH_BLOCK)
     return grad_w, grad_b, A, B
 
 
@@ -326,6 +318,11 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
 # rows) are not specialised on (value 1, multiple of 16): each new value would
 # otherwise compile another variant during training. Channel counts are.
 if triton is not None:
+    # the contract's enumerations as the kernels' compile-time constants
+    BN, PN_V, PN_WARM, PN = (tl.constexpr(int(u)) for u in (Update.BN, Update.PN_V, Update.PN_WARM, Update.PN))
+    REFERENCE_RUN, EXACT, REFERENCE = (tl.constexpr(int(Update.REFERENCE)), tl.constexpr(int(Mode.EXACT)),
+                                       tl.constexpr(int(Mode.REFERENCE)))
+
 
     @triton.jit
     def _f(v, F64: tl.constexpr):
@@ -455,10 +452,7 @@ if triton is not None:
     def _finish_stats(PART, RA, RB, STEPS, MEAN, INV, INVB, NOUT, SCRATCH, FLAGS, TICKET,
                       P, C, momentum, eps, warmup,
                       UPDATE: tl.constexpr, HAS_STEPS: tl.constexpr, BLOCK: tl.constexpr):
-        """UPDATE: 0 BN (EMA of the mean and the unbiased variance), 1 PN-V
-        (EMA of psi^2), 2 PN in warmup (cumulative mean), 3 PN (Algorithm 2's
-        EMA), 4 and 5 the released PN's (cumulative mean before its warmup
-        ends, EMA on top) during and after warmup."""
+        """UPDATE: an Update (contract.py)."""
         cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cm = cols < C
         z = tl.zeros([BLOCK], dtype=tl.float64)
@@ -473,7 +467,7 @@ if triton is not None:
             s2 += tl.load(base + 2 * C, mask=cm, other=0.0).to(tl.float64)
         ns = tl.maximum(n, 1.0)
         mean = s1 / ns
-        if UPDATE == 0:  # Chan et al.'s pairwise formula: each program's M2 plus its mean's spread
+        if UPDATE == BN:  # Chan et al.'s pairwise formula: each program's M2 plus its mean's spread
             m2 = z
             for p in range(0, P):
                 base = PART + p * 3 * C + cols
@@ -490,22 +484,22 @@ if triton is not None:
         k = z + 1.0
         if HAS_STEPS:
             k = z + (tl.load(STEPS).to(tl.float64) + 1.0)
-        if UPDATE == 0:
+        if UPDATE == BN:
             old_a = tl.load(RA + cols, mask=cm, other=0.0).to(tl.float64)
             tl.store(MEAN + cols, tl.where(real, mean, old_a).to(MEAN.dtype.element_ty), mask=cm)
             tl.store(SCRATCH + cols, (old_a + momentum * (mean - old_a)).to(SCRATCH.dtype.element_ty), mask=cm)
             unbiased = second * n / tl.maximum(n - 1.0, 1.0)
             new_b = tl.where(n > 1.0, old_b + momentum * (unbiased - old_b), old_b)
-        elif UPDATE == 1:
+        elif UPDATE == PN_V:
             new_b = old_b + momentum * (second - old_b)
-        elif UPDATE == 2:  # cumulative mean
+        elif UPDATE == PN_WARM:  # cumulative mean
             new_b = old_b * ((k - 1.0) / k) + second / k
-        elif UPDATE == 3:  # Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
+        elif UPDATE == PN:  # Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
             new_b = old_b + momentum * (second - old_b)
         else:
             new_b = tl.where(k < warmup, old_b * ((k - 1.0) / k) + second / k, old_b)
             new_b = new_b + momentum * (second - new_b)
-        if UPDATE == 3 or UPDATE == 5:  # the forward normalised with the running psi^2_{t-1}
+        if UPDATE == PN or UPDATE == REFERENCE_RUN:  # the forward normalised with the running psi^2_{t-1}
             inv = inv_run
         else:
             inv = tl.where(real, inv_batch, inv_run)
@@ -514,7 +508,7 @@ if triton is not None:
         tl.store(INVB + cols, tl.where(real, inv_batch, inv_run).to(INVB.dtype.element_ty), mask=cm)
         tl.store(SCRATCH + C + cols, new_b.to(SCRATCH.dtype.element_ty), mask=cm)
         finite = (second == second) & (second < float("inf"))
-        if UPDATE == 0:
+        if UPDATE == BN:
             finite = finite & (mean == mean) & (tl.abs(mean) < float("inf"))
         ok = tl.sum(tl.where(cm & ~finite, 1, 0), axis=0) == 0
         tl.store(FLAGS + tl.program_id(0), ok.to(tl.int32))
@@ -525,7 +519,7 @@ if triton is not None:
             if _all_set(FLAGS, tl.num_programs(0)) & (n0 > 0.0):
                 for c0 in range(0, C, BLOCK):
                     cc = c0 + tl.arange(0, BLOCK)
-                    if UPDATE == 0:
+                    if UPDATE == BN:
                         tl.store(RA + cc, tl.load(SCRATCH + cc, mask=cc < C), mask=cc < C)
                     tl.store(RB + cc, tl.load(SCRATCH + C + cc, mask=cc < C), mask=cc < C)
             if HAS_STEPS:
@@ -601,9 +595,9 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["P", "rows"])
     def _finish_backward(PART, W, NIN, NU, GW, GB, A, Bc, SCRATCH, FLAGS, TICKET, P, C, rate, rows,
-                         KIND: tl.constexpr, CENTER: tl.constexpr, HAS_NU: tl.constexpr, BLOCK: tl.constexpr):
-        """KIND: 0 the exact gradient's A and B (Eq. 3 / Eq. 6), 1 Algorithm
-        2, 2 the released code's nu update."""
+                         MODE: tl.constexpr, CENTER: tl.constexpr, HAS_NU: tl.constexpr, BLOCK: tl.constexpr):
+        """MODE: a Mode (contract.py): EXACT, the exact gradient's A and B (Eq. 3
+        / Eq. 6); REFERENCE, the released code's nu update; else Algorithm 2's."""
         cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cm = cols < C
         z = tl.zeros([BLOCK], dtype=tl.float64)
@@ -624,13 +618,13 @@ if triton is not None:
         tl.store(GB + cols, _cast(s1, GB), mask=cm)
         n = tl.load(NIN).to(tl.float64)
         ns = tl.maximum(n, 1.0)
-        if KIND == 0:  # means over the real tokens of sums over every position
+        if MODE == EXACT:  # means over the real tokens of sums over every position
             tl.store(Bc + cols, (w * s0 / ns).to(Bc.dtype.element_ty), mask=cm)
             if CENTER:
                 tl.store(A + cols, (w * s1 / ns).to(A.dtype.element_ty), mask=cm)
         if HAS_NU:
             nu = tl.load(NU + cols, mask=cm, other=0.0).to(tl.float64)
-            if KIND == 2:  # the released update: mean over every position of g' * xh, g' = g - (1 - a) nu xh
+            if MODE == REFERENCE:  # the released update: mean over every position of g' * xh, g' = g - (1 - a) nu xh
                 new = tl.where(n > 0.0, nu + (w * s0 - rate * nu * s4) / rows, nu)
                 tl.store(NU + cols, new.to(NU.dtype.element_ty), mask=cm)
             else:  # Algorithm 2: Lambda_t = mean(g xh), Gamma_t = mean(xh^2) over the real tokens

@@ -13,6 +13,7 @@ import sys
 import torch
 
 from . import contract
+from .contract import Mode, Update
 
 NAME = "plain"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -94,7 +95,8 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
     n = count[:, :1].sum(0)  # (1,)
     ns, real = n.clamp(min=1), n > 0
     mean = (count * p[:, 1]).sum(0) / ns
-    bn = update == "bn"
+    update = Update(update)  # a ValueError names an unknown one
+    bn = update == Update.BN
     if bn:  # Chan et al.'s pairwise formula: each part's M2 plus its mean's spread
         second = ((p[:, 2] + count * (p[:, 1] - mean) ** 2).sum(0) / ns).clamp(min=0)
     else:
@@ -103,22 +105,20 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
     k = steps.double() + 1 if steps.numel() else torch.ones((), dtype=torch.float64, device=part.device)
     if bn:
         new = torch.where(n > 1, old + momentum * (second * n / (n - 1).clamp(min=1) - old), old)
-    elif update in ("pn-v", "pn"):  # Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
+    elif update in (Update.PN_V, Update.PN):  # Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
         new = old + momentum * (second - old)
-    elif update == "pn-warm":  # cumulative mean
+    elif update == Update.PN_WARM:  # cumulative mean
         new = old * ((k - 1) / k) + second / k
-    elif update in ("reference-warm", "reference"):  # a cumulative mean before the warmup ends, an EMA on top
+    else:  # the released PN: a cumulative mean before the warmup ends, an EMA on top
         new = torch.where(k < warmup, old * ((k - 1) / k) + second / k, old)
         new = new + momentum * (second - new)
-    else:
-        raise ValueError(f"unknown update {update!r}; one of bn, pn-v, pn-warm, pn, reference-warm, reference")
     finite = torch.isfinite(second).all()
     if bn:
         finite = finite & torch.isfinite(mean).all()
     commit = real & finite
     sd = second_buf.dtype
     inv_batch = torch.where(real, torch.rsqrt(second + eps), torch.rsqrt(old + eps)).to(sd)
-    inv = running_scale(second_buf, eps) if update in ("pn", "reference") else inv_batch
+    inv = running_scale(second_buf, eps) if update.running_scale else inv_batch
     out_mean = torch.empty(0, dtype=sd, device=part.device)
     if bn:
         old_mean = mean_buf.double()
@@ -160,7 +160,8 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     n = n.double()
     ns = n.clamp(min=1)
     sd = nu.dtype if nu.numel() else (torch.float64 if weight.dtype == torch.float64 else torch.float32)
-    exact = kind == "exact"
+    kind = Mode(kind)
+    exact = kind == Mode.EXACT
     def none():  # a fresh empty tensor each: an op's outputs must not alias
         return torch.empty(0, dtype=sd, device=part.device)
 
@@ -168,14 +169,12 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     B = (w * s[0] / ns).to(sd) if exact else none()
     if nu.numel():
         old = nu.double()
-        if kind == "reference":  # mean over every position of g' * xh, g' = g - (1 - a) nu xh
+        if kind == Mode.REFERENCE:  # mean over every position of g' * xh, g' = g - (1 - a) nu xh
             new, ok = old + (w * s[0] - rate * old * s[4]) / rows, n > 0
-        elif kind in ("exact", "paper", "fixed"):  # Algorithm 2: Lambda_t = mean(g xh), Gamma_t = mean(xh^2)
+        else:  # Algorithm 2: Lambda_t = mean(g xh), Gamma_t = mean(xh^2)
             lam, gam = w * s[2] / ns, s[3] / ns
             new = old * (1 - rate * gam) + rate * lam
             ok = (n > 0) & torch.isfinite(lam).all() & torch.isfinite(gam).all()
-        else:
-            raise ValueError(f"unknown kind {kind!r}; one of exact, paper, reference")
         nu.copy_(torch.where(ok, new, old))
     return s[0].to(weight.dtype), s[1].to(weight.dtype), A, B
 

@@ -313,19 +313,20 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
   return {gx, part};
 }
 
+// contract.py's Update and Mode, value for value (a test reads them here)
+enum Update : int64_t { BN = 0, PN_V = 1, PN_WARM = 2, PN = 3, REFERENCE_WARM = 4, REFERENCE_RUN = 5 };
+enum Mode : int64_t { EXACT = 0, PAPER = 1, REFERENCE = 2, FIXED = 3 };
+
 // Contract "finish_stats": the batch's statistics from forward's part (P, 3, C)
-// added in order, and the running statistics' update (functions.UPDATES), all
+// added in order, and the running statistics' update (an Update), all
 // channels or none: a batch of padding or a non-finite statistic leaves them.
 std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
-                                 const Tensor& steps, const std::string& update, double momentum, double eps,
-                                 int64_t warmup) {
+                                 const Tensor& steps, int64_t update, double momentum, double eps, int64_t warmup) {
+  TORCH_CHECK(update >= BN && update <= REFERENCE_RUN, "unknown update ", update, " (contract.py's Update: 0 to 5)");
   const Tensor pt = part.to(torch::kFloat64).contiguous();
   const int64_t P = pt.size(0), C = pt.size(2);
   const double* p = pt.data_ptr<double>();
-  const bool bn = update == "bn";
-  TORCH_CHECK(bn || update == "pn-v" || update == "pn" || update == "pn-warm" || update == "reference-warm" ||
-                  update == "reference",
-              "finish_stats: unknown update '", update, "'; one of bn, pn-v, pn-warm, pn, reference-warm, reference");
+  const bool bn = update == BN;
   const auto sd = second_buf.scalar_type();
   double n = 0;
   for (int64_t i = 0; i < P; ++i) n += p[i * 3 * C];
@@ -355,19 +356,27 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
     }
     finite = finite && std::isfinite(second);
     const double ib = 1.0 / std::sqrt(second + eps), ir = 1.0 / std::sqrt(old[c] + eps);
-    if (bn) {
-      const double unbiased = second * n / std::max(n - 1, 1.0);
-      next[c] = n > 1 ? old[c] + momentum * (unbiased - old[c]) : old[c];
-    } else if (update == "pn-v" || update == "pn") {  // Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
-      next[c] = old[c] + momentum * (second - old[c]);
-    } else if (update == "pn-warm") {  // cumulative mean
-      next[c] = old[c] * ((k - 1) / k) + second / k;
-    } else {  // the released code's: a cumulative mean before its warmup ends, an EMA on top
-      next[c] = k < warmup ? old[c] * ((k - 1) / k) + second / k : old[c];
-      next[c] = next[c] + momentum * (second - next[c]);
+    switch (update) {
+      case BN:
+        next[c] = n > 1 ? old[c] + momentum * (second * n / std::max(n - 1, 1.0) - old[c]) : old[c];
+        break;
+      case PN_V:
+      case PN:  // Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
+        next[c] = old[c] + momentum * (second - old[c]);
+        break;
+      case PN_WARM:  // cumulative mean
+        next[c] = old[c] * ((k - 1) / k) + second / k;
+        break;
+      case REFERENCE_WARM:
+      case REFERENCE_RUN:  // the released code's: a cumulative mean before its warmup ends, an EMA on top
+        next[c] = k < warmup ? old[c] * ((k - 1) / k) + second / k : old[c];
+        next[c] = next[c] + momentum * (second - next[c]);
+        break;
+      default:
+        TORCH_CHECK(false, "finish_stats: unknown update ", update);
     }
     inv_batch[c] = real ? ib : ir;
-    inv[c] = (update == "pn" || update == "reference") ? ir : inv_batch[c];
+    inv[c] = (update == PN || update == REFERENCE_RUN) ? ir : inv_batch[c];
     if (bn && !real) mean[c] = old_mean[c];
   }
   if (real && finite) {
@@ -382,7 +391,8 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
 // Contract "finish_backward": from backward's part (P, 5, C), the weight and
 // bias gradients, the exact gradient's A and B, and nu's update.
 std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n_t, const Tensor& nu,
-                                    double rate, const std::string& kind, bool center, int64_t rows) {
+                                    double rate, int64_t kind, bool center, int64_t rows) {
+  TORCH_CHECK(kind >= EXACT && kind <= FIXED, "unknown mode ", kind, " (contract.py's Mode: 0 to 3)");
   const Tensor pt = part.to(torch::kFloat64).contiguous();
   const int64_t P = pt.size(0), C = pt.size(2);
   const double* p = pt.data_ptr<double>();
@@ -394,9 +404,7 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
   const double n = n_t.to(torch::kFloat64).data_ptr<double>()[0], ns = std::max(n, 1.0);
   const auto sd = nu.numel() ? nu.scalar_type()
                              : (weight.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
-  const bool exact = kind == "exact";
-  TORCH_CHECK(exact || kind == "paper" || kind == "reference",
-              "finish_backward: unknown kind '", kind, "'; one of exact, paper, reference");
+  const bool exact = kind == EXACT;
   std::vector<double> a(C), b(C);
   for (int64_t c = 0; c < C; ++c) {  // means over the real tokens of sums over every position
     b[c] = w[c] * s[0][c] / ns;
@@ -407,7 +415,7 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
     std::vector<double> next(C);
     bool ok = n > 0;
     for (int64_t c = 0; c < C; ++c) {
-      if (kind == "reference") {  // mean over every position of g' * xh, g' = g - (1 - a) nu xh
+      if (kind == REFERENCE) {  // mean over every position of g' * xh, g' = g - (1 - a) nu xh
         next[c] = old[c] + (w[c] * s[0][c] - rate * old[c] * s[4][c]) / double(rows);
       } else {  // Algorithm 2: Lambda_t = mean(g xh), Gamma_t = mean(xh^2) over the real tokens
         const double lam = w[c] * s[2][c] / ns, gam = s[3][c] / ns;
