@@ -222,3 +222,43 @@ def test_every_custom_op_passes_opcheck(backend):
     assert set(calls) == {f"powernorm::{name}" for name in ops.IMPLEMENTATIONS}
     for func, args, kwargs in calls.values():
         torch.library.opcheck(func, args, kwargs)
+
+
+class _ActivationCopies(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records each copy (x.contiguous(), a reshape that cannot view) of a tensor of ``numel`` elements."""
+
+    def __init__(self, numel):
+        super().__init__()
+        self.numel, self.seen = numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.__name__.split(".")[0] in ("clone", "copy_", "_to_copy") and out.numel() == self.numel:
+            self.seen.append(func.__name__)
+        return out
+
+
+@pytest.mark.parametrize("kind, options, target", TARGETS, ids=IDS)
+def test_the_cpu_kernels_take_the_transposed_residual_stream_without_a_copy(kind, options, target):
+    """fairseq's (T, B, C) residual stream is the transposed view of a (B, T,
+    C) tensor: the CPU kernels read its rows where they lie (no copy in the
+    step), and give what they give for the same values laid out contiguously."""
+    backend_or_fail("cpu")
+    torch.manual_seed(0)
+    x, pad, grad = data()
+    view = x.detach().transpose(0, 1).contiguous().transpose(0, 1).requires_grad_(True)
+    assert not view.is_contiguous()
+    results = []
+    for inp in (x, view):
+        norm = build_norm(kind, C, **options).train()
+        with kernels.use("cpu"):
+            step(norm, inp, pad, grad)
+            with _ActivationCopies(x.numel()) as copies:  # the gradients as returned, before autograd stores them
+                y = norm(inp, pad)
+                grads = torch.autograd.grad(y, [inp, *norm.parameters()], grad)
+        assert inp is x or not copies.seen, copies.seen
+        results.append((y.detach(), grads))
+    (y0, g0), (y1, g1) = results
+    torch.testing.assert_close(y1, y0, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)

@@ -102,7 +102,7 @@ class FusedChannelNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv, step: Step):
-        """x: (N, C) contiguous rows; mask: the (B, T) padding mask or empty;
+        """x: (T, B, C) rows (:func:`rows`); mask: the (B, T) padding mask or empty;
         mean_buf, second_buf: the running statistics (BN's mean or empty);
         steps: PN's step counter or empty; nu: PN's running nu or empty."""
         s = step
@@ -134,7 +134,7 @@ class FusedChannelNorm(torch.autograd.Function):
         saved = dict(x=x, mask=mask, scale=scale, grad_y=gy, weight=weight, mean=mean, inv_fwd=inv)
         if s.mode == Mode.EXACT:  # the batch terms of Eq. 3 / Eq. 6 first, then the gradient
             _, part = _backward(s, **saved, want_gx=False)
-            grad_w, grad_b, A, B = _backward_terms(s, part, weight, n, n_all, nu, x.size(0))
+            grad_w, grad_b, A, B = _backward_terms(s, part, weight, n, n_all, nu, x.numel() // x.size(-1))
             grad_x, _ = _backward(s, **saved, inv_bwd=inv, A=A, B=B, want_sums=False)
         else:
             # B = nu_{t-1} (Algorithm 2), (1 - alpha_bwd) nu over every position (the released code),
@@ -143,8 +143,8 @@ class FusedChannelNorm(torch.autograd.Function):
             grad_x, part = _backward(s, **saved, inv_bwd=inv_batch if reference else inv,
                                      B=nu if s.mode != Mode.FIXED else None, b_scale=s.rate if reference else 1.0,
                                      correct_pads=reference)
-            grad_w, grad_b, _, _ = _backward_terms(s, part, weight, n, n_all, nu, x.size(0))
-        return grad_x, None, grad_w, grad_b, None, None, None, None, None, None, None
+            grad_w, grad_b, _, _ = _backward_terms(s, part, weight, n, n_all, nu, x.numel() // x.size(-1))
+        return grad_x.view(x.shape), None, grad_w, grad_b, None, None, None, None, None, None, None
 
 
 def _none(like: Tensor, t) -> Tensor:
@@ -262,13 +262,15 @@ def _synced_terms(s: Step, part, weight, n, n_all, nu, exact: bool):
 
 
 def rows(x: Tensor, pad_mask=None):
-    """x (T, B, C) as contiguous (N, C) rows, r = t * B + b (a copy where x is
-    a view of another layout: the kernels read rows at a fixed stride); the
-    padding mask as they take it, a contiguous (B, T) bool tensor or empty for
-    none; and the function that gives a result in x's shape."""
+    """x (T, B, C) as the kernels take it: where it lies, at any row strides
+    (fairseq's residual stream is the transposed view of a (B, T, C) tensor),
+    copied only where its channels are not adjacent in memory; the padding
+    mask as they take it, a contiguous (B, T) bool tensor or empty for none;
+    and the function that gives their (N, C) results, rows r = t * B + b, in
+    x's shape."""
     T, B, C = x.shape
     mask = x.new_empty(0, dtype=torch.bool) if pad_mask is None else pad_mask.contiguous()
-    return x.contiguous().view(T * B, C), mask, lambda y: y.view(T, B, C)
+    return x if x.stride(2) == 1 else x.contiguous(), mask, lambda y: y.view(T, B, C)
 
 
 class FusedScaleNorm(torch.autograd.Function):
@@ -276,7 +278,7 @@ class FusedScaleNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, scale, eps, backend):
-        y, norms = P.scalenorm_forward(backend, x, scale, eps)
+        y, norms = P.scalenorm_forward(impl=backend, x=x, scale=scale, eps=eps)
         ctx.save_for_backward(x, norms, scale)
         ctx.eps, ctx.backend = eps, backend
         return y
@@ -285,8 +287,9 @@ class FusedScaleNorm(torch.autograd.Function):
     def backward(ctx, grad_y):
         first_derivative_only("scalenorm", grad_y)
         x, norms, scale = ctx.saved_tensors
-        grad_x, grad_scale = P.scalenorm_backward(ctx.backend, x, norms, grad_y.contiguous(), scale, ctx.eps)
-        return grad_x, grad_scale, None, None
+        grad_x, grad_scale = P.scalenorm_backward(impl=ctx.backend, x=x, norms=norms, grad_y=grad_y.contiguous(),
+                                                  scale=scale, eps=ctx.eps)
+        return grad_x.view(x.shape), grad_scale, None, None
 
 
 class FusedRMSNorm(torch.autograd.Function):
@@ -294,7 +297,7 @@ class FusedRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, backend):
-        y, rstd = P.rmsnorm_forward(backend, x, weight, eps)
+        y, rstd = P.rmsnorm_forward(impl=backend, x=x, weight=weight, eps=eps)
         ctx.save_for_backward(x, rstd, weight)
         ctx.backend = backend
         return y
@@ -303,5 +306,6 @@ class FusedRMSNorm(torch.autograd.Function):
     def backward(ctx, grad_y):
         first_derivative_only("rmsnorm", grad_y)
         x, rstd, weight = ctx.saved_tensors
-        grad_x, grad_weight = P.rmsnorm_backward(ctx.backend, x, rstd, grad_y.contiguous(), weight)
-        return grad_x, grad_weight, None, None
+        grad_x, grad_weight = P.rmsnorm_backward(impl=ctx.backend, x=x, rstd=rstd, grad_y=grad_y.contiguous(),
+                                                 weight=weight)
+        return grad_x.view(x.shape), grad_weight, None, None

@@ -88,7 +88,7 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 
 def _layout(x, groups, kernel, tall=False):
     """(chunk width, its power-of-two block, chunks, rows per step, rows per program, row programs)."""
-    N, C = x.shape
+    N, C = x.numel() // x.size(-1), x.size(-1)
     if groups > 0:
         cw = C // groups
     else:
@@ -163,6 +163,12 @@ def _launch(kernel, grid, *args, **constexprs):
         kernel[grid](*args, **constexprs)
 
 
+def _rows(x):
+    """x, (N, C) or (T, B, C) at any row strides, as the contiguous (N, C) rows
+    r = t * B + b that the kernels read (a copy where x is not already)."""
+    return x.reshape(-1, x.size(-1)).contiguous()
+
+
 _FINISH_BLOCK = 64  # columns per program of the finishing kernels
 
 
@@ -173,6 +179,7 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
+    x = _rows(x)
     N, C = x.shape
     cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_forward", not want_y)
     acc, dev = _acc(x), x.device
@@ -219,6 +226,7 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     dy*xh and xh^2 over the real rows, xh^2 over every row.
 
     Returns (dL/dx or empty, part or empty)."""
+    x = _rows(x)
     N, C = x.shape
     cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_backward", not want_gx)
     acc, dev = _acc(x), x.device
@@ -266,51 +274,54 @@ def _row_layout(x, kernel):
     return block_c, block_n, per_prog, triton.cdiv(N, per_prog)
 
 
+def _row_pass(kernel, x, *tensors, scalars=()):
+    """Launch per-row ``kernel`` over x's rows: (x, *tensors, N, C, rows per
+    program, *scalars); ``tensors`` may hold a callable of the programs'
+    count, for a per-program buffer."""
+    N, C = x.shape
+    block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
+    tensors = [t(progs) if callable(t) else t for t in tensors]
+    _launch(kernel, (progs,), x, *tensors, N, C, per_prog, *scalars,
+            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
+
+
 def scalenorm_forward(x, scale, eps):
     """y = g x / max(||x||, eps) per row; returns (y, the clamped norms (N,))."""
+    x = _rows(x)
     N, C = x.shape
-    block_c, block_n, per_prog, progs = _row_layout(x, "_scalenorm_forward")
-    y = torch.empty_like(x)
-    norms = torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
-    _launch(_scalenorm_forward, (progs,), x, scale, y, norms, N, C, per_prog, eps,
-            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
+    y, norms = torch.empty_like(x), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
+    _row_pass(_scalenorm_forward, x, scale, y, norms, scalars=(eps,))
     return y, norms
 
 
 def scalenorm_backward(x, norms, grad_y, scale, eps):
     """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg
     = sum <dy, x> / n, summed by the last program in a fixed order."""
+    x = _rows(x)
     N, C = x.shape
-    block_c, block_n, per_prog, progs = _row_layout(x, "_scalenorm_backward")
-    gx = torch.empty_like(x)
-    part = torch.empty(progs, dtype=_acc(x), device=x.device)
-    grad_scale = torch.empty_like(scale)
-    _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, norms[N:],
-            N, C, per_prog, eps, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
+    gx, grad_scale = torch.empty_like(x), torch.empty_like(scale)
+    part = lambda progs: torch.empty(progs, dtype=_acc(x), device=x.device)  # noqa: E731
+    _row_pass(_scalenorm_backward, x, norms, grad_y, scale, gx, part, grad_scale, norms[N:], scalars=(eps,))
     return gx, grad_scale
 
 
 def rmsnorm_forward(x, weight, eps):
     """y = x / sqrt(mean(x^2) + eps) * w per row; returns (y, 1 / rms (N,))."""
+    x = _rows(x)
     N, C = x.shape
-    block_c, block_n, per_prog, progs = _row_layout(x, "_rmsnorm_forward")
-    y = torch.empty_like(x)
-    rstd = torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
-    _launch(_rmsnorm_forward, (progs,), x, weight, y, rstd, N, C, per_prog, eps,
-            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
+    y, rstd = torch.empty_like(x), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
+    _row_pass(_rmsnorm_forward, x, weight, y, rstd, scalars=(eps,))
     return y, rstd
 
 
 def rmsnorm_backward(x, rstd, grad_y, weight):
     """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, summed
     by the last program in a fixed order."""
+    x = _rows(x)
     N, C = x.shape
-    block_c, block_n, per_prog, progs = _row_layout(x, "_rmsnorm_backward")
-    gx = torch.empty_like(x)
-    part = torch.empty(progs, C, dtype=_acc(x), device=x.device)
-    grad_w = torch.empty_like(weight)
-    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:],
-            N, C, per_prog, F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
+    gx, grad_w = torch.empty_like(x), torch.empty_like(weight)
+    part = lambda progs: torch.empty(progs, C, dtype=_acc(x), device=x.device)  # noqa: E731
+    _row_pass(_rmsnorm_backward, x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:])
     return gx, grad_w
 
 

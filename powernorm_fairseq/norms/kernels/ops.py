@@ -31,13 +31,18 @@ def _stat(like: Tensor) -> torch.dtype:
     return torch.float64 if like.dtype == torch.float64 else torch.float32
 
 
+def _rows(x: Tensor) -> Tensor:
+    """An (N, C) tensor like x, (N, C) or (T, B, C): what the kernels write."""
+    return x.new_empty(x.numel() // x.size(-1), x.size(-1))
+
+
 # The fakes: each output's shape and dtype, from the arguments they depend on (by name)
 
 def _fake_forward(k, x, groups, want_y, want_stats, **_):
     P, dtype = k.parts(x, groups, "_channel_forward", not want_y)
-    return (torch.empty_like(x) if want_y else x.new_empty(0),
-            x.new_empty(x.size(0), groups, dtype=_stat(x)) if groups > 0 else x.new_empty(0),
-            x.new_empty(P, 3, x.size(1), dtype=dtype) if want_stats else x.new_empty(0))
+    return (_rows(x) if want_y else x.new_empty(0),
+            x.new_empty(x.numel() // x.size(-1), groups, dtype=_stat(x)) if groups > 0 else x.new_empty(0),
+            x.new_empty(P, 3, x.size(-1), dtype=dtype) if want_stats else x.new_empty(0))
 
 
 def _fake_finish_stats(k, part, second_buf, update, **_):
@@ -48,8 +53,8 @@ def _fake_finish_stats(k, part, second_buf, update, **_):
 
 def _fake_backward(k, x, groups, want_gx, want_sums, **_):
     P, dtype = k.parts(x, groups, "_channel_backward", not want_gx)
-    return (torch.empty_like(x) if want_gx else x.new_empty(0),
-            x.new_empty(P, 5, x.size(1), dtype=dtype) if want_sums else x.new_empty(0))
+    return (_rows(x) if want_gx else x.new_empty(0),
+            x.new_empty(P, 5, x.size(-1), dtype=dtype) if want_sums else x.new_empty(0))
 
 
 def _fake_finish_backward(k, part, weight, nu, kind, center, **_):
@@ -61,15 +66,15 @@ def _fake_finish_backward(k, part, weight, nu, kind, center, **_):
 
 
 def _fake_rows(k, x, **_):
-    return torch.empty_like(x), x.new_empty(x.size(0) + k.ROW_TICKET, dtype=_stat(x))
+    return _rows(x), x.new_empty(x.numel() // x.size(-1) + k.ROW_TICKET, dtype=_stat(x))
 
 
 def _fake_scalenorm_backward(k, x, scale, **_):
-    return torch.empty_like(x), torch.empty_like(scale)
+    return _rows(x), torch.empty_like(scale)
 
 
 def _fake_rmsnorm_backward(k, x, weight, **_):
-    return torch.empty_like(x), torch.empty_like(weight)
+    return _rows(x), torch.empty_like(weight)
 
 
 _FAKES = dict(forward=_fake_forward, finish_stats=_fake_finish_stats, backward=_fake_backward,

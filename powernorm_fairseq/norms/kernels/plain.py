@@ -36,6 +36,11 @@ def parts(x, groups, kernel, tall):
     return 1, torch.float64
 
 
+def _rows(x):
+    """x, (N, C) or (T, B, C) at any row strides, as (N, C) rows r = t * B + b (a copy where it must)."""
+    return x.reshape(-1, x.size(-1))
+
+
 def _acc(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
@@ -63,6 +68,7 @@ def _scaled(x, groups, gs_eps, scale=None):
 
 
 def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
+    x = _rows(x)
     N, C = x.shape
     xs, scale = _scaled(x, groups, gs_eps)
     y, part = x.new_empty(0), x.new_empty(0, dtype=torch.float64)
@@ -132,6 +138,7 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
 
 def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
              want_gx, want_sums):
+    x = _rows(x)
     N, C = x.shape
     xs, r = _scaled(x, groups, 0.0, scale)
     centred = xs - mean.to(xs) if mean.numel() else xs
@@ -180,12 +187,14 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
 
 
 def scalenorm_forward(x, scale, eps):
+    x = _rows(x)
     xa = x.to(_acc(x))
     norms = torch.linalg.vector_norm(xa, dim=-1).clamp(min=eps)
     return (xa * (scale.to(xa) / norms).unsqueeze(-1)).to(x.dtype), norms
 
 
 def scalenorm_backward(x, norms, grad_y, scale, eps):
+    x = _rows(x)
     xa, gy = x.to(_acc(x)), grad_y.to(_acc(x))
     dot = (gy * xa).sum(-1)
     k = torch.where(norms > eps, dot / (norms * norms), torch.zeros_like(dot))
@@ -194,12 +203,14 @@ def scalenorm_backward(x, norms, grad_y, scale, eps):
 
 
 def rmsnorm_forward(x, weight, eps):
+    x = _rows(x)
     xa = x.to(_acc(x))
     rstd = torch.rsqrt(xa.pow(2).mean(-1) + eps)
     return (xa * rstd.unsqueeze(-1) * weight.to(xa)).to(x.dtype), rstd
 
 
 def rmsnorm_backward(x, rstd, grad_y, weight):
+    x = _rows(x)
     xa, gy = x.to(_acc(x)), grad_y.to(_acc(x))
     xr = xa * rstd.unsqueeze(-1)
     g = gy * weight.to(xa)

@@ -2,6 +2,9 @@
 // and RMSNorm: the contract of powernorm_fairseq/norms/kernels/contract.py.
 //
 // Rows are tokens (N = T * B, row r = t * B + b), columns are channels (C).
+// x is read where it lies, (N, C) or (T, B, C) with any row strides (fairseq's
+// residual stream is the transposed view of a (B, T, C) tensor); what the
+// kernels write (y, dL/dx) is contiguous (N, C).
 // Activations are float32 or float64: the callers upcast half ones (loops that
 // convert bfloat16 element by element measured slower than the upcast copy).
 // Every kernel makes one pass over its inputs: a row is read once, its group scaling (the released code's) is done per group
@@ -65,6 +68,22 @@ struct Real {
   bool operator()(int64_t n) const { return !pad || !pad[(n % B) * T + n / B]; }
 };
 
+// the rows of x, (N, C) or (T, B, C) with unit column stride: row r = t * B + b
+// starts at t * st + b * sb
+template <typename T>
+struct RowsOf {
+  const T* p;
+  int64_t B, st, sb;
+  explicit RowsOf(const Tensor& x)
+      : p(x.data_ptr<T>()),
+        B(x.dim() == 3 ? x.size(1) : 1),
+        st(x.stride(0)),
+        sb(x.dim() == 3 ? x.stride(1) : 0) {}
+  const T* operator()(int64_t n) const { return p + (n / B) * st + (n % B) * sb; }
+};
+
+int64_t rows_in(const Tensor& x) { return x.dim() == 3 ? x.size(0) * x.size(1) : x.size(0); }
+
 // a per-channel vector as A values (zeros where absent)
 template <typename A>
 std::vector<A> channels(const Tensor& t, int64_t C, double times = 1.0) {
@@ -115,10 +134,10 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
                                  const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
                                  const Tensor& bias, bool want_y, bool want_stats, bool center) {
   using A = at::opmath_type<T>;
-  const int64_t N = x.size(0), C = x.size(1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
+  const int64_t N = rows_in(x), C = x.size(-1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
   const Real real(mask);
-  const T* xp = x.data_ptr<T>();
-  Tensor y = want_y ? torch::empty_like(x) : torch::empty({0}, x.options());
+  const RowsOf<T> xp(x);
+  Tensor y = want_y ? torch::empty({N, C}, x.options()) : torch::empty({0}, x.options());
   Tensor scale = G > 0 ? torch::empty({N, G}, x.options().dtype(stat_dtype<T>())) : torch::empty({0}, x.options());
   A* sp = G > 0 ? scale.data_ptr<A>() : nullptr;
   std::vector<A> mul(C), add(C), sub(C, A(0)), shift(C, A(0));
@@ -138,8 +157,8 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   while (first < N && !real(first)) ++first;
   if (want_stats && center && first < N) {
     std::vector<A> r(groups, A(1));
-    if (G > 0) group_scales(xp + first * C, Cg, G, gs_eps, r.data());
-    for (int64_t c = 0; c < C; ++c) shift[c] = A(xp[first * C + c]) * r[c / Cg];
+    if (G > 0) group_scales(xp(first), Cg, G, gs_eps, r.data());
+    for (int64_t c = 0; c < C; ++c) shift[c] = A(xp(first)[c]) * r[c / Cg];
   }
   Sums<A> sums(want_stats ? 2 * C : 0);
   int64_t count = 0;
@@ -151,7 +170,7 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
     double* dst = want_stats ? sums.local() : nullptr;
     int64_t rows = 0;
     for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp + n * C;
+      const T* __restrict__ xr = xp(n);
       if (G > 0) {
         group_scales(xr, Cg, G, gs_eps, r.data());
         for (int64_t g = 0; g < G; ++g) sp[n * G + g] = r[g];
@@ -210,14 +229,15 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
                                   const Tensor& inv_bwd, const Tensor& Ac, const Tensor& Bc, double b_scale,
                                   int64_t G, bool correct_pads, bool want_gx, bool want_sums) {
   using A = at::opmath_type<T>;
-  const int64_t N = x.size(0), C = x.size(1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
+  const int64_t N = rows_in(x), C = x.size(-1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
   const Real real(mask);
-  Tensor gx = want_gx ? torch::empty_like(x) : torch::empty({0}, x.options());
+  Tensor gx = want_gx ? torch::empty({N, C}, x.options()) : torch::empty({0}, x.options());
   const std::vector<A> ip = channels<A>(inv_fwd, C), mp = channels<A>(mean, C), wp = channels<A>(weight, C),
                        jp = channels<A>(inv_bwd, C), ap = channels<A>(Ac, C), bp = channels<A>(Bc, C, b_scale);
   // xh = (xs - mean) * inv: centred first (xs * inv - mean * inv under FMA contraction cancels
   // badly where the variance is tiny, as for a single real token)
-  const T *xp = x.data_ptr<T>(), *gp = gy.data_ptr<T>();
+  const RowsOf<T> xp(x);
+  const T* gp = gy.data_ptr<T>();
   const A* sp = G > 0 ? scale.data_ptr<A>() : nullptr;
   T* op = want_gx ? gx.data_ptr<T>() : nullptr;
   // sums of gy*xh, gy and xh^2, kept apart for real (0-2) and padded (3-5) rows
@@ -228,7 +248,7 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
     const A *ipv = ip.data(), *hpv = mp.data(), *wpv = wp.data(), *jpv = jp.data(), *apv = ap.data(),
             *bpv = bp.data();
     for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp + n * C;
+      const T* __restrict__ xr = xp(n);
       const T* __restrict__ gr = gp + n * C;
       const bool is_real = real(n);
       const A m = (is_real || correct_pads) ? A(1) : A(0);
@@ -438,15 +458,15 @@ template <typename T>
 std::vector<Tensor> rows_forward(const Tensor& x, const std::vector<at::opmath_type<T>>& w, double eps,
                                  bool scalenorm) {
   using A = at::opmath_type<T>;
-  const int64_t N = x.size(0), C = x.size(1);
-  Tensor y = torch::empty_like(x), stat = torch::empty({N}, x.options().dtype(stat_dtype<T>()));
-  const T* xp = x.data_ptr<T>();
+  const int64_t N = rows_in(x), C = x.size(-1);
+  Tensor y = torch::empty({N, C}, x.options()), stat = torch::empty({N}, x.options().dtype(stat_dtype<T>()));
+  const RowsOf<T> xp(x);
   T* yp = y.data_ptr<T>();
   A* st = stat.data_ptr<A>();
   const A* wp = w.data();
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp + n * C;
+      const T* __restrict__ xr = xp(n);
       T* __restrict__ yr = yp + n * C;
       A ss = 0;
 #pragma omp simd reduction(+ : ss)
@@ -468,17 +488,18 @@ template <typename T>
 std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Tensor& gy,
                                   const std::vector<at::opmath_type<T>>& w, double eps, bool scalenorm) {
   using A = at::opmath_type<T>;
-  const int64_t N = x.size(0), C = x.size(1);
-  Tensor gx = torch::empty_like(x);
+  const int64_t N = rows_in(x), C = x.size(-1);
+  Tensor gx = torch::empty({N, C}, x.options());
   Sums<A> sums(scalenorm ? 1 : C);
-  const T *xp = x.data_ptr<T>(), *gp = gy.data_ptr<T>();
+  const RowsOf<T> xp(x);
+  const T* gp = gy.data_ptr<T>();
   const A *st = stat.data_ptr<A>(), *wp = w.data();
   T* op = gx.data_ptr<T>();
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<A> stage(scalenorm ? 0 : C, A(0));
     double* dst = sums.local();
     for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp + n * C;
+      const T* __restrict__ xr = xp(n);
       const T* __restrict__ gr = gp + n * C;
       T* __restrict__ out = op + n * C;
       A* __restrict__ sw = stage.data();
@@ -510,7 +531,8 @@ std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Ten
 #define DISPATCH(x, name, ...) AT_DISPATCH_FLOATING_TYPES((x).scalar_type(), name, __VA_ARGS__)
 
 void check_rows(const Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous (N, C) tensor");
+  TORCH_CHECK((x.dim() == 2 || x.dim() == 3) && x.stride(-1) == 1,
+              "x must be (N, C) or (T, B, C) rows with unit column stride");
 }
 
 std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups, double gs_eps,
@@ -552,7 +574,7 @@ std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, doub
   std::vector<Tensor> out;
   DISPATCH(x, "scalenorm_forward", [&] {
     using A = at::opmath_type<scalar_t>;
-    out = rows_forward<scalar_t>(x, scalar_weight<A>(scale, x.size(1)), eps, true);
+    out = rows_forward<scalar_t>(x, scalar_weight<A>(scale, x.size(-1)), eps, true);
   });
   return out;
 }
@@ -563,7 +585,7 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
   std::vector<Tensor> out;
   DISPATCH(x, "scalenorm_backward", [&] {
     using A = at::opmath_type<scalar_t>;
-    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(1)), eps, true);
+    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(-1)), eps, true);
   });
   return {out[0], out[1].sum().reshape({}).to(scale.scalar_type())};
 }
@@ -572,7 +594,7 @@ std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, doubl
   check_rows(x);
   std::vector<Tensor> out;
   DISPATCH(x, "rmsnorm_forward", [&] {
-    out = rows_forward<scalar_t>(x, channels<at::opmath_type<scalar_t>>(weight, x.size(1)), eps, false);
+    out = rows_forward<scalar_t>(x, channels<at::opmath_type<scalar_t>>(weight, x.size(-1)), eps, false);
   });
   return out;
 }
@@ -582,7 +604,7 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
   check_rows(x);
   std::vector<Tensor> out;
   DISPATCH(x, "rmsnorm_backward", [&] {
-    out = rows_backward<scalar_t>(x, rstd, grad_y.contiguous(), channels<at::opmath_type<scalar_t>>(weight, x.size(1)),
+    out = rows_backward<scalar_t>(x, rstd, grad_y.contiguous(), channels<at::opmath_type<scalar_t>>(weight, x.size(-1)),
                                   0.0, false);
   });
   return {out[0], out[1].to(weight.scalar_type())};
