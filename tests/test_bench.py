@@ -39,6 +39,8 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     table = (tmp_path / "results.md").read_text()
     for heading in ("### 1. Norm layer", "### 2 and 4.", "### 3. Translation quality", "### 5. Launches"):
         assert heading in table
+    report = table + (tmp_path / "results.json").read_text()
+    assert all(path not in report for path in (str(ROOT), str(corpus), str(tmp_path)))  # no machine's path
     for png in ("layers.png", "throughput_memory.png", "quality.png"):
         data = (tmp_path / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -156,3 +156,26 @@ def test_bash_commands_name_scripts_and_flags_that_exist():
         wrong += [f"{doc}: {command}: no such file {a}" for a in args
                   if re.match(r"(configs|data-prep|scripts)/\S+\.sh$", a) and not (ROOT / a).is_file()]
     assert not wrong, wrong
+
+
+def _docs_tables():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_tables", ROOT / "scripts" / "docs_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tables_code_defines_are_generated_and_current():
+    """The flag, kind and target tables of docs/ are what scripts/docs_tables.py
+    makes from the code now; a stale one, or an unknown name, is caught."""
+    tables = _docs_tables()
+    assert tables.stale() == []
+    text = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    assert {m.group(2) for m in tables.BLOCK.finditer(text)} == set(tables.TABLES)
+    made = {}
+    old = "<!-- generated: targets -->\n| norm | launches |\n<!-- end generated -->"
+    assert tables.refresh(old, made) != old and "| pn (Algorithm 2) | <= 4 |" in tables.refresh(old, made)
+    with pytest.raises(SystemExit, match="unknown table 'nope'"):
+        tables.refresh("<!-- generated: nope -->\n<!-- end generated -->", made)

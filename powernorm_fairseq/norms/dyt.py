@@ -16,6 +16,9 @@ from .base import Norm
 
 
 class DyT(Norm):
+    """DyT (Zhu et al., 2025, Eq. 1): gamma * tanh(alpha x) + beta per entry,
+    one learned scalar alpha; no statistics."""
+
     def __init__(self, dim: int, alpha_init: float = 0.5, device=None, dtype=None):
         super().__init__()
         if not alpha_init > 0:

@@ -20,7 +20,8 @@ from .stats import upcast
 
 
 class LayerNorm(Norm):
-    """Per-token mean and variance over channels."""
+    """fairseq's LayerNorm: per-token mean and variance over the channels,
+    with its parameter names (an ln model has a stock state dict)."""
 
     def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()

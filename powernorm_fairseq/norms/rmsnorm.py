@@ -15,6 +15,8 @@ from .stats import upcast
 
 
 class RMSNorm(Norm):
+    """RMSNorm (Zhang & Sennrich, 2019, Eq. 4): x / sqrt(mean(x^2) + eps) * g per token, g per channel."""
+
     def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
         super().__init__()
         self.dim, self.eps = dim, eps
