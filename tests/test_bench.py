@@ -73,7 +73,7 @@ def test_gpu_report_marks_each_target_met_or_missed(tmp_path):
     import run as bench
 
     layers = [dict(norm=k, dtype=d, shape=s, ratio_to_ln=1.2 if k == "pn" else 1.6, ms=0.1, ln_ms=0.07, gbps=900.0,
-                   fraction_of_bandwidth=0.3, target=bench.TARGETS["layers"].get(k))
+                   fraction_of_bandwidth=0.3, target=bench.layer_target("cuda", d, k))
               for k in NORM_TYPES for d in ("float32", "float16") for s in ("64x64x512", "128x128x1024")]
     train = [dict(norm=k, max_tokens=t, precision="fp16", updates=500, rounds=2, wps=9000.0, stock_wps=10000.0,
                   wps_ratio=0.9 if t == 4096 else 0.97, peak_mib=1000.0, stock_peak_mib=1000.0, mem_ratio=1.0)
