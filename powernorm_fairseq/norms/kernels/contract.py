@@ -16,7 +16,16 @@ import re
 from enum import IntEnum
 
 
-class Update(IntEnum):
+class _Enumeration(IntEnum):
+    """An enumeration of the contract: an unknown value is refused in one line naming the allowed ones."""
+
+    @classmethod
+    def _missing_(cls, value):
+        raise ValueError(f"unknown {cls.__name__.lower()} {value!r} (contract.py's {cls.__name__}: "
+                         f"0 to {len(cls) - 1})")
+
+
+class Update(_Enumeration):
     """How ``finish_stats`` updates the running statistics: BN's mean and
     unbiased variance (EMA), PN-V's psi^2 (EMA), PN's psi^2 as a cumulative
     mean in its warmup and Algorithm 2's EMA after, and the released PN's (a
@@ -29,17 +38,13 @@ class Update(IntEnum):
     REFERENCE_WARM = 4
     REFERENCE = 5
 
-    @classmethod
-    def _missing_(cls, value):
-        raise ValueError(f"unknown update {value!r} (contract.py's Update: 0 to {len(cls) - 1})")
-
     @property
     def running_scale(self) -> bool:
         """Whether the forward normalises with the running psi^2_{t-1}."""
         return self in (Update.PN, Update.REFERENCE)
 
 
-class Mode(IntEnum):
+class Mode(_Enumeration):
     """Which backward (``functions.py``): the exact gradient (Eq. 3 / Eq. 6),
     Algorithm 2's, the released code's, or statistics that are constants of
     the gradient (the causal mode's running ones; nu still follows Algorithm 2)."""
@@ -48,10 +53,6 @@ class Mode(IntEnum):
     PAPER = 1
     REFERENCE = 2
     FIXED = 3
-
-    @classmethod
-    def _missing_(cls, value):
-        raise ValueError(f"unknown mode {value!r} (contract.py's Mode: 0 to {len(cls) - 1})")
 
 
 #: name -> (arguments, results), in the schema language of PyTorch's ops; ``Tensor(a!)`` is updated in place
