@@ -25,7 +25,7 @@ class RMSNorm(Norm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         k = kernels.select(x)
         xk = x if x.dtype in k.DTYPES else upcast(x)
-        x2, _, back = rows(xk)
+        x2, _, back = rows(xk, k)
         return back(FusedRMSNorm.apply(x2, self.weight, self.eps, k.NAME)).to(x.dtype)
 
     def extra_repr(self) -> str:

@@ -32,7 +32,7 @@ class ScaleNorm(Norm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         k = kernels.select(x)
         xk = x if x.dtype in k.DTYPES else upcast(x)
-        x2, _, back = rows(xk)
+        x2, _, back = rows(xk, k)
         return back(FusedScaleNorm.apply(x2, self.scale, self.eps, k.NAME)).to(x.dtype)
 
     def extra_repr(self) -> str:

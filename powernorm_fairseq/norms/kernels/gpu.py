@@ -41,6 +41,7 @@ except ImportError:  # the plain path or the CPU kernels serve instead
 
 NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+STRIDED_ROWS = False  # reads (N, C) rows: functions.rows copies a strided (T, B, C) once per step
 failure = None if triton is not None else "triton is not installed"
 
 

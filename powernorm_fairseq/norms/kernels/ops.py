@@ -88,12 +88,13 @@ def _define(name: str):
     entry point of backend ``impl``. ``finish_stats`` takes one more,
     ``clock``: the key of PN's warmup clock (``norms/clock.py``) to advance
     once the running statistics are committed, or -1."""
-    names, clocked = CONTRACT[name], name == "finish_stats"
+    names = CONTRACT[name]
+    steps = names.index("steps") if name == "finish_stats" else None  # and the clock after the contract's
 
     def run(impl, *args):  # the dispatcher passes every argument in the schema's order
         out = tuple(getattr(backend(impl), name)(*args[:len(names)]))
-        if clocked and args[-1] >= 0:
-            CLOCKS[args[-1]].advance(args[names.index("steps")])
+        if steps is not None and args[-1] >= 0:
+            CLOCKS[args[-1]].advance(args[steps])
         return out
 
     def fake(impl, *args):
@@ -101,7 +102,7 @@ def _define(name: str):
 
     run.__name__ = name
     IMPLEMENTATIONS[name] = run
-    _LIBRARY.define(name + schema(name, "str impl, ", ", int clock" if clocked else ""))
+    _LIBRARY.define(name + schema(name, "str impl, ", ", int clock" if steps is not None else ""))
     _LIBRARY.impl(name, run, "CompositeExplicitAutograd")
     torch.library.register_fake(f"powernorm::{name}", fake, lib=_LIBRARY)
 

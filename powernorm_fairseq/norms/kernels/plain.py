@@ -17,6 +17,7 @@ from .contract import Mode, Update
 
 NAME = "plain"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+STRIDED_ROWS = False  # reads (N, C) rows: functions.rows copies a strided (T, B, C) once per step
 failure = None
 
 
