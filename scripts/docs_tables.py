@@ -24,12 +24,9 @@ BLOCK = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated --
 
 
 def flags() -> str:
-    from powernorm_fairseq.cli.flags import rows
+    from powernorm_fairseq.cli.flags import markdown
 
-    out = ["| flag | default | values | models | meaning |", "|---|---|---|---|---|"]
-    for row in rows():
-        out.append("| " + " | ".join(f"`{c}`" if i < 3 and c else c for i, c in enumerate(row)) + " |")
-    return "\n".join(out)
+    return markdown()
 
 
 def kinds() -> str:

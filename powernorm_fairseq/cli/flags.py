@@ -28,16 +28,22 @@ def rows():
         yield flag, default, values, models, " ".join(f.metadata["help"].split())
 
 
+def markdown() -> str:
+    """The flags as a Markdown table (docs/norms.md holds it, generated)."""
+    out = ["| flag | default | values | models | meaning |", "|---|---|---|---|---|"]
+    for row in rows():
+        out.append("| " + " | ".join(f"`{c}`" if i < 3 and c else c for i, c in enumerate(row)) + " |")
+    return "\n".join(out)
+
+
 def main(argv=None):
     parser = ArgumentParser(prog="powernorm-flags", description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", choices=("table", "markdown"), default="table")
     args = parser.parse_args(argv)
-    table = list(rows())
     if args.format == "markdown":
-        print("| flag | default | values | models | meaning |\n|---|---|---|---|---|")
-        for row in table:
-            print("| " + " | ".join(f"`{c}`" if i < 3 and c else c for i, c in enumerate(row)) + " |")
+        print(markdown())
         return
+    table = list(rows())
     width = max(len(r[0]) for r in table)
     for flag, default, values, models, text in table:
         print(f"{flag:<{width}}  default {default}; {values + '; ' if values else ''}{models}\n"
