@@ -18,7 +18,6 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
-#include <string>
 #include <vector>
 
 using torch::Tensor;
