@@ -34,7 +34,8 @@ KINDS = [
 IDS = [f"{k}-{'-'.join(f'{a}={b}' for a, b in o.items())}" if o else k for k, o in KINDS]
 
 
-def batch(seed, dtype, device="cpu"):
+def batch(seed, dtype, device="cpu", shape=(T, B, C)):
+    T, B, C = shape
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(T, B, C, generator=g, dtype=torch.float64) * 2 + 0.5)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
@@ -45,7 +46,7 @@ def batch(seed, dtype, device="cpu"):
     return x.to(device, dtype), pad.to(device), grad_y.to(device, dtype)
 
 
-def make(kind, options, dtype):
+def make(kind, options, dtype, C=C):
     norm = build_norm(kind, C, **options)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -55,13 +56,13 @@ def make(kind, options, dtype):
     return norm.to(dtype).train()
 
 
-def steps(kind, options, backend, dtype, model_dtype=None, n=4, device="cpu"):
+def steps(kind, options, backend, dtype, model_dtype=None, n=4, device="cpu", shape=(T, B, C)):
     """Outputs, input and parameter gradients and buffers over ``n`` training steps."""
-    norm = make(kind, options, model_dtype or dtype).to(device)
+    norm = make(kind, options, model_dtype or dtype, shape[-1]).to(device)
     out = []
     with kernels.use(backend):
         for step in range(n):
-            x, pad, grad_y = batch(120 + step, dtype, device)
+            x, pad, grad_y = batch(120 + step, dtype, device, shape)
             x.requires_grad_(True)
             norm.zero_grad()
             y = norm(x, pad)
@@ -86,6 +87,25 @@ def test_backends_match_the_plain_path_in_float32(backend, kind, options):
     for step, (a, b) in enumerate(zip(fast, plain)):
         for i, (u, v) in enumerate(zip(a, b)):
             assert scaled_error(u, v) < 1e-5, (step, i, scaled_error(u, v))
+
+
+WIDE = [("scalenorm", {}), ("rmsnorm", {}), ("pn", {"warmup_updates": 1, "layer_scale": True}),
+        ("bn", {"layer_scale": True, "groups": 2})]
+
+
+@pytest.mark.parametrize("kind, options", WIDE, ids=["scalenorm", "rmsnorm", "pn-scaled", "bn-2-groups"])
+def test_triton_walks_wide_rows_and_groups_in_blocks_as_the_plain_path_computes_them(kind, options):
+    """Rows wider than gpu.WIDEST_ROW and groups wider than gpu.WIDEST_GROUP
+    (2304 channels: one whole-row group, or two of 1152) are walked in blocks of
+    columns, the last one part-filled; float64, against the plain path."""
+    backend_or_fail("triton")
+    shape = (5, 3, 2304)
+    assert shape[-1] // options.get("groups", 1) > gpu.WIDEST_GROUP and shape[-1] > gpu.WIDEST_ROW
+    fast = steps(kind, options, "triton", torch.float64, n=2, shape=shape)
+    plain = steps(kind, options, "plain", torch.float64, n=2, shape=shape)
+    for step, (a, b) in enumerate(zip(fast, plain)):
+        for i, (u, v) in enumerate(zip(a, b)):
+            assert scaled_error(u, v) < 1e-12, (step, i, scaled_error(u, v))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
@@ -202,23 +222,30 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     """Every kernel variant a training run launches, compiled for an H100
     (sm_90) through triton's own specialisation: none spills, and each one's
     registers let the programs per multiprocessor that its grid launches be
-    resident at once. The sweep: C = 1000 (group scalings over 2, 4, 5 and 8
-    heads, chunks of 500 to 125 channels) and C = 200 over 8 heads (chunks of
-    25), float16, float32, float64 and the --amp mix (float16 activations,
-    float32 parameters), padded and not, over two steps of every mode.
-    (bfloat16 compiles as float16 does but for its conversions, and C = 250,
-    512 and 1024 give kernel shapes in between.)"""
+    resident at once. The sweep, over two steps of every mode, padded and not:
+    C = 1000 (group scalings over 2, 4 and 8 heads, chunks of 500 to 125
+    channels; 5 heads' 200 would take the blocks of 4's 250) and C = 200 over
+    8 heads (chunks of 25), in float16, float32, float64 and the --amp mix
+    (float16 activations, float32 parameters); and the widths of large models,
+    C = 4096, 8192 and 16384, with a whole-row group and groups of 128
+    channels, in float16, bfloat16 and float32 (rows and groups walked in
+    blocks). Only distinct specialisations are compiled: the wide row kernels
+    are one variant for every width, the groups one per group width."""
     backend_or_fail("triton")
     from powernorm_fairseq.measure import sm90
 
     T, Bn = 91, 9  # 819 rows: not a multiple of 16
-    sweep = [(1000, kind, options) for kind, options in sweep_kinds(1000)]
-    sweep += [(200, kind, options) for kind, options in sweep_kinds(200, groups=(8,))]
+    half, f32, f64 = (torch.float16,) * 2, (torch.float32,) * 2, (torch.float64,) * 2
+    amp = (torch.float16, torch.float32)
+    sweep = [(1000, kind, options, (half, f32, f64, amp)) for kind, options in sweep_kinds(1000, groups=(2, 4, 8))]
+    sweep += [(200, kind, options, (half, f32, f64, amp)) for kind, options in sweep_kinds(200, groups=(8,))]
+    for C in (4096, 8192, 16384):
+        sweep += [(C, kind, options, (half, (torch.bfloat16,) * 2, f32))
+                  for kind, options in sweep_kinds(C, groups=(1, C // 128))]
     with sm90.recording(run=False) as launched, kernels.use("triton"):
-        for dtype, model_dtype in ((torch.float16,) * 2, (torch.float32,) * 2, (torch.float64,) * 2,
-                                   (torch.float16, torch.float32)):
-            for padded in (False, True):
-                for C, kind, options in sweep:
+        for C, kind, options, dtypes in sweep:
+            for dtype, model_dtype in dtypes:
+                for padded in (False, True):
                     norm = build_norm(kind, C, **options).to(model_dtype).train()
                     pad = torch.zeros(Bn, T, dtype=torch.bool)
                     pad[1, T - 3:] = True
@@ -234,6 +261,7 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     assert not spilled, spilled[:3]
     crowded = [b for b in built if b.get("resident_per_sm", 1) < b.get("launched_per_sm", 1)]
     assert not crowded, crowded[:3]
+    assert any(b["constexprs"].get("WIDE") and b["constexprs"].get("CW") == 16384 for b in built)
 
 
 @pytest.mark.parametrize("backend", kernels.BACKENDS)

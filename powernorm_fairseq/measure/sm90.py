@@ -178,11 +178,13 @@ def _allocated(regs: int) -> int:
 
 
 def build_in_fresh_process(variants, timeout=900):
-    """:func:`build` in a process of its own (triton compiles only when not interpreting)."""
+    """:func:`build` in a process of its own (triton compiles only when not interpreting), with
+    an empty kernel cache."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "variants.json"
         path.write_text(json.dumps(variants))
-        env = {**os.environ, "TRITON_INTERPRET": "0"}
+        # a cache of its own: compiling is what it measures, the same on every machine
+        env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(Path(tmp) / "cache")}
         proc = subprocess.run([sys.executable, "-m", __name__, str(path)], capture_output=True, text=True,
                               env=env, timeout=timeout)
     if proc.returncode != 0:

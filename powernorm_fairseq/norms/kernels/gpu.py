@@ -66,6 +66,9 @@ PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 3, "_scalenorm_fo
 WARPS = 4  # of every kernel (triton's default)
 #: elements of a tile (rows x columns) of a channel kernel and of a per-row one
 TILE, ROW_TILE = 1024, 2048
+#: the widest group (channel kernels) and row (per-row kernels) held in registers
+#: whole; a wider one is walked in sub-chunks of this many columns (``WIDE``)
+WIDEST_GROUP, WIDEST_ROW, SUB_CHUNK = 1024, 2048, 1024
 #: rows a program sums at most, in float32 tile by tile: a longer input gets more programs
 #: (a grid of several waves), and the finishing kernels add the programs' sums in float64
 MAX_ROWS = 1024
@@ -88,13 +91,17 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 
 
 def _layout(x, groups, kernel, tall=False):
-    """(chunk width, its power-of-two block, chunks, rows per step, rows per program, row programs)."""
+    """(chunk width, its power-of-two block, chunks, rows per step, rows per
+    program, row programs). A group wider than ``WIDEST_GROUP`` is one chunk
+    walked in blocks of ``SUB_CHUNK`` columns."""
     N, C = x.numel() // x.size(-1), x.size(-1)
     if groups > 0:
         cw = C // groups
     else:
         cw = min(triton.next_power_of_2(C), 128)
     block_c = triton.next_power_of_2(cw)
+    if block_c > WIDEST_GROUP:
+        block_c = SUB_CHUNK
     chunks = triton.cdiv(C, cw)
     # a pass that writes nothing row-sized (statistics only) holds fewer live
     # tiles and takes them twice as tall (some shorter ones spill on sm_90)
@@ -195,7 +202,7 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
             _or(part, dev),
             N, C, nb, nt, per_prog, gs_eps, inv_eps,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), INV_RUNNING=inv_eps >= 0, GROUPED=groups > 0,
-            WANT_Y=want_y, WANT_STATS=want_stats, CENTER=center, F64=acc == torch.float64,
+            WANT_Y=want_y, WANT_STATS=want_stats, CENTER=center, F64=acc == torch.float64, WIDE=block_c < cw,
             BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS)
     return y, scale, part
 
@@ -234,12 +241,14 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     gx = torch.empty_like(x) if want_gx else x.new_empty(0)
     part = torch.empty(progs + 1, 5, C, dtype=acc, device=dev) if want_sums else x.new_empty(0)
     m, nb, nt = _mask_args(mask, dev)
+    wide = block_c < cw  # each row's dot product with its group's gradient, from a first pass
+    dots = torch.empty(N, groups, dtype=acc, device=dev) if wide and want_gx else _nothing(dev)
     _launch(_channel_backward, (progs + int(want_sums), chunks),  # the ticket row as in forward
             x, m, _or(scale, dev), grad_y, weight, _or(mean, dev), inv_fwd, _or(inv_bwd, dev), _or(A, dev),
-            _or(B, dev), _or(gx, dev), _or(part, dev), N, C, nb, nt, per_prog, b_scale,
+            _or(B, dev), _or(gx, dev), _or(part, dev), dots, N, C, nb, nt, per_prog, b_scale,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), HAS_A=not _empty(A), HAS_B=not _empty(B),
             GROUPED=groups > 0, CORRECT_PADS=correct_pads, WANT_GX=want_gx, WANT_SUMS=want_sums,
-            F64=acc == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS)
+            F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS)
     return gx, part
 
 
@@ -267,8 +276,12 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
 
 
 def _row_layout(x, kernel):
+    """(columns per block, rows per step, rows per program, programs): a row
+    wider than ``WIDEST_ROW`` is walked in blocks of ``SUB_CHUNK`` columns."""
     N, C = x.shape
     block_c = triton.next_power_of_2(C)
+    if block_c > WIDEST_ROW:
+        block_c = SUB_CHUNK
     block_n = max(1, min(32, ROW_TILE // block_c))
     progs = max(1, min(triton.cdiv(N, block_n), max(_programs(x, kernel), triton.cdiv(N, MAX_ROWS))))
     per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
@@ -283,7 +296,7 @@ def _row_pass(kernel, x, *tensors, scalars=()):
     block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
     tensors = [t(progs) if callable(t) else t for t in tensors]
     _launch(kernel, (progs,), x, *tensors, N, C, per_prog, *scalars,
-            F64=x.dtype == torch.float64, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
+            F64=x.dtype == torch.float64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
 
 
 def scalenorm_forward(x, scale, eps):
@@ -394,71 +407,105 @@ if triton is not None:
             ok = ok & (tl.load(FLAGS + i) != 0)
         return ok
 
+    # A channel kernel's program holds one chunk of columns of a row tile; a
+    # group wider than a block (WIDE, gpu.WIDEST_GROUP) is walked in blocks:
+    # a first pass writes each row's group scale (forward) or the dot product
+    # its backward needs (backward) to a per-row buffer, the main pass reads it.
+
+    @triton.jit
+    def _group_scales(X, SCALE, start, per_prog, N, C, chunk, gs_eps,
+                      F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
+        """SCALE[row, chunk] = 1 / sqrt(mean(x^2) + eps) over the chunk's CW columns, block by block."""
+        offs = tl.arange(0, BLOCK_C)
+        for r0 in range(0, per_prog, BLOCK_N):
+            rows = start + r0 + tl.arange(0, BLOCK_N)
+            rmask = rows < N
+            ss = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
+            for s0 in range(0, CW, BLOCK_C):
+                cols = chunk * CW + s0 + offs
+                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, (s0 + offs < CW) & (cols < C),
+                                                   BLOCK_N, F64)
+                ss += tl.sum(x * x, axis=1)
+            tl.store(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, 1.0 / tl.sqrt(ss / CW + gs_eps),
+                     mask=rmask)
+
+    @triton.jit
+    def _group_scale(X, SCALE, rows, rmask, x, chunk, gs_eps, F64: tl.constexpr, WIDE: tl.constexpr,
+                     CW: tl.constexpr):
+        """The rows' group scales: from the tile x (the whole group), or as the first pass wrote them (WIDE)."""
+        if WIDE:
+            return _f(tl.load(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, mask=rmask, other=0.0), F64)
+        else:
+            return 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / CW + gs_eps)
+
     @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_forward(X, MASK, MEAN, INV, W, Bias, Y, SCALE, PART,
                          N, C, nb, nt, per_prog, gs_eps, inv_eps,
                          HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, INV_RUNNING: tl.constexpr,
                          GROUPED: tl.constexpr, WANT_Y: tl.constexpr, WANT_STATS: tl.constexpr,
-                         CENTER: tl.constexpr, F64: tl.constexpr,
+                         CENTER: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
         pid_n = tl.program_id(0)
         chunk = tl.program_id(1)
         offs = tl.arange(0, BLOCK_C)
-        cols = chunk * CW + offs
-        cmask = (offs < CW) & (cols < C)
-        zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
-        mul = zero
-        add = zero
-        sub = zero
-        if WANT_Y:  # y = (xs - mean) * mul + add: centred first, which no FMA contraction can cancel
-            if INV_RUNNING:  # a running second moment (PN after warmup, Algorithm 2's psi_{t-1}),
-                # its scale in float64 and rounded as finish_stats returns it
-                run = tl.load(INV + cols, mask=cmask, other=1.0).to(tl.float64)
-                inv = _f((1.0 / tl.sqrt(run + inv_eps)).to(INV.dtype.element_ty), F64)
-            else:
-                inv = _f(tl.load(INV + cols, mask=cmask, other=0.0), F64)
-            mul = inv * _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
-            add = _f(tl.load(Bias + cols, mask=cmask, other=0.0), F64)
-            if HAS_MEAN:
-                sub = _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64)
         start = pid_n * per_prog
-        count = tl.sum(zero, axis=0)
-        s1 = zero
-        s2 = zero
-        shift = zero
-        if WANT_STATS and CENTER:  # shifted data: the masked mean of the program's first tile
-            rows, rmask, m2, at, x = _row_tile(X, start, N, C, cols, cmask, BLOCK_N, F64)
-            if GROUPED:
-                x = x * (1.0 / tl.sqrt(tl.sum(x * x, axis=1) / CW + gs_eps))[:, None]
-            keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
-            shift = tl.sum(x * keep[:, None], axis=0) / tl.maximum(tl.sum(keep, axis=0), 1.0)
-        for r0 in range(0, per_prog, BLOCK_N):
-            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
-            if GROUPED:  # the original code's layer scale: this chunk is one group
-                r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / CW + gs_eps)
-                if WANT_Y:
-                    tl.store(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, r, mask=rmask)
-                x = x * r[:, None]
-            if WANT_STATS:
+        if WIDE:
+            _group_scales(X, SCALE, start, per_prog, N, C, chunk, gs_eps, F64, BLOCK_N, BLOCK_C, CW)
+        for s0 in range(0, CW, BLOCK_C):  # one block unless WIDE
+            cols = chunk * CW + s0 + offs
+            cmask = (s0 + offs < CW) & (cols < C)
+            zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
+            mul = zero
+            add = zero
+            sub = zero
+            if WANT_Y:  # y = (xs - mean) * mul + add: centred first, which no FMA contraction can cancel
+                if INV_RUNNING:  # a running second moment (PN after warmup, Algorithm 2's psi_{t-1}),
+                    # its scale in float64 and rounded as finish_stats returns it
+                    run = tl.load(INV + cols, mask=cmask, other=1.0).to(tl.float64)
+                    inv = _f((1.0 / tl.sqrt(run + inv_eps)).to(INV.dtype.element_ty), F64)
+                else:
+                    inv = _f(tl.load(INV + cols, mask=cmask, other=0.0), F64)
+                mul = inv * _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
+                add = _f(tl.load(Bias + cols, mask=cmask, other=0.0), F64)
+                if HAS_MEAN:
+                    sub = _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64)
+            count = tl.sum(zero, axis=0)
+            s1 = zero
+            s2 = zero
+            shift = zero
+            if WANT_STATS and CENTER:  # shifted data: the masked mean of the program's first tile
+                rows, rmask, m2, at, x = _row_tile(X, start, N, C, cols, cmask, BLOCK_N, F64)
+                if GROUPED:
+                    x = x * _group_scale(X, SCALE, rows, rmask, x, chunk, gs_eps, F64, WIDE, CW)[:, None]
                 keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
-                d = tl.where(m2, x - shift[None, :], 0.0)
-                dk = d * keep[:, None]
-                count += tl.sum(keep, axis=0)
-                s1 += tl.sum(dk, axis=0)
-                s2 += tl.sum(dk * d, axis=0)
-            if WANT_Y:
-                y = (x - sub[None, :]) * mul[None, :] + add[None, :]
-                tl.store(Y + at, y.to(Y.dtype.element_ty), mask=m2)
-        if WANT_STATS:
-            base = PART + pid_n.to(tl.int64) * 3 * C
-            tl.store(base + cols, zero + count, mask=cmask)
-            if CENTER:  # this program's mean and sum of squared deviations from it
-                s1n = s1 / tl.maximum(count, 1.0)
-                tl.store(base + C + cols, shift + s1n, mask=cmask)
-                tl.store(base + 2 * C + cols, s2 - s1 * s1n, mask=cmask)
-            else:
-                tl.store(base + C + cols, zero, mask=cmask)
-                tl.store(base + 2 * C + cols, s2, mask=cmask)
+                shift = tl.sum(x * keep[:, None], axis=0) / tl.maximum(tl.sum(keep, axis=0), 1.0)
+            for r0 in range(0, per_prog, BLOCK_N):
+                rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
+                if GROUPED:  # the original code's layer scale: this chunk is one group
+                    r = _group_scale(X, SCALE, rows, rmask, x, chunk, gs_eps, F64, WIDE, CW)
+                    if WANT_Y and not WIDE:
+                        tl.store(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, r, mask=rmask)
+                    x = x * r[:, None]
+                if WANT_STATS:
+                    keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
+                    d = tl.where(m2, x - shift[None, :], 0.0)
+                    dk = d * keep[:, None]
+                    count += tl.sum(keep, axis=0)
+                    s1 += tl.sum(dk, axis=0)
+                    s2 += tl.sum(dk * d, axis=0)
+                if WANT_Y:
+                    y = (x - sub[None, :]) * mul[None, :] + add[None, :]
+                    tl.store(Y + at, y.to(Y.dtype.element_ty), mask=m2)
+            if WANT_STATS:
+                base = PART + pid_n.to(tl.int64) * 3 * C
+                tl.store(base + cols, zero + count, mask=cmask)
+                if CENTER:  # this program's mean and sum of squared deviations from it
+                    s1n = s1 / tl.maximum(count, 1.0)
+                    tl.store(base + C + cols, shift + s1n, mask=cmask)
+                    tl.store(base + 2 * C + cols, s2 - s1 * s1n, mask=cmask)
+                else:
+                    tl.store(base + C + cols, zero, mask=cmask)
+                    tl.store(base + 2 * C + cols, s2, mask=cmask)
 
     @triton.jit(do_not_specialize=["P", "warmup"])
     def _finish_stats(PART, RA, RB, STEPS, MEAN, INV, INVB, NOUT, SCRATCH, FLAGS, TICKET,
@@ -538,18 +585,11 @@ if triton is not None:
                 tl.store(STEPS, tl.load(STEPS) + (n0 > 0.0).to(tl.int64))
             tl.store(NOUT, n0)
 
-    @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
-    def _channel_backward(X, MASK, SCALE, GY, W, MEAN, INVF, INVB, A, Bc, GX, PART,
-                          N, C, nb, nt, per_prog, b_scale,
-                          HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_A: tl.constexpr,
-                          HAS_B: tl.constexpr, GROUPED: tl.constexpr, CORRECT_PADS: tl.constexpr,
-                          WANT_GX: tl.constexpr, WANT_SUMS: tl.constexpr, F64: tl.constexpr,
-                          BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
-        pid_n = tl.program_id(0)
-        chunk = tl.program_id(1)
-        offs = tl.arange(0, BLOCK_C)
-        cols = chunk * CW + offs
-        cmask = (offs < CW) & (cols < C)
+    @triton.jit
+    def _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale, HAS_MEAN: tl.constexpr,
+                          HAS_A: tl.constexpr, HAS_B: tl.constexpr, WANT_GX: tl.constexpr, F64: tl.constexpr,
+                          BLOCK_C: tl.constexpr):
+        """The per-channel factors of the backward at ``cols``: (inv_fwd, mean, w, inv_bwd, A, b_scale B)."""
         zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
         invf = _f(tl.load(INVF + cols, mask=cmask, other=0.0), F64)
         shift = zero  # xh = (xs - shift) * invf: centred first, which no FMA contraction can cancel
@@ -565,45 +605,96 @@ if triton is not None:
                 a = _f(tl.load(A + cols, mask=cmask, other=0.0), F64)
             if HAS_B:
                 b = _f(tl.load(Bc + cols, mask=cmask, other=0.0), F64) * b_scale
-        s0 = zero  # dy * xh, every row
-        s1 = zero  # dy, every row
-        s2 = zero  # dy * xh, real rows
-        s3 = zero  # xh^2, real rows
-        s4 = zero  # xh^2, every row
+        return invf, shift, w, invb, a, b
+
+    @triton.jit
+    def _backward_tile(X, SCALE, GY, MASK, first, N, C, nb, nt, cols, cmask, chunk, invf, shift,
+                       HAS_MASK: tl.constexpr, GROUPED: tl.constexpr, F64: tl.constexpr, BLOCK_N: tl.constexpr):
+        """A row tile for the backward: (rows, rmask, m2, at, xs, xh, dy, keep, group scale r)."""
+        rows, rmask, m2, at, xs = _row_tile(X, first, N, C, cols, cmask, BLOCK_N, F64)
+        r = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
+        if GROUPED:
+            r = _f(tl.load(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, mask=rmask, other=0.0), F64)
+            xs = xs * r[:, None]
+        xh = tl.where(m2, (xs - shift[None, :]) * invf[None, :], 0.0)
+        gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
+        keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
+        return rows, rmask, m2, at, xs, xh, gy, keep, r
+
+    @triton.jit
+    def _gxs(gy, w, keep, rmask, a, b, xh, invb, CORRECT_PADS: tl.constexpr, F64: tl.constexpr):
+        """dL/dxs, the gradient before the group scaling (Eq. 3 / Eq. 6 with PN's A and B)."""
+        m = keep
+        if CORRECT_PADS:
+            m = _f(rmask.to(tl.float32), F64)
+        return (gy * w[None, :] - m[:, None] * (a[None, :] + b[None, :] * xh)) * invb[None, :]
+
+    @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
+    def _channel_backward(X, MASK, SCALE, GY, W, MEAN, INVF, INVB, A, Bc, GX, PART, DOTS,
+                          N, C, nb, nt, per_prog, b_scale,
+                          HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_A: tl.constexpr,
+                          HAS_B: tl.constexpr, GROUPED: tl.constexpr, CORRECT_PADS: tl.constexpr,
+                          WANT_GX: tl.constexpr, WANT_SUMS: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
+        pid_n = tl.program_id(0)
+        chunk = tl.program_id(1)
+        offs = tl.arange(0, BLOCK_C)
         start = pid_n * per_prog
-        for r0 in range(0, per_prog, BLOCK_N):
-            rows, rmask, m2, at, xs = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
-            r = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
-            if GROUPED:
-                r = _f(tl.load(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, mask=rmask, other=0.0), F64)
-                xs = xs * r[:, None]
-            xh = tl.where(m2, (xs - shift[None, :]) * invf[None, :], 0.0)
-            gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
-            keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
+        if WIDE and WANT_GX:  # first pass: each row's mean(dxs * xs) over its group, block by block
+            for r0 in range(0, per_prog, BLOCK_N):
+                rows = start + r0 + tl.arange(0, BLOCK_N)
+                rmask = rows < N
+                dot = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
+                for s0 in range(0, CW, BLOCK_C):
+                    cols = chunk * CW + s0 + offs
+                    cmask = (s0 + offs < CW) & (cols < C)
+                    invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale,
+                                                                   HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64, BLOCK_C)
+                    _, _, m2, at, xs, xh, gy, keep, r = _backward_tile(
+                        X, SCALE, GY, MASK, start + r0, N, C, nb, nt, cols, cmask, chunk, invf, shift,
+                        HAS_MASK, GROUPED, F64, BLOCK_N)
+                    dot += tl.sum(_gxs(gy, w, keep, rmask, a, b, xh, invb, CORRECT_PADS, F64) * xs, axis=1)
+                tl.store(DOTS + rows.to(tl.int64) * tl.num_programs(1) + chunk, dot / CW, mask=rmask)
+        for s0 in range(0, CW, BLOCK_C):  # one block unless WIDE
+            cols = chunk * CW + s0 + offs
+            cmask = (s0 + offs < CW) & (cols < C)
+            invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale,
+                                                           HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64, BLOCK_C)
+            zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
+            s0_ = zero  # dy * xh, every row
+            s1 = zero  # dy, every row
+            s2 = zero  # dy * xh, real rows
+            s3 = zero  # xh^2, real rows
+            s4 = zero  # xh^2, every row
+            for r0 in range(0, per_prog, BLOCK_N):
+                rows, rmask, m2, at, xs, xh, gy, keep, r = _backward_tile(
+                    X, SCALE, GY, MASK, start + r0, N, C, nb, nt, cols, cmask, chunk, invf, shift,
+                    HAS_MASK, GROUPED, F64, BLOCK_N)
+                if WANT_SUMS:
+                    gxh = gy * xh
+                    xh2 = xh * xh
+                    s0_ += tl.sum(gxh, axis=0)
+                    s1 += tl.sum(gy, axis=0)
+                    s2 += tl.sum(gxh * keep[:, None], axis=0)
+                    s3 += tl.sum(xh2 * keep[:, None], axis=0)
+                    s4 += tl.sum(xh2, axis=0)
+                if WANT_GX:
+                    gxs = _gxs(gy, w, keep, rmask, a, b, xh, invb, CORRECT_PADS, F64)
+                    if GROUPED:  # back through the group's scale: r (d - xs mean(d xs))
+                        if WIDE:
+                            dot = _f(tl.load(DOTS + rows.to(tl.int64) * tl.num_programs(1) + chunk, mask=rmask,
+                                             other=0.0), F64)
+                        else:
+                            dot = tl.sum(gxs * xs, axis=1) / CW
+                        gxs = r[:, None] * (gxs - xs * dot[:, None])
+                    tl.store(GX + at, gxs.to(GX.dtype.element_ty), mask=m2)
             if WANT_SUMS:
-                gxh = gy * xh
-                xh2 = xh * xh
-                s0 += tl.sum(gxh, axis=0)
-                s1 += tl.sum(gy, axis=0)
-                s2 += tl.sum(gxh * keep[:, None], axis=0)
-                s3 += tl.sum(xh2 * keep[:, None], axis=0)
-                s4 += tl.sum(xh2, axis=0)
-            if WANT_GX:
-                m = keep
-                if CORRECT_PADS:
-                    m = _f(rmask.to(tl.float32), F64)
-                gxs = (gy * w[None, :] - m[:, None] * (a[None, :] + b[None, :] * xh)) * invb[None, :]
-                if GROUPED:  # back through the group's scale: r (d - xs mean(d xs))
-                    dot = tl.sum(gxs * xs, axis=1) / CW
-                    gxs = r[:, None] * (gxs - xs * dot[:, None])
-                tl.store(GX + at, gxs.to(GX.dtype.element_ty), mask=m2)
-        if WANT_SUMS:
-            base = PART + pid_n.to(tl.int64) * 5 * C
-            tl.store(base + cols, s0, mask=cmask)
-            tl.store(base + C + cols, s1, mask=cmask)
-            tl.store(base + 2 * C + cols, s2, mask=cmask)
-            tl.store(base + 3 * C + cols, s3, mask=cmask)
-            tl.store(base + 4 * C + cols, s4, mask=cmask)
+                base = PART + pid_n.to(tl.int64) * 5 * C
+                tl.store(base + cols, s0_, mask=cmask)
+                tl.store(base + C + cols, s1, mask=cmask)
+                tl.store(base + 2 * C + cols, s2, mask=cmask)
+                tl.store(base + 3 * C + cols, s3, mask=cmask)
+                tl.store(base + 4 * C + cols, s4, mask=cmask)
 
     @triton.jit(do_not_specialize=["P", "rows"])
     def _finish_backward(PART, W, NIN, NU, GW, GB, A, Bc, SCRATCH, FLAGS, TICKET, P, C, rate, rows,
@@ -655,84 +746,150 @@ if triton is not None:
                             cc = c0 + tl.arange(0, BLOCK)
                             tl.store(NU + cc, tl.load(SCRATCH + cc, mask=cc < C), mask=cc < C)
 
+    # The per-row kernels hold a row tile in registers; with WIDE, a row wider
+    # than that (gpu.WIDEST_ROW) is walked twice in blocks of columns: once for
+    # the row's sums, once to write (the second read finds the rows in cache).
+
+    @triton.jit
+    def _row_sum(X, Y, W, first, N, C, cols, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, F64: tl.constexpr,
+                 HAS_W: tl.constexpr):
+        """Per row of rows first .. first + BLOCK_N: the sum over every column of x * y (* w)."""
+        total = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
+        for c0 in range(0, C, BLOCK_C):
+            cc = c0 + cols
+            rows, rmask, m2, at, x = _row_tile(X, first, N, C, cc, cc < C, BLOCK_N, F64)
+            y = _f(tl.load(Y + at, mask=m2, other=0.0), F64)
+            if HAS_W:
+                y = y * _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)[None, :]
+            total += tl.sum(x * y, axis=1)
+        return total
+
+    @triton.jit
+    def _sum_parts(PART, OUT, C, cols, BLOCK_C: tl.constexpr):
+        """OUT[c] = the programs' partial sums PART[p, c], added in a fixed order in float64."""
+        for c0 in range(0, C, BLOCK_C):
+            cc = c0 + cols
+            acc = tl.load(PART + cc, mask=cc < C, other=0.0).to(tl.float64)
+            for p in range(1, tl.num_programs(0)):
+                acc += tl.load(PART + p * C + cc, mask=cc < C, other=0.0).to(tl.float64)
+            tl.store(OUT + cc, _cast(acc, OUT), mask=cc < C)
+
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _scalenorm_forward(X, S, Y, NORMS, N, C, per_prog, eps,
-                           F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _scalenorm_forward(X, S, Y, NORMS, N, C, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
-        cmask = cols < C
         g = _f(tl.load(S), F64)
         if tl.program_id(0) == 0:  # the backward's arrival ticket, past the N norms
             tl.store(NORMS + N, 0.0)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
-            norm = tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
-            tl.store(NORMS + rows, norm, mask=rmask)
-            tl.store(Y + at, (x * (g / norm)[:, None]).to(Y.dtype.element_ty), mask=m2)
+            rows = start + r0 + tl.arange(0, BLOCK_N)
+            if WIDE:
+                ss = _row_sum(X, X, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False)
+            else:
+                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
+                ss = tl.sum(x * x, axis=1)
+            norm = tl.maximum(tl.sqrt(ss), eps)
+            tl.store(NORMS + rows, norm, mask=rows < N)
+            for c0 in range(0, C if WIDE else 1, BLOCK_C):
+                if WIDE:
+                    _, _, m2, at, x = _row_tile(X, start + r0, N, C, c0 + cols, c0 + cols < C, BLOCK_N, F64)
+                tl.store(Y + at, (x * (g / norm)[:, None]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, TICKET, N, C, per_prog, eps,
-                            F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, TICKET, N, C, per_prog, eps, F64: tl.constexpr,
+                            WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
-        cmask = cols < C
         g = _f(tl.load(S), F64)
         total = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
-            gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
+            rows = start + r0 + tl.arange(0, BLOCK_N)
+            rmask = rows < N
             norm = _f(tl.load(NORMS + rows, mask=rmask, other=1.0), F64)
-            dot = tl.sum(gy * x, axis=1)
+            if WIDE:
+                dot = _row_sum(X, GY, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False)
+            else:
+                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
+                gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
+                dot = tl.sum(gy * x, axis=1)
             total += tl.where(rmask, dot / norm, 0.0)
             k = tl.where(norm > eps, dot / (norm * norm), 0.0)
-            gx = (g / norm)[:, None] * (gy - x * k[:, None])
-            tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
+            for c0 in range(0, C if WIDE else 1, BLOCK_C):
+                if WIDE:
+                    _, _, m2, at, x = _row_tile(X, start + r0, N, C, c0 + cols, c0 + cols < C, BLOCK_N, F64)
+                    gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
+                gx = (g / norm)[:, None] * (gy - x * k[:, None])
+                tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
         tl.store(PART + tl.program_id(0), tl.sum(total, axis=0))
         if _last_to_arrive(TICKET):  # dL/dg: the programs' sums, in a fixed order
-            acc = tl.load(PART).to(tl.float64)
-            for p in range(1, tl.num_programs(0)):
-                acc += tl.load(PART + p).to(tl.float64)
-            tl.store(GS, _cast(acc, GS))
+            _sum_parts(PART, GS, 1, tl.arange(0, 1), 1)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _rmsnorm_forward(X, W, Y, RSTD, N, C, per_prog, eps,
-                         F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _rmsnorm_forward(X, W, Y, RSTD, N, C, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        w = _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
+        w = _f(tl.load(W + cols, mask=cols < C, other=0.0), F64)
         if tl.program_id(0) == 0:  # the backward's arrival ticket, past the N statistics
             tl.store(RSTD + N, 0.0)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
-            r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / C + eps)
-            tl.store(RSTD + rows, r, mask=rmask)
-            tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
+            rows = start + r0 + tl.arange(0, BLOCK_N)
+            if WIDE:
+                ss = _row_sum(X, X, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False)
+            else:
+                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
+                ss = tl.sum(x * x, axis=1)
+            r = 1.0 / tl.sqrt(ss / C + eps)
+            tl.store(RSTD + rows, r, mask=rows < N)
+            for c0 in range(0, C if WIDE else 1, BLOCK_C):
+                if WIDE:
+                    _, _, m2, at, x = _row_tile(X, start + r0, N, C, c0 + cols, c0 + cols < C, BLOCK_N, F64)
+                    w = _f(tl.load(W + c0 + cols, mask=c0 + cols < C, other=0.0), F64)
+                tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, per_prog,
-                          F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, per_prog, F64: tl.constexpr,
+                          WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        """dL/dw's per-program sums stay in registers, or with WIDE in the
+        program's row of PART, added to block by block."""
         cols = tl.arange(0, BLOCK_C)
-        cmask = cols < C
-        w = _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
+        part = PART + tl.program_id(0).to(tl.int64) * C
+        w = _f(tl.load(W + cols, mask=cols < C, other=0.0), F64)
         gw = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
+        if WIDE:
+            for c0 in range(0, C, BLOCK_C):
+                tl.store(part + c0 + cols, gw, mask=c0 + cols < C)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
-            rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
-            gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
-            r = _f(tl.load(RSTD + rows, mask=rmask, other=0.0), F64)
-            xr = x * r[:, None]
-            gw += tl.sum(gy * xr, axis=0)
-            g = gy * w[None, :]
-            dot = tl.sum(g * xr, axis=1) / C
-            gx = r[:, None] * (g - xr * dot[:, None])
-            tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
-        tl.store(PART + tl.program_id(0).to(tl.int64) * C + cols, gw, mask=cmask)
+            rows = start + r0 + tl.arange(0, BLOCK_N)
+            r = _f(tl.load(RSTD + rows, mask=rows < N, other=0.0), F64)
+            if WIDE:
+                dot = _row_sum(X, GY, W, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, True) * r / C
+            else:
+                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
+                gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
+                dot = tl.sum(gy * w[None, :] * x * r[:, None], axis=1) / C
+            for c0 in range(0, C if WIDE else 1, BLOCK_C):
+                if WIDE:
+                    cc = c0 + cols
+                    _, _, m2, at, x = _row_tile(X, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
+                    gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
+                    w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
+                xr = x * r[:, None]
+                g = gy * w[None, :]
+                gx = r[:, None] * (g - xr * dot[:, None])
+                tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
+                if WIDE:  # one program reads back what it wrote: a barrier orders it
+                    tl.store(part + cc, tl.load(part + cc, mask=cc < C, other=0.0) + tl.sum(gy * xr, axis=0),
+                             mask=cc < C)
+                    tl.debug_barrier()
+                else:
+                    gw += tl.sum(gy * xr, axis=0)
+        if not WIDE:
+            tl.store(part + cols, gw, mask=cols < C)
         if _last_to_arrive(TICKET):  # dL/dw: the programs' sums, in a fixed order
-            acc = tl.load(PART + cols, mask=cmask, other=0.0).to(tl.float64)
-            for p in range(1, tl.num_programs(0)):
-                acc += tl.load(PART + p * C + cols, mask=cmask, other=0.0).to(tl.float64)
-            tl.store(GW + cols, _cast(acc, GW), mask=cmask)
+            _sum_parts(PART, GW, C, cols, BLOCK_C)
 
 
 contract.check(sys.modules[__name__], "triton")
