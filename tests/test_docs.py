@@ -52,6 +52,12 @@ def test_the_readme_fits_a_first_read():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
 
+def test_the_docs_and_the_benchmark_guide_stay_within_60k_characters():
+    pages = [*(ROOT / "docs").glob("*.md"), ROOT / "bench" / "README.md"]
+    sizes = {p.name: len(p.read_text()) for p in pages}
+    assert sum(sizes.values()) <= 60_000, sorted(sizes.items(), key=lambda kv: -kv[1])
+
+
 def broken_links(docs):
     broken = []
     for doc in docs:

@@ -30,9 +30,15 @@ def rows():
 
 def markdown() -> str:
     """The flags as a Markdown table (docs/norms.md holds it, generated)."""
+    from ..norms import NORM_TYPES
+
+    kinds = ",".join(NORM_TYPES)
     out = ["| flag | default | values | models | meaning |", "|---|---|---|---|---|"]
     for row in rows():
-        out.append("| " + " | ".join(f"`{c}`" if i < 3 and c else c for i, c in enumerate(row)) + " |")
+        cells = [f"`{c}`" if i < 3 and c else c for i, c in enumerate(row)]
+        if row[2] in (kinds, "{" + kinds + "}"):  # the kinds table lists them once
+            cells[2] = "any kind"
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
