@@ -93,6 +93,7 @@ WIDE = [("scalenorm", {}), ("rmsnorm", {}), ("pn", {"warmup_updates": 1, "layer_
         ("bn", {"layer_scale": True, "groups": 2})]
 
 
+@pytest.mark.slow  # the fast tier keeps the kernels' common widths
 @pytest.mark.parametrize("kind, options", WIDE, ids=["scalenorm", "rmsnorm", "pn-scaled", "bn-2-groups"])
 def test_triton_walks_wide_rows_and_groups_in_blocks_as_the_plain_path_computes_them(kind, options):
     """Rows wider than gpu.WIDEST_ROW and groups wider than gpu.WIDEST_GROUP
