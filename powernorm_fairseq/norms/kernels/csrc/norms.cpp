@@ -13,14 +13,22 @@
 // The math is documented beside the Python callers in
 // powernorm_fairseq/norms/kernels/functions.py.
 
-#include <torch/extension.h>
+// The few headers it uses, not <torch/extension.h> (the whole C++ frontend):
+// the build takes a third of the time.
+#include <torch/csrc/utils/pybind.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 
 #include <cmath>
 #include <vector>
 
-using torch::Tensor;
+using at::Tensor;
 
 namespace {
 
@@ -58,7 +66,7 @@ struct Real {
   int64_t B = 1, T = 1;
   explicit Real(const Tensor& mask) {
     if (mask.numel() == 0) return;
-    TORCH_CHECK(mask.dim() == 2 && mask.scalar_type() == torch::kBool && mask.is_contiguous(),
+    TORCH_CHECK(mask.dim() == 2 && mask.scalar_type() == at::kBool && mask.is_contiguous(),
                 "mask: a contiguous (B, T) bool padding mask");
     pad = mask.data_ptr<bool>();
     B = mask.size(0);
@@ -88,30 +96,32 @@ template <typename A>
 std::vector<A> channels(const Tensor& t, int64_t C, double times = 1.0) {
   std::vector<A> out(C, A(0));
   if (t.numel() == 0) return out;
-  const Tensor d = t.to(torch::kFloat64).contiguous();
+  const Tensor d = t.to(at::kDouble).contiguous();
   const double* p = d.data_ptr<double>();
   for (int64_t c = 0; c < C; ++c) out[c] = A(p[c] * times);
   return out;
 }
 
 std::vector<double> doubles(const Tensor& t) {
-  const Tensor d = t.to(torch::kFloat64).contiguous();
+  const Tensor d = t.to(at::kDouble).contiguous();
   return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
 
 // v as a value of dtype would hold it (float32 or float64)
 double round_to(double v, at::ScalarType dtype) {
-  return dtype == torch::kFloat64 ? v : double(static_cast<float>(v));
+  return dtype == at::kDouble ? v : double(static_cast<float>(v));
 }
 
 Tensor from(const std::vector<double>& v, at::ScalarType dtype) {
-  return torch::tensor(at::ArrayRef<double>(v), torch::kFloat64).to(dtype);
+  // a copy, also where dtype is double: the tensor must not alias v
+  return at::from_blob(const_cast<double*>(v.data()), {static_cast<int64_t>(v.size())}, at::kDouble)
+      .to(dtype, /*non_blocking=*/false, /*copy=*/true);
 }
 
 // the statistics dtype of activations of type T
 template <typename T>
 at::ScalarType stat_dtype() {
-  return std::is_same_v<T, double> ? torch::kFloat64 : torch::kFloat32;
+  return std::is_same_v<T, double> ? at::kDouble : at::kFloat;
 }
 
 // 1 / rms of each of G groups of a row (eps gs_eps), into r
@@ -136,8 +146,8 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   const int64_t N = rows_in(x), C = x.size(-1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
   const Real real(mask);
   const RowsOf<T> xp(x);
-  Tensor y = want_y ? torch::empty({N, C}, x.options()) : torch::empty({0}, x.options());
-  Tensor scale = G > 0 ? torch::empty({N, G}, x.options().dtype(stat_dtype<T>())) : torch::empty({0}, x.options());
+  Tensor y = want_y ? at::empty({N, C}, x.options()) : at::empty({0}, x.options());
+  Tensor scale = G > 0 ? at::empty({N, G}, x.options().dtype(stat_dtype<T>())) : at::empty({0}, x.options());
   A* sp = G > 0 ? scale.data_ptr<A>() : nullptr;
   std::vector<A> mul(C), add(C), sub(C, A(0)), shift(C, A(0));
   if (want_y) {  // y = (xs - mean) * mul + bias: centred first, which no contraction into an FMA can cancel
@@ -198,10 +208,10 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
     }
     if (want_stats) flush(stage, dst);
   });
-  Tensor part = torch::empty({0}, x.options().dtype(torch::kFloat64));
+  Tensor part = at::empty({0}, x.options().dtype(at::kDouble));
   if (want_stats) {  // (1, 3, C): count, then mean and sum of squared deviations, or 0 and the sum of xs^2
     const std::vector<double> s = sums.total();
-    part = torch::zeros({1, 3, C}, torch::kFloat64);
+    part = at::zeros({1, 3, C}, at::kDouble);
     double* p = part.data_ptr<double>();
     const double n = double(count), ns = std::max(n, 1.0);
     for (int64_t c = 0; c < C; ++c) {
@@ -230,7 +240,7 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
   const Real real(mask);
-  Tensor gx = want_gx ? torch::empty({N, C}, x.options()) : torch::empty({0}, x.options());
+  Tensor gx = want_gx ? at::empty({N, C}, x.options()) : at::empty({0}, x.options());
   const std::vector<A> ip = channels<A>(inv_fwd, C), mp = channels<A>(mean, C), wp = channels<A>(weight, C),
                        jp = channels<A>(inv_bwd, C), ap = channels<A>(Ac, C), bp = channels<A>(Bc, C, b_scale);
   // xh = (xs - mean) * inv: centred first (xs * inv - mean * inv under FMA contraction cancels
@@ -316,10 +326,10 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
     }
     if (want_sums) flush(stage, dst);
   });
-  Tensor part = torch::empty({0}, x.options().dtype(torch::kFloat64));
+  Tensor part = at::empty({0}, x.options().dtype(at::kDouble));
   if (want_sums) {  // (1, 5, C): gy*xh and gy over every row, gy*xh and xh^2 over real rows, xh^2 over every row
     const std::vector<double> s = sums.total();
-    part = torch::empty({1, 5, C}, torch::kFloat64);
+    part = at::empty({1, 5, C}, at::kDouble);
     double* p = part.data_ptr<double>();
     for (int64_t c = 0; c < C; ++c) {
       p[c] = s[c] + s[3 * C + c];
@@ -342,7 +352,7 @@ enum Mode : int64_t { EXACT = 0, PAPER = 1, REFERENCE = 2, FIXED = 3 };
 std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
                                  const Tensor& steps, int64_t update, double momentum, double eps, int64_t warmup) {
   TORCH_CHECK(update >= BN && update <= REFERENCE_RUN, "unknown update ", update, " (contract.py's Update: 0 to 5)");
-  const Tensor pt = part.to(torch::kFloat64).contiguous();
+  const Tensor pt = part.to(at::kDouble).contiguous();
   const int64_t P = pt.size(0), C = pt.size(2);
   const double* p = pt.data_ptr<double>();
   const bool bn = update == BN;
@@ -403,8 +413,8 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
     if (bn) mean_buf.copy_(from(next_mean, mean_buf.scalar_type()));
   }
   if (steps.numel() && real) steps.data_ptr<int64_t>()[0] += 1;
-  return {bn ? from(mean, sd) : torch::empty({0}, second_buf.options()), from(inv, sd), from(inv_batch, sd),
-          torch::full({1}, n, torch::kFloat64)};
+  return {bn ? from(mean, sd) : at::empty({0}, second_buf.options()), from(inv, sd), from(inv_batch, sd),
+          at::full({1}, n, at::kDouble)};
 }
 
 // Contract "finish_backward": from backward's part (P, 5, C), the weight and
@@ -412,7 +422,7 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
 std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n_t, const Tensor& nu,
                                     double rate, int64_t kind, bool center, int64_t rows) {
   TORCH_CHECK(kind >= EXACT && kind <= FIXED, "unknown mode ", kind, " (contract.py's Mode: 0 to 3)");
-  const Tensor pt = part.to(torch::kFloat64).contiguous();
+  const Tensor pt = part.to(at::kDouble).contiguous();
   const int64_t P = pt.size(0), C = pt.size(2);
   const double* p = pt.data_ptr<double>();
   std::vector<std::vector<double>> s(5, std::vector<double>(C, 0.0));
@@ -420,9 +430,9 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
     for (int64_t j = 0; j < 5; ++j)
       for (int64_t c = 0; c < C; ++c) s[j][c] += p[(i * 5 + j) * C + c];
   const std::vector<double> w = doubles(weight);
-  const double n = n_t.to(torch::kFloat64).data_ptr<double>()[0], ns = std::max(n, 1.0);
+  const double n = n_t.to(at::kDouble).data_ptr<double>()[0], ns = std::max(n, 1.0);
   const auto sd = nu.numel() ? nu.scalar_type()
-                             : (weight.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32);
+                             : (weight.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   const bool exact = kind == EXACT;
   std::vector<double> a(C), b(C);
   for (int64_t c = 0; c < C; ++c) {  // means over the real tokens of sums over every position
@@ -445,7 +455,7 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
     if (ok) nu.copy_(from(next, sd));
   }
   const auto wd = weight.scalar_type();
-  const auto none = [&] { return torch::empty({0}, torch::TensorOptions().dtype(sd)); };
+  const auto none = [&] { return at::empty({0}, at::TensorOptions().dtype(sd)); };
   return {from(s[0], wd), from(s[1], wd), exact && center ? from(a, sd) : none(), exact ? from(b, sd) : none()};
 }
 
@@ -458,7 +468,7 @@ std::vector<Tensor> rows_forward(const Tensor& x, const std::vector<at::opmath_t
                                  bool scalenorm) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1);
-  Tensor y = torch::empty({N, C}, x.options()), stat = torch::empty({N}, x.options().dtype(stat_dtype<T>()));
+  Tensor y = at::empty({N, C}, x.options()), stat = at::empty({N}, x.options().dtype(stat_dtype<T>()));
   const RowsOf<T> xp(x);
   T* yp = y.data_ptr<T>();
   A* st = stat.data_ptr<A>();
@@ -488,7 +498,7 @@ std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Ten
                                   const std::vector<at::opmath_type<T>>& w, double eps, bool scalenorm) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1);
-  Tensor gx = torch::empty({N, C}, x.options());
+  Tensor gx = at::empty({N, C}, x.options());
   Sums<A> sums(scalenorm ? 1 : C);
   const RowsOf<T> xp(x);
   const T* gp = gy.data_ptr<T>();
@@ -524,7 +534,7 @@ std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Ten
     }
     flush(stage, dst);
   });
-  return {gx, from(sums.total(), torch::kFloat64)};
+  return {gx, from(sums.total(), at::kDouble)};
 }
 
 #define DISPATCH(x, name, ...) AT_DISPATCH_FLOATING_TYPES((x).scalar_type(), name, __VA_ARGS__)
@@ -565,7 +575,7 @@ std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& 
 template <typename A>
 std::vector<A> scalar_weight(const Tensor& scale, int64_t C) {
   TORCH_CHECK(scale.numel() == 1, "scale: one value");
-  return std::vector<A>(C, A(scale.to(torch::kFloat64).data_ptr<double>()[0]));
+  return std::vector<A>(C, A(scale.to(at::kDouble).data_ptr<double>()[0]));
 }
 
 std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
