@@ -413,6 +413,16 @@ if triton is not None:
     # its backward needs (backward) to a per-row buffer, the main pass reads it.
 
     @triton.jit
+    def _at_group(P, rows, chunk):
+        """Where rows' values for group ``chunk`` lie in a per-row, per-group (N, groups) buffer."""
+        return P + rows.to(tl.int64) * tl.num_programs(1) + chunk
+
+    @triton.jit
+    def _inv_rms(sum_sq, n, eps):
+        """1 / sqrt(mean(x^2) + eps) from a sum of n squares: RMSNorm's and the group scaling's factor."""
+        return 1.0 / tl.sqrt(sum_sq / n + eps)
+
+    @triton.jit
     def _group_scales(X, SCALE, start, per_prog, N, C, chunk, gs_eps,
                       F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
         """SCALE[row, chunk] = 1 / sqrt(mean(x^2) + eps) over the chunk's CW columns, block by block."""
@@ -423,20 +433,18 @@ if triton is not None:
             ss = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
             for s0 in range(0, CW, BLOCK_C):
                 cols = chunk * CW + s0 + offs
-                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, (s0 + offs < CW) & (cols < C),
-                                                   BLOCK_N, F64)
+                x = _row_tile(X, start + r0, N, C, cols, (s0 + offs < CW) & (cols < C), BLOCK_N, F64)[4]
                 ss += tl.sum(x * x, axis=1)
-            tl.store(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, 1.0 / tl.sqrt(ss / CW + gs_eps),
-                     mask=rmask)
+            tl.store(_at_group(SCALE, rows, chunk), _inv_rms(ss, CW, gs_eps), mask=rmask)
 
     @triton.jit
-    def _group_scale(X, SCALE, rows, rmask, x, chunk, gs_eps, F64: tl.constexpr, WIDE: tl.constexpr,
+    def _group_scale(SCALE, rows, rmask, x, chunk, gs_eps, F64: tl.constexpr, WIDE: tl.constexpr,
                      CW: tl.constexpr):
         """The rows' group scales: from the tile x (the whole group), or as the first pass wrote them (WIDE)."""
         if WIDE:
-            return _f(tl.load(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, mask=rmask, other=0.0), F64)
+            return _f(tl.load(_at_group(SCALE, rows, chunk), mask=rmask, other=0.0), F64)
         else:
-            return 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / CW + gs_eps)
+            return _inv_rms(tl.sum(x * x, axis=1), CW, gs_eps)
 
     @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_forward(X, MASK, MEAN, INV, W, Bias, Y, SCALE, PART,
@@ -476,15 +484,15 @@ if triton is not None:
             if WANT_STATS and CENTER:  # shifted data: the masked mean of the program's first tile
                 rows, rmask, m2, at, x = _row_tile(X, start, N, C, cols, cmask, BLOCK_N, F64)
                 if GROUPED:
-                    x = x * _group_scale(X, SCALE, rows, rmask, x, chunk, gs_eps, F64, WIDE, CW)[:, None]
+                    x = x * _group_scale(SCALE, rows, rmask, x, chunk, gs_eps, F64, WIDE, CW)[:, None]
                 keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
                 shift = tl.sum(x * keep[:, None], axis=0) / tl.maximum(tl.sum(keep, axis=0), 1.0)
             for r0 in range(0, per_prog, BLOCK_N):
                 rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
                 if GROUPED:  # the original code's layer scale: this chunk is one group
-                    r = _group_scale(X, SCALE, rows, rmask, x, chunk, gs_eps, F64, WIDE, CW)
+                    r = _group_scale(SCALE, rows, rmask, x, chunk, gs_eps, F64, WIDE, CW)
                     if WANT_Y and not WIDE:
-                        tl.store(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, r, mask=rmask)
+                        tl.store(_at_group(SCALE, rows, chunk), r, mask=rmask)
                     x = x * r[:, None]
                 if WANT_STATS:
                     keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
@@ -614,7 +622,7 @@ if triton is not None:
         rows, rmask, m2, at, xs = _row_tile(X, first, N, C, cols, cmask, BLOCK_N, F64)
         r = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
         if GROUPED:
-            r = _f(tl.load(SCALE + rows.to(tl.int64) * tl.num_programs(1) + chunk, mask=rmask, other=0.0), F64)
+            r = _f(tl.load(_at_group(SCALE, rows, chunk), mask=rmask, other=0.0), F64)
             xs = xs * r[:, None]
         xh = tl.where(m2, (xs - shift[None, :]) * invf[None, :], 0.0)
         gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
@@ -654,7 +662,7 @@ if triton is not None:
                         X, SCALE, GY, MASK, start + r0, N, C, nb, nt, cols, cmask, chunk, invf, shift,
                         HAS_MASK, GROUPED, F64, BLOCK_N)
                     dot += tl.sum(_gxs(gy, w, keep, rmask, a, b, xh, invb, CORRECT_PADS, F64) * xs, axis=1)
-                tl.store(DOTS + rows.to(tl.int64) * tl.num_programs(1) + chunk, dot / CW, mask=rmask)
+                tl.store(_at_group(DOTS, rows, chunk), dot / CW, mask=rmask)
         for s0 in range(0, CW, BLOCK_C):  # one block unless WIDE
             cols = chunk * CW + s0 + offs
             cmask = (s0 + offs < CW) & (cols < C)
@@ -682,8 +690,7 @@ if triton is not None:
                     gxs = _gxs(gy, w, keep, rmask, a, b, xh, invb, CORRECT_PADS, F64)
                     if GROUPED:  # back through the group's scale: r (d - xs mean(d xs))
                         if WIDE:
-                            dot = _f(tl.load(DOTS + rows.to(tl.int64) * tl.num_programs(1) + chunk, mask=rmask,
-                                             other=0.0), F64)
+                            dot = _f(tl.load(_at_group(DOTS, rows, chunk), mask=rmask, other=0.0), F64)
                         else:
                             dot = tl.sum(gxs * xs, axis=1) / CW
                         gxs = r[:, None] * (gxs - xs * dot[:, None])
@@ -840,7 +847,7 @@ if triton is not None:
             else:
                 _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
                 ss = tl.sum(x * x, axis=1)
-            r = 1.0 / tl.sqrt(ss / C + eps)
+            r = _inv_rms(ss, C, eps)
             tl.store(RSTD + rows, r, mask=rows < N)
             for c0 in range(0, C if WIDE else 1, BLOCK_C):
                 if WIDE:
