@@ -109,15 +109,17 @@ def test_triton_walks_wide_rows_and_groups_in_blocks_as_the_plain_path_computes_
             assert scaled_error(u, v) < 1e-12, (step, i, scaled_error(u, v))
 
 
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("kind, options", KINDS, ids=IDS)
-def test_triton_half_precision_is_within_the_plain_paths_own_error(kind, options, dtype):
+def test_half_precision_is_within_the_plain_paths_own_error(kind, options, dtype, backend):
     """Against float64, the kernels' error on half inputs (a half model, as
-    under --fp16) is at most the plain path's own, with a small margin for
-    rounding the other way."""
-    backend_or_fail("triton")
+    under --fp16 or --bf16) is at most the plain path's own, with a small
+    margin for rounding the other way: the C++ kernels read and write
+    bfloat16 themselves and upcast float16."""
+    backend_or_fail(backend)
     exact = steps(kind, options, "plain", torch.float64)
-    fast = steps(kind, options, "triton", dtype)
+    fast = steps(kind, options, backend, dtype)
     plain = steps(kind, options, "plain", dtype)
     for step, (e, f, p) in enumerate(zip(exact, fast, plain)):
         for i, (u, v, w) in enumerate(zip(e, f, p)):

@@ -5,11 +5,12 @@
 // x is read where it lies, (N, C) or (T, B, C) with any row strides (fairseq's
 // residual stream is the transposed view of a (B, T, C) tensor); what the
 // kernels write (y, dL/dx) is contiguous (N, C).
-// Activations are float32 or float64: the callers upcast half ones (loops that
-// convert bfloat16 element by element measured slower than the upcast copy).
-// Every kernel makes one pass over its inputs: a row is read once, its group scaling (the released code's) is done per group
-// while the group is in cache, and the per-channel sums a norm needs are
-// accumulated on the way, per thread, flushed into doubles every few rows.
+// Activations are bfloat16, float32 or float64, with float math for bfloat16
+// (the callers upcast float16 ones). Every kernel makes one pass over its
+// inputs: a row is read once, its group scaling (the released code's) is done
+// per group while the group is in cache, and the per-channel sums a norm needs
+// are added over a block of rows in registers, per thread, and flushed into
+// doubles every few rows.
 // The math is documented beside the Python callers in
 // powernorm_fairseq/norms/kernels/functions.py.
 
@@ -26,6 +27,9 @@
 #include <ATen/ops/zeros.h>
 
 #include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 using at::Tensor;
@@ -64,6 +68,7 @@ void flush(std::vector<A>& stage, double* into) {
 struct Real {
   const bool* pad = nullptr;
   int64_t B = 1, T = 1;
+  Real() = default;  // every row
   explicit Real(const Tensor& mask) {
     if (mask.numel() == 0) return;
     TORCH_CHECK(mask.dim() == 2 && mask.scalar_type() == at::kBool && mask.is_contiguous(),
@@ -124,20 +129,129 @@ at::ScalarType stat_dtype() {
   return std::is_same_v<T, double> ? at::kDouble : at::kFloat;
 }
 
+// Element loads and stores in the math's type A (float for bfloat16): a
+// bfloat16 by its bits, rounded to nearest even with NaN kept, as c10 does,
+// in plain integer steps that vectorize.
+template <typename T>
+inline at::opmath_type<T> val(T v) { return at::opmath_type<T>(v); }
+inline float val(c10::BFloat16 v) { return c10::detail::f32_from_bits(v.x); }
+template <typename T, typename A>
+inline T put(A v) { return T(v); }
+template <>
+inline c10::BFloat16 put<c10::BFloat16, float>(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, sizeof u);
+  const uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return c10::BFloat16(static_cast<uint16_t>(r), c10::BFloat16::from_bits());
+}
+
+// sum over c in [0, n) of f(c), as one vectorized reduction
+template <typename A, typename F>
+inline A reduce(int64_t n, F f) {
+  A s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t c = 0; c < n; ++c) s += f(c);
+  return s;
+}
+
 // 1 / rms of each of G groups of a row (eps gs_eps), into r
 template <typename T, typename A>
 void group_scales(const T* xr, int64_t Cg, int64_t G, double eps, A* r) {
   for (int64_t g = 0; g < G; ++g) {
     const T* __restrict__ xg = xr + g * Cg;
-    A ms = 0;
-#pragma omp simd reduction(+ : ms)
-    for (int64_t j = 0; j < Cg; ++j) ms += A(xg[j]) * A(xg[j]);
+    const A ms = reduce<A>(Cg, [&](int64_t j) { return val(xg[j]) * val(xg[j]); });
     r[g] = A(1.0 / std::sqrt(double(ms) / Cg + eps));
   }
 }
 
-// Forward (contract "forward"). A group's scale r multiplies the raw row in
-// each loop, so no scaled copy of the row is written.
+// Rows go through the channel kernels kRows at a time: the per-channel sums
+// of a block are added in registers and stored once, not once per row.
+constexpr int kRows = 4;
+
+// f(0), ..., f(R - 1), each i a compile-time constant: a block's rows unrolled
+// in the channel loop, so that it vectorizes over the channels
+template <typename F, int... I>
+inline __attribute__((always_inline)) void unrolled(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int R, typename F>
+inline __attribute__((always_inline)) void each_row(F&& f) {
+  unrolled(f, std::make_integer_sequence<int, R>{});
+}
+
+// Runs body(R, n, is_real) over the rows [begin, end), R and is_real
+// compile-time constants: blocks of kRows rows that are all real or all
+// padding, and the other rows one at a time (so no channel loop tests a row).
+template <typename Body>
+void in_blocks(int64_t begin, int64_t end, const Real& real, Body body) {
+  using One = std::integral_constant<int, 1>;
+  using Block = std::integral_constant<int, kRows>;
+  const auto one = [&](int64_t n) { real(n) ? body(One{}, n, std::true_type{}) : body(One{}, n, std::false_type{}); };
+  int64_t n = begin;
+  for (; n + kRows <= end; n += kRows) {
+    int k = 0;
+    for (int i = 0; i < kRows; ++i) k += real(n + i);
+    if (k == kRows) body(Block{}, n, std::true_type{});
+    else if (k == 0) body(Block{}, n, std::false_type{});
+    else for (int i = 0; i < kRows; ++i) one(n + i);
+  }
+  for (; n < end; ++n) one(n);
+}
+
+// The forward's pass (contract "forward") over R rows from n0: each row's
+// group scales r, then per group and channel y = (x * r - mean) * mul + bias
+// and the sums of d = x * r - shift (and d^2) over the real rows. A group's
+// scale multiplies the raw row in each loop, so no scaled copy is written.
+template <typename T>
+struct ForwardPass {
+  using A = at::opmath_type<T>;
+  RowsOf<T> xp;
+  Real real;
+  int64_t C, Cg, G, groups;
+  double gs_eps;
+  A* sp;    // (N, G) group scales, or null
+  T* yp;    // (N, C) y, or null
+  const A *mul, *add, *sub, *shift;
+
+  template <int R, bool kY, bool kStats>
+  void rows(int64_t n0, A* __restrict__ s1, A* __restrict__ s2, A* r) const {
+    const T* xr[R];
+    T* yr[R];
+    for (int i = 0; i < R; ++i) {
+      xr[i] = xp(n0 + i);
+      yr[i] = kY ? yp + (n0 + i) * C : nullptr;
+      if (G > 0) {
+        group_scales(xr[i], Cg, G, gs_eps, r + i * groups);
+        for (int64_t g = 0; g < G; ++g) sp[(n0 + i) * G + g] = r[i * groups + g];
+      } else {
+        r[i] = A(1);
+      }
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      A rg[R];
+      for (int i = 0; i < R; ++i) rg[i] = r[i * groups + g];
+#pragma omp simd
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
+        A a1 = 0, a2 = 0;
+        each_row<R>([&](auto i) __attribute__((always_inline)) {
+          const A v = val(xr[i][c]) * rg[i];
+          if constexpr (kStats) {
+            const A d = v - shift[c];
+            a1 += d;
+            a2 += d * d;
+          }
+          if constexpr (kY) yr[i][c] = put<T>((v - sub[c]) * mul[c] + add[c]);
+        });
+        if constexpr (kStats) {
+          s1[c] += a1;
+          s2[c] += a2;
+        }
+      }
+    }
+  }
+};
+
+// Forward (contract "forward").
 template <typename T>
 std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G, double gs_eps,
                                  const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
@@ -148,7 +262,6 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   const RowsOf<T> xp(x);
   Tensor y = want_y ? at::empty({N, C}, x.options()) : at::empty({0}, x.options());
   Tensor scale = G > 0 ? at::empty({N, G}, x.options().dtype(stat_dtype<T>())) : at::empty({0}, x.options());
-  A* sp = G > 0 ? scale.data_ptr<A>() : nullptr;
   std::vector<A> mul(C), add(C), sub(C, A(0)), shift(C, A(0));
   if (want_y) {  // y = (xs - mean) * mul + bias: centred first, which no contraction into an FMA can cancel
     std::vector<double> iv = doubles(inv);
@@ -167,45 +280,29 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   if (want_stats && center && first < N) {
     std::vector<A> r(groups, A(1));
     if (G > 0) group_scales(xp(first), Cg, G, gs_eps, r.data());
-    for (int64_t c = 0; c < C; ++c) shift[c] = A(xp(first)[c]) * r[c / Cg];
+    for (int64_t c = 0; c < C; ++c) shift[c] = val(xp(first)[c]) * r[c / Cg];
   }
-  Sums<A> sums(want_stats ? 2 * C : 0);
   int64_t count = 0;
   for (int64_t n = 0; n < N; ++n) count += real(n);
-  const A *mulp = mul.data(), *addp = add.data(), *subp = sub.data(), *kv = shift.data();
-  T* yp = want_y ? y.data_ptr<T>() : nullptr;
+  const ForwardPass<T> pass{xp, real, C, Cg, G, groups, gs_eps, G > 0 ? scale.data_ptr<A>() : nullptr,
+                            want_y ? y.data_ptr<T>() : nullptr, mul.data(), add.data(), sub.data(), shift.data()};
+  Sums<A> sums(want_stats ? 2 * C : 0);
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(groups, A(1));
+    std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(kRows * groups);
+    A *s1 = stage.data(), *s2 = s1 + (want_stats ? C : 0);
     double* dst = want_stats ? sums.local() : nullptr;
-    int64_t rows = 0;
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp(n);
-      if (G > 0) {
-        group_scales(xr, Cg, G, gs_eps, r.data());
-        for (int64_t g = 0; g < G; ++g) sp[n * G + g] = r[g];
+    int64_t since = 0;
+    in_blocks(begin, end, real, [&](auto R, int64_t n, auto is_real) {
+      constexpr int kR = decltype(R)::value;
+      constexpr bool kReal = decltype(is_real)::value;
+      if (want_y && want_stats) pass.template rows<kR, true, kReal>(n, s1, s2, r.data());
+      else if (want_y) pass.template rows<kR, true, false>(n, s1, s2, r.data());
+      else pass.template rows<kR, false, kReal>(n, s1, s2, r.data());
+      if (want_stats && (since += kR) >= kFlush) {
+        flush(stage, dst);
+        since = 0;
       }
-      const bool stats = want_stats && real(n);
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t lo = g * Cg, hi = lo + Cg;
-        const A rg = r[g];
-        if (stats) {
-          A* __restrict__ s1 = stage.data();
-          A* __restrict__ s2 = s1 + C;
-#pragma omp simd
-          for (int64_t c = lo; c < hi; ++c) {
-            const A d = A(xr[c]) * rg - kv[c];
-            s1[c] += d;
-            s2[c] += d * d;
-          }
-        }
-        if (yp) {
-          T* __restrict__ yr = yp + n * C;
-#pragma omp simd
-          for (int64_t c = lo; c < hi; ++c) yr[c] = T((A(xr[c]) * rg - subp[c]) * mulp[c] + addp[c]);
-        }
-      }
-      if (stats && ++rows % kFlush == 0) flush(stage, dst);
-    }
+    });
     if (want_stats) flush(stage, dst);
   });
   Tensor part = at::empty({0}, x.options().dtype(at::kDouble));
@@ -218,7 +315,7 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
       p[c] = n;
       if (center) {
         const double m = s[c] / ns;
-        p[C + c] = double(kv[c]) + m;
+        p[C + c] = double(shift[c]) + m;
         p[2 * C + c] = s[C + c] - s[c] * m;
       } else {
         p[2 * C + c] = s[C + c];
@@ -228,10 +325,86 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   return {y, scale, part};
 }
 
-// Backward (contract "backward"), with xh = (xs - mean) * inv_fwd and g = gy * w:
+// The backward's pass (contract "backward") over R rows from n0, with
+// xh = (xs - mean) * inv_fwd and g = gy * w:
 //   dL/dxs = (g - m * (A + b_scale * B * xh)) * inv_bwd,  m = 1 at real rows,
 //   and at padding only if correct_pads; then back through a group's scaling r:
 //   dL/dx = r * (dL/dxs - xs * mean_group(dL/dxs * xs)).
+// Sums (per channel): gy * xh, gy and xh^2 over every row, gy * xh and xh^2 over the real ones.
+template <typename T>
+struct BackwardPass {
+  using A = at::opmath_type<T>;
+  RowsOf<T> xp;
+  const T* gp;
+  Real real;
+  int64_t C, Cg, G, groups;
+  const A* sp;  // (N, G) group scales, or null
+  T* op;        // (N, C) dL/dx, or null
+  const A *inv, *mean, *w, *inv_bwd, *a, *b;
+  bool correct_pads;
+
+  template <int R, bool kGx, bool kSums, bool kGroups, bool kReal>
+  void rows(int64_t n0, A* __restrict__ s, A* __restrict__ buf) const {
+    const T* xr[R];
+    const T* gr[R];
+    T* out[R];
+    for (int i = 0; i < R; ++i) {
+      xr[i] = xp(n0 + i);
+      gr[i] = gp + (n0 + i) * C;
+      out[i] = kGx ? op + (n0 + i) * C : nullptr;
+    }
+    const A m = (kReal || correct_pads) ? A(1) : A(0);
+    A* __restrict__ s0 = s;
+    A* __restrict__ s1 = s + C;
+    A* __restrict__ s2 = s + 2 * C;
+    A* __restrict__ s3 = s + 3 * C;
+    A* __restrict__ s4 = s + 4 * C;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t lo = g * Cg, hi = lo + Cg;
+      A r[R];
+      for (int i = 0; i < R; ++i) r[i] = sp ? sp[(n0 + i) * G + g] : A(1);
+#pragma omp simd
+      for (int64_t c = lo; c < hi; ++c) {
+        A sgx = 0, sg = 0, sxx = 0;
+        each_row<R>([&](auto i) __attribute__((always_inline)) {
+          const A xh = (val(xr[i][c]) * r[i] - mean[c]) * inv[c], gc = val(gr[i][c]);
+          if constexpr (kSums) {
+            sgx += gc * xh;
+            sg += gc;
+            sxx += xh * xh;
+          }
+          if constexpr (kGx) {
+            const A d = (gc * w[c] - m * (a[c] + b[c] * xh)) * inv_bwd[c];
+            if constexpr (kGroups) buf[i * Cg + (c - lo)] = d;
+            else out[i][c] = put<T>(d);
+          }
+        });
+        if constexpr (kSums) {
+          s0[c] += sgx;
+          s1[c] += sg;
+          if constexpr (kReal) {
+            s2[c] += sgx;
+            s3[c] += sxx;
+          }
+          s4[c] += sxx;
+        }
+      }
+      if constexpr (kGx && kGroups) {  // back through the group's scaling, the group still in cache
+        for (int i = 0; i < R; ++i) {
+          const T* __restrict__ xg = xr[i] + lo;
+          const A* __restrict__ dg = buf + i * Cg;
+          T* __restrict__ og = out[i] + lo;
+          const A ri = r[i];
+          const A k = reduce<A>(Cg, [&](int64_t j) { return dg[j] * val(xg[j]); }) * ri * ri / A(Cg);
+#pragma omp simd
+          for (int64_t j = 0; j < Cg; ++j) og[j] = put<T>(ri * (dg[j] - val(xg[j]) * k));
+        }
+      }
+    }
+  }
+};
+
+// Backward (contract "backward").
 template <typename T>
 std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& gy,
                                   const Tensor& weight, const Tensor& mean, const Tensor& inv_fwd,
@@ -239,105 +412,37 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
                                   int64_t G, bool correct_pads, bool want_gx, bool want_sums) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
-  const Real real(mask);
   Tensor gx = want_gx ? at::empty({N, C}, x.options()) : at::empty({0}, x.options());
   const std::vector<A> ip = channels<A>(inv_fwd, C), mp = channels<A>(mean, C), wp = channels<A>(weight, C),
                        jp = channels<A>(inv_bwd, C), ap = channels<A>(Ac, C), bp = channels<A>(Bc, C, b_scale);
-  // xh = (xs - mean) * inv: centred first (xs * inv - mean * inv under FMA contraction cancels
-  // badly where the variance is tiny, as for a single real token)
-  const RowsOf<T> xp(x);
-  const T* gp = gy.data_ptr<T>();
-  const A* sp = G > 0 ? scale.data_ptr<A>() : nullptr;
-  T* op = want_gx ? gx.data_ptr<T>() : nullptr;
-  // sums of gy*xh, gy and xh^2, kept apart for real (0-2) and padded (3-5) rows
-  Sums<A> sums(want_sums ? 6 * C : 0);
+  const BackwardPass<T> pass{RowsOf<T>(x), gy.data_ptr<T>(), Real(mask), C, Cg, G, groups,
+                             G > 0 ? scale.data_ptr<A>() : nullptr, want_gx ? gx.data_ptr<T>() : nullptr,
+                             ip.data(), mp.data(), wp.data(), jp.data(), ap.data(), bp.data(), correct_pads};
+  Sums<A> sums(want_sums ? 5 * C : 0);
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<A> stage(want_sums ? 6 * C : 0, A(0)), buf(Cg);
+    std::vector<A> stage(want_sums ? 5 * C : 0, A(0)), buf(kRows * Cg);
     double* dst = want_sums ? sums.local() : nullptr;
-    const A *ipv = ip.data(), *hpv = mp.data(), *wpv = wp.data(), *jpv = jp.data(), *apv = ap.data(),
-            *bpv = bp.data();
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp(n);
-      const T* __restrict__ gr = gp + n * C;
-      const bool is_real = real(n);
-      const A m = (is_real || correct_pads) ? A(1) : A(0);
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t lo = g * Cg, hi = lo + Cg;
-        const A r = sp ? sp[n * G + g] : A(1);
-        if (want_sums && !op) {
-          A* __restrict__ s0 = stage.data() + (is_real ? 0 : 3 * C);
-          A* __restrict__ s1 = s0 + C;
-          A* __restrict__ s2 = s1 + C;
-#pragma omp simd
-          for (int64_t c = lo; c < hi; ++c) {
-            const A xh = (A(xr[c]) * r - hpv[c]) * ipv[c], gc = A(gr[c]);
-            s0[c] += gc * xh;
-            s1[c] += gc;
-            s2[c] += xh * xh;
-          }
-        }
-        if (!op) continue;
-        if (want_sums) {  // Algorithm 2's one pass: the sums and the gradient together
-          A* __restrict__ s0 = stage.data() + (is_real ? 0 : 3 * C);
-          A* __restrict__ s1 = s0 + C;
-          A* __restrict__ s2 = s1 + C;
-          A* __restrict__ gv = buf.data() - lo;
-          A dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t c = lo; c < hi; ++c) {
-            const A xs = A(xr[c]) * r, xh = (xs - hpv[c]) * ipv[c], gc = A(gr[c]);
-            s0[c] += gc * xh;
-            s1[c] += gc;
-            s2[c] += xh * xh;
-            const A d = (gc * wpv[c] - m * (apv[c] + bpv[c] * xh)) * jpv[c];
-            gv[c] = d;
-            dot += d * xs;
-          }
-          const A k = sp ? dot / A(Cg) * r : A(0);
-          T* __restrict__ out = op + n * C;
-#pragma omp simd
-          for (int64_t c = lo; c < hi; ++c) out[c] = T(r * (gv[c] - A(xr[c]) * k));
-          continue;
-        }
-        T* __restrict__ out = op + n * C;
-        if (!sp) {
-#pragma omp simd
-          for (int64_t c = lo; c < hi; ++c) {
-            const A xh = (A(xr[c]) - hpv[c]) * ipv[c];
-            out[c] = T((A(gr[c]) * wpv[c] - m * (apv[c] + bpv[c] * xh)) * jpv[c]);
-          }
-          continue;
-        }
-        // dL/dxs of the group into buf, then back through its scaling, the group still in cache
-        A* __restrict__ gv = buf.data() - lo;
-        A dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t c = lo; c < hi; ++c) {
-          const A xs = A(xr[c]) * r, xh = (xs - hpv[c]) * ipv[c];
-          const A d = (A(gr[c]) * wpv[c] - m * (apv[c] + bpv[c] * xh)) * jpv[c];
-          gv[c] = d;
-          dot += d * xs;
-        }
-        const A k = dot / A(Cg) * r;
-#pragma omp simd
-        for (int64_t c = lo; c < hi; ++c) out[c] = T(r * (gv[c] - A(xr[c]) * k));
+    int64_t since = 0;
+    in_blocks(begin, end, pass.real, [&](auto R, int64_t n, auto is_real) {
+      constexpr int kR = decltype(R)::value;
+      constexpr bool kReal = decltype(is_real)::value;
+      A *s = stage.data(), *b = buf.data();
+      if (!want_gx) pass.template rows<kR, false, true, false, kReal>(n, s, b);
+      else if (G > 0) want_sums ? pass.template rows<kR, true, true, true, kReal>(n, s, b)
+                                : pass.template rows<kR, true, false, true, kReal>(n, s, b);
+      else want_sums ? pass.template rows<kR, true, true, false, kReal>(n, s, b)
+                     : pass.template rows<kR, true, false, false, kReal>(n, s, b);
+      if (want_sums && (since += kR) >= kFlush) {
+        flush(stage, dst);
+        since = 0;
       }
-      if (want_sums && (n - begin) % kFlush == kFlush - 1) flush(stage, dst);
-    }
+    });
     if (want_sums) flush(stage, dst);
   });
   Tensor part = at::empty({0}, x.options().dtype(at::kDouble));
   if (want_sums) {  // (1, 5, C): gy*xh and gy over every row, gy*xh and xh^2 over real rows, xh^2 over every row
     const std::vector<double> s = sums.total();
-    part = at::empty({1, 5, C}, at::kDouble);
-    double* p = part.data_ptr<double>();
-    for (int64_t c = 0; c < C; ++c) {
-      p[c] = s[c] + s[3 * C + c];
-      p[C + c] = s[C + c] + s[4 * C + c];
-      p[2 * C + c] = s[c];
-      p[3 * C + c] = s[2 * C + c];
-      p[4 * C + c] = s[2 * C + c] + s[5 * C + c];
-    }
+    part = at::from_blob(const_cast<double*>(s.data()), {1, 5, C}, at::kDouble).clone();
   }
   return {gx, part};
 }
@@ -472,19 +577,17 @@ std::vector<Tensor> rows_forward(const Tensor& x, const std::vector<at::opmath_t
   const RowsOf<T> xp(x);
   T* yp = y.data_ptr<T>();
   A* st = stat.data_ptr<A>();
-  const A* wp = w.data();
+  const A* __restrict__ wp = w.data();
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const T* __restrict__ xr = xp(n);
       T* __restrict__ yr = yp + n * C;
-      A ss = 0;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t c = 0; c < C; ++c) ss += A(xr[c]) * A(xr[c]);
+      const A ss = reduce<A>(C, [&](int64_t c) { return val(xr[c]) * val(xr[c]); });
       const double norm = scalenorm ? std::max(std::sqrt(double(ss)), eps) : 0.0;
       const A f = A(scalenorm ? 1.0 / norm : 1.0 / std::sqrt(double(ss) / C + eps));
       st[n] = scalenorm ? A(norm) : f;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yr[c] = T(A(xr[c]) * f * wp[c]);
+      for (int64_t c = 0; c < C; ++c) yr[c] = put<T>(val(xr[c]) * f * wp[c]);
     }
   });
   return {y, stat};
@@ -492,7 +595,8 @@ std::vector<Tensor> rows_forward(const Tensor& x, const std::vector<at::opmath_t
 
 // dL/dx = f * (g - x * f^2 <g, x> / dims), g = gy * w (no correction where
 // ScaleNorm's norm is clamped); and the parameter's gradient: the sum of
-// <gy, x> f over rows (ScaleNorm's g), or per channel of gy * x * f (RMSNorm's w).
+// <gy, x> f over rows (ScaleNorm's g), or per channel of gy * x * f (RMSNorm's
+// w, added kRows rows at a time).
 template <typename T>
 std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Tensor& gy,
                                   const std::vector<at::opmath_type<T>>& w, double eps, bool scalenorm) {
@@ -502,42 +606,59 @@ std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Ten
   Sums<A> sums(scalenorm ? 1 : C);
   const RowsOf<T> xp(x);
   const T* gp = gy.data_ptr<T>();
-  const A *st = stat.data_ptr<A>(), *wp = w.data();
+  const A *st = stat.data_ptr<A>(), *__restrict__ wp = w.data();
   T* op = gx.data_ptr<T>();
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<A> stage(scalenorm ? 0 : C, A(0));
+    A* __restrict__ sw = stage.data();
     double* dst = sums.local();
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp(n);
-      const T* __restrict__ gr = gp + n * C;
-      T* __restrict__ out = op + n * C;
-      A* __restrict__ sw = stage.data();
-      const A f = scalenorm ? A(1) / st[n] : st[n];
-      A dot = 0, k = 0;
-      if (scalenorm) {  // one g: <gy, x> is the row's whole contribution
-#pragma omp simd reduction(+ : dot)
-        for (int64_t c = 0; c < C; ++c) dot += A(gr[c]) * A(xr[c]);
-        dst[0] += double(dot) * f;
-        k = double(st[n]) <= eps ? A(0) : dot * wp[0] * f * f;
-      } else {
-#pragma omp simd reduction(+ : dot)
-        for (int64_t c = 0; c < C; ++c) {
-          const A gc = A(gr[c]), xc = A(xr[c]);
-          sw[c] += gc * xc * f;
-          dot += gc * wp[c] * xc;
-        }
-        k = dot * f * f / A(C);
-        if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
+    int64_t since = 0;
+    in_blocks(begin, end, Real(), [&](auto R, int64_t n0, auto) {
+      constexpr int kR = decltype(R)::value;
+      const T* xr[kR];
+      const T* gr[kR];
+      A f[kR];
+      for (int i = 0; i < kR; ++i) {
+        xr[i] = xp(n0 + i);
+        gr[i] = gp + (n0 + i) * C;
+        f[i] = scalenorm ? A(1) / st[n0 + i] : st[n0 + i];
       }
+      if (!scalenorm) {
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) out[c] = T(f * (A(gr[c]) * wp[c] - A(xr[c]) * k));
-    }
+        for (int64_t c = 0; c < C; ++c) {
+          A acc = 0;
+          each_row<kR>([&](auto i) __attribute__((always_inline)) { acc += val(gr[i][c]) * val(xr[i][c]) * f[i]; });
+          sw[c] += acc;
+        }
+        if ((since += kR) >= kFlush) {
+          flush(stage, dst);
+          since = 0;
+        }
+      }
+      for (int i = 0; i < kR; ++i) {
+        const T* __restrict__ x1 = xr[i];
+        const T* __restrict__ g1 = gr[i];
+        const A* __restrict__ w1 = wp;  // a local copy: a pointer read through a capture is reloaded per element
+        T* __restrict__ out = op + (n0 + i) * C;
+        const A fi = f[i];
+        A k;
+        if (scalenorm) {  // one g: <gy, x> is the row's whole contribution
+          const A dot = reduce<A>(C, [&](int64_t c) { return val(g1[c]) * val(x1[c]); });
+          dst[0] += double(dot) * fi;
+          k = double(st[n0 + i]) <= eps ? A(0) : dot * wp[0] * fi * fi;
+        } else {
+          k = reduce<A>(C, [&](int64_t c) { return val(g1[c]) * w1[c] * val(x1[c]); }) * fi * fi / A(C);
+        }
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) out[c] = put<T>(fi * (val(g1[c]) * w1[c] - val(x1[c]) * k));
+      }
+    });
     flush(stage, dst);
   });
   return {gx, from(sums.total(), at::kDouble)};
 }
 
-#define DISPATCH(x, name, ...) AT_DISPATCH_FLOATING_TYPES((x).scalar_type(), name, __VA_ARGS__)
+#define DISPATCH(x, name, ...) AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, (x).scalar_type(), name, __VA_ARGS__)
 
 void check_rows(const Tensor& x) {
   TORCH_CHECK((x.dim() == 2 || x.dim() == 3) && x.stride(-1) == 1,
