@@ -29,7 +29,6 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 using at::Tensor;
@@ -64,34 +63,38 @@ void flush(std::vector<A>& stage, double* into) {
   }
 }
 
-// which rows are real: fairseq's (B, T) padding mask read in row order, or all of them
+// which rows are real: fairseq's (B, T) padding mask read in row order (once,
+// into a flag per row: no division per row), or all of them
 struct Real {
-  const bool* pad = nullptr;
-  int64_t B = 1, T = 1;
-  Real() = default;  // every row
+  std::vector<char> flag;  // empty: every row is real
+  Real() = default;
   explicit Real(const Tensor& mask) {
     if (mask.numel() == 0) return;
     TORCH_CHECK(mask.dim() == 2 && mask.scalar_type() == at::kBool && mask.is_contiguous(),
                 "mask: a contiguous (B, T) bool padding mask");
-    pad = mask.data_ptr<bool>();
-    B = mask.size(0);
-    T = mask.size(1);
+    const bool* pad = mask.data_ptr<bool>();
+    const int64_t B = mask.size(0), T = mask.size(1);
+    flag.resize(B * T);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t b = 0; b < B; ++b) flag[t * B + b] = !pad[b * T + t];
   }
-  bool operator()(int64_t n) const { return !pad || !pad[(n % B) * T + n / B]; }
+  bool operator()(int64_t n) const { return flag.empty() || flag[n]; }
 };
 
 // the rows of x, (N, C) or (T, B, C) with unit column stride: row r = t * B + b
-// starts at t * st + b * sb
+// starts at t * st + b * sb (offsets made once: no division per row)
 template <typename T>
 struct RowsOf {
   const T* p;
-  int64_t B, st, sb;
-  explicit RowsOf(const Tensor& x)
-      : p(x.data_ptr<T>()),
-        B(x.dim() == 3 ? x.size(1) : 1),
-        st(x.stride(0)),
-        sb(x.dim() == 3 ? x.stride(1) : 0) {}
-  const T* operator()(int64_t n) const { return p + (n / B) * st + (n % B) * sb; }
+  std::vector<int64_t> offset;
+  explicit RowsOf(const Tensor& x) : p(x.data_ptr<T>()) {
+    const int64_t B = x.dim() == 3 ? x.size(1) : 1, N = x.dim() == 3 ? x.size(0) * B : x.size(0);
+    const int64_t st = x.stride(0), sb = x.dim() == 3 ? x.stride(1) : 0;
+    offset.resize(N);
+    for (int64_t n = 0, t = 0; n < N; ++t)
+      for (int64_t b = 0; b < B; ++b, ++n) offset[n] = t * st + b * sb;
+  }
+  const T* operator()(int64_t n) const { return p + offset[n]; }
 };
 
 int64_t rows_in(const Tensor& x) { return x.dim() == 3 ? x.size(0) * x.size(1) : x.size(0); }
@@ -164,88 +167,47 @@ void group_scales(const T* xr, int64_t Cg, int64_t G, double eps, A* r) {
   }
 }
 
-// Rows go through the channel kernels kRows at a time: the per-channel sums
-// of a block are added in registers and stored once, not once per row.
-constexpr int kRows = 4;
-
-// f(0), ..., f(R - 1), each i a compile-time constant: a block's rows unrolled
-// in the channel loop, so that it vectorizes over the channels
-template <typename F, int... I>
-inline __attribute__((always_inline)) void unrolled(F&& f, std::integer_sequence<int, I...>) {
-  (f(std::integral_constant<int, I>{}), ...);
-}
-template <int R, typename F>
-inline __attribute__((always_inline)) void each_row(F&& f) {
-  unrolled(f, std::make_integer_sequence<int, R>{});
-}
-
-// Runs body(R, n, is_real) over the rows [begin, end), R and is_real
-// compile-time constants: blocks of kRows rows that are all real or all
-// padding, and the other rows one at a time (so no channel loop tests a row).
+// Runs body(n, is_real) over the rows [begin, end), is_real a compile-time
+// constant: no channel loop tests whether its row is real.
 template <typename Body>
-void in_blocks(int64_t begin, int64_t end, const Real& real, Body body) {
-  using One = std::integral_constant<int, 1>;
-  using Block = std::integral_constant<int, kRows>;
-  const auto one = [&](int64_t n) { real(n) ? body(One{}, n, std::true_type{}) : body(One{}, n, std::false_type{}); };
-  int64_t n = begin;
-  for (; n + kRows <= end; n += kRows) {
-    int k = 0;
-    for (int i = 0; i < kRows; ++i) k += real(n + i);
-    if (k == kRows) body(Block{}, n, std::true_type{});
-    else if (k == 0) body(Block{}, n, std::false_type{});
-    else for (int i = 0; i < kRows; ++i) one(n + i);
-  }
-  for (; n < end; ++n) one(n);
+void each_row(int64_t begin, int64_t end, const Real& real, Body body) {
+  for (int64_t n = begin; n < end; ++n) real(n) ? body(n, std::true_type{}) : body(n, std::false_type{});
 }
 
-// The forward's pass (contract "forward") over R rows from n0: each row's
-// group scales r, then per group and channel y = (x * r - mean) * mul + bias
-// and the sums of d = x * r - shift (and d^2) over the real rows. A group's
-// scale multiplies the raw row in each loop, so no scaled copy is written.
+// The forward's pass (contract "forward") over row n: its group scales r,
+// then per group and channel y = (x * r - mean) * mul + bias and (kStats: a
+// real row) the sums of d = x * r - shift and d^2. A group's scale multiplies
+// the raw row in each loop, so no scaled copy is written.
 template <typename T>
 struct ForwardPass {
   using A = at::opmath_type<T>;
-  RowsOf<T> xp;
-  Real real;
+  const RowsOf<T>& xp;
   int64_t C, Cg, G, groups;
   double gs_eps;
   A* sp;    // (N, G) group scales, or null
   T* yp;    // (N, C) y, or null
   const A *mul, *add, *sub, *shift;
 
-  template <int R, bool kY, bool kStats>
-  void rows(int64_t n0, A* __restrict__ s1, A* __restrict__ s2, A* r) const {
-    const T* xr[R];
-    T* yr[R];
-    for (int i = 0; i < R; ++i) {
-      xr[i] = xp(n0 + i);
-      yr[i] = kY ? yp + (n0 + i) * C : nullptr;
-      if (G > 0) {
-        group_scales(xr[i], Cg, G, gs_eps, r + i * groups);
-        for (int64_t g = 0; g < G; ++g) sp[(n0 + i) * G + g] = r[i * groups + g];
-      } else {
-        r[i] = A(1);
-      }
+  template <bool kY, bool kStats>
+  void row(int64_t n, A* __restrict__ s1, A* __restrict__ s2, A* r) const {
+    const T* __restrict__ xr = xp(n);
+    T* __restrict__ yr = kY ? yp + n * C : nullptr;
+    const A *__restrict__ mp = mul, *__restrict__ ap = add, *__restrict__ bp = sub, *__restrict__ kp = shift;
+    if (G > 0) {
+      group_scales(xr, Cg, G, gs_eps, r);
+      for (int64_t g = 0; g < G; ++g) sp[n * G + g] = r[g];
     }
     for (int64_t g = 0; g < groups; ++g) {
-      A rg[R];
-      for (int i = 0; i < R; ++i) rg[i] = r[i * groups + g];
+      const A rg = G > 0 ? r[g] : A(1);
 #pragma omp simd
       for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
-        A a1 = 0, a2 = 0;
-        each_row<R>([&](auto i) __attribute__((always_inline)) {
-          const A v = val(xr[i][c]) * rg[i];
-          if constexpr (kStats) {
-            const A d = v - shift[c];
-            a1 += d;
-            a2 += d * d;
-          }
-          if constexpr (kY) yr[i][c] = put<T>((v - sub[c]) * mul[c] + add[c]);
-        });
+        const A v = val(xr[c]) * rg;
         if constexpr (kStats) {
-          s1[c] += a1;
-          s2[c] += a2;
+          const A d = v - kp[c];
+          s1[c] += d;
+          s2[c] += d * d;
         }
+        if constexpr (kY) yr[c] = put<T>((v - bp[c]) * mp[c] + ap[c]);
       }
     }
   }
@@ -284,24 +246,20 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   }
   int64_t count = 0;
   for (int64_t n = 0; n < N; ++n) count += real(n);
-  const ForwardPass<T> pass{xp, real, C, Cg, G, groups, gs_eps, G > 0 ? scale.data_ptr<A>() : nullptr,
+  const ForwardPass<T> pass{xp, C, Cg, G, groups, gs_eps, G > 0 ? scale.data_ptr<A>() : nullptr,
                             want_y ? y.data_ptr<T>() : nullptr, mul.data(), add.data(), sub.data(), shift.data()};
   Sums<A> sums(want_stats ? 2 * C : 0);
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(kRows * groups);
+    std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(groups);
     A *s1 = stage.data(), *s2 = s1 + (want_stats ? C : 0);
     double* dst = want_stats ? sums.local() : nullptr;
-    int64_t since = 0;
-    in_blocks(begin, end, real, [&](auto R, int64_t n, auto is_real) {
-      constexpr int kR = decltype(R)::value;
+    int64_t rows = 0;
+    each_row(begin, end, real, [&](int64_t n, auto is_real) {
       constexpr bool kReal = decltype(is_real)::value;
-      if (want_y && want_stats) pass.template rows<kR, true, kReal>(n, s1, s2, r.data());
-      else if (want_y) pass.template rows<kR, true, false>(n, s1, s2, r.data());
-      else pass.template rows<kR, false, kReal>(n, s1, s2, r.data());
-      if (want_stats && (since += kR) >= kFlush) {
-        flush(stage, dst);
-        since = 0;
-      }
+      if (want_y && want_stats) pass.template row<true, kReal>(n, s1, s2, r.data());
+      else if (want_y) pass.template row<true, false>(n, s1, s2, r.data());
+      else pass.template row<false, kReal>(n, s1, s2, r.data());
+      if (want_stats && kReal && ++rows % kFlush == 0) flush(stage, dst);
     });
     if (want_stats) flush(stage, dst);
   });
@@ -325,12 +283,12 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   return {y, scale, part};
 }
 
-// The backward's pass (contract "backward") over R rows from n0, with
+// The backward's pass (contract "backward") over the R rows n, with
 // xh = (xs - mean) * inv_fwd and g = gy * w:
 //   dL/dxs = (g - m * (A + b_scale * B * xh)) * inv_bwd,  m = 1 at real rows,
 //   and at padding only if correct_pads; then back through a group's scaling r:
 //   dL/dx = r * (dL/dxs - xs * mean_group(dL/dxs * xs)).
-// Sums (per channel): gy * xh, gy and xh^2 over every row, gy * xh and xh^2 over the real ones.
+// Sums (per channel): gy * xh, gy and xh^2, over the real rows (0-2) and the padded ones (3-5).
 template <typename T>
 struct BackwardPass {
   using A = at::opmath_type<T>;
@@ -340,66 +298,65 @@ struct BackwardPass {
   int64_t C, Cg, G, groups;
   const A* sp;  // (N, G) group scales, or null
   T* op;        // (N, C) dL/dx, or null
-  const A *inv, *mean, *w, *inv_bwd, *a, *b;
+  const A *inv, *mean, *wj, *aj, *bj;
   bool correct_pads;
 
-  template <int R, bool kGx, bool kSums, bool kGroups, bool kReal>
-  void rows(int64_t n0, A* __restrict__ s, A* __restrict__ buf) const {
-    const T* xr[R];
-    const T* gr[R];
-    T* out[R];
-    for (int i = 0; i < R; ++i) {
-      xr[i] = xp(n0 + i);
-      gr[i] = gp + (n0 + i) * C;
-      out[i] = kGx ? op + (n0 + i) * C : nullptr;
-    }
+  template <bool kGx, bool kSums, bool kReal>
+  void row(int64_t n, A* __restrict__ s) const {
+    const T* __restrict__ xr = xp(n);
+    const T* __restrict__ gr = gp + n * C;
+    T* __restrict__ out = kGx ? op + n * C : nullptr;
     const A m = (kReal || correct_pads) ? A(1) : A(0);
-    A* __restrict__ s0 = s;
-    A* __restrict__ s1 = s + C;
-    A* __restrict__ s2 = s + 2 * C;
-    A* __restrict__ s3 = s + 3 * C;
-    A* __restrict__ s4 = s + 4 * C;
+    A *__restrict__ s0 = s + (kReal ? 0 : 3 * C), *__restrict__ s1 = s0 + C, *__restrict__ s2 = s0 + 2 * C;
+    const A *__restrict__ mp = mean, *__restrict__ ip = inv, *__restrict__ wp = wj, *__restrict__ ap = aj,
+            *__restrict__ bp = bj;
     for (int64_t g = 0; g < groups; ++g) {
-      const int64_t lo = g * Cg, hi = lo + Cg;
-      A r[R];
-      for (int i = 0; i < R; ++i) r[i] = sp ? sp[(n0 + i) * G + g] : A(1);
+      const A r = sp ? sp[n * G + g] : A(1);
 #pragma omp simd
-      for (int64_t c = lo; c < hi; ++c) {
-        A sgx = 0, sg = 0, sxx = 0;
-        each_row<R>([&](auto i) __attribute__((always_inline)) {
-          const A xh = (val(xr[i][c]) * r[i] - mean[c]) * inv[c], gc = val(gr[i][c]);
-          if constexpr (kSums) {
-            sgx += gc * xh;
-            sg += gc;
-            sxx += xh * xh;
-          }
-          if constexpr (kGx) {
-            const A d = (gc * w[c] - m * (a[c] + b[c] * xh)) * inv_bwd[c];
-            if constexpr (kGroups) buf[i * Cg + (c - lo)] = d;
-            else out[i][c] = put<T>(d);
-          }
-        });
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
+        const A xh = (val(xr[c]) * r - mp[c]) * ip[c], gc = val(gr[c]);
         if constexpr (kSums) {
-          s0[c] += sgx;
-          s1[c] += sg;
-          if constexpr (kReal) {
-            s2[c] += sgx;
-            s3[c] += sxx;
-          }
-          s4[c] += sxx;
+          s0[c] += gc * xh;
+          s1[c] += gc;
+          s2[c] += xh * xh;
         }
+        if constexpr (kGx) out[c] = put<T>(gc * wp[c] - m * (ap[c] + bp[c] * xh));
       }
-      if constexpr (kGx && kGroups) {  // back through the group's scaling, the group still in cache
-        for (int i = 0; i < R; ++i) {
-          const T* __restrict__ xg = xr[i] + lo;
-          const A* __restrict__ dg = buf + i * Cg;
-          T* __restrict__ og = out[i] + lo;
-          const A ri = r[i];
-          const A k = reduce<A>(Cg, [&](int64_t j) { return dg[j] * val(xg[j]); }) * ri * ri / A(Cg);
+    }
+  }
+
+  // One row through group scaling: each group's dL/dxs into buf and the
+  // group's sum of dL/dxs * xs in the same loop, then back through the scaling,
+  // the group still in cache: dL/dx = r (dL/dxs - xs mean(dL/dxs xs)).
+  template <bool kSums, bool kReal>
+  void grouped_row(int64_t n, A* __restrict__ s, A* __restrict__ buf) const {
+    const T* __restrict__ xr = xp(n);
+    const T* __restrict__ gr = gp + n * C;
+    T* __restrict__ out = op + n * C;
+    const A m = (kReal || correct_pads) ? A(1) : A(0);
+    A *__restrict__ s0 = s + (kReal ? 0 : 3 * C), *__restrict__ s1 = s0 + C, *__restrict__ s2 = s0 + 2 * C;
+    const A *__restrict__ mp = mean, *__restrict__ ip = inv, *__restrict__ wp = wj, *__restrict__ ap = aj,
+            *__restrict__ bp = bj;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t lo = g * Cg, hi = lo + Cg;
+      const A r = sp[n * G + g];
+      A* __restrict__ gv = buf - lo;
+      A dot = 0;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = lo; c < hi; ++c) {
+        const A xs = val(xr[c]) * r, xh = (xs - mp[c]) * ip[c], gc = val(gr[c]);
+        if constexpr (kSums) {
+          s0[c] += gc * xh;
+          s1[c] += gc;
+          s2[c] += xh * xh;
+        }
+        const A d = gc * wp[c] - m * (ap[c] + bp[c] * xh);
+        gv[c] = d;
+        dot += d * xs;
+      }
+      const A k = dot / A(Cg) * r;
 #pragma omp simd
-          for (int64_t j = 0; j < Cg; ++j) og[j] = put<T>(ri * (dg[j] - val(xg[j]) * k));
-        }
-      }
+      for (int64_t c = lo; c < hi; ++c) out[c] = put<T>(r * (gv[c] - val(xr[c]) * k));
     }
   }
 };
@@ -413,36 +370,45 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
   Tensor gx = want_gx ? at::empty({N, C}, x.options()) : at::empty({0}, x.options());
-  const std::vector<A> ip = channels<A>(inv_fwd, C), mp = channels<A>(mean, C), wp = channels<A>(weight, C),
-                       jp = channels<A>(inv_bwd, C), ap = channels<A>(Ac, C), bp = channels<A>(Bc, C, b_scale);
+  const std::vector<A> ip = channels<A>(inv_fwd, C), mp = channels<A>(mean, C);
+  std::vector<A> wj = channels<A>(weight, C), aj = channels<A>(Ac, C), bj = channels<A>(Bc, C, b_scale);
+  const std::vector<A> jp = channels<A>(inv_bwd, C);
+  for (int64_t c = 0; c < C; ++c) {  // the backward's scale folded into its per-channel factors
+    wj[c] *= jp[c];
+    aj[c] *= jp[c];
+    bj[c] *= jp[c];
+  }
   const BackwardPass<T> pass{RowsOf<T>(x), gy.data_ptr<T>(), Real(mask), C, Cg, G, groups,
                              G > 0 ? scale.data_ptr<A>() : nullptr, want_gx ? gx.data_ptr<T>() : nullptr,
-                             ip.data(), mp.data(), wp.data(), jp.data(), ap.data(), bp.data(), correct_pads};
-  Sums<A> sums(want_sums ? 5 * C : 0);
+                             ip.data(), mp.data(), wj.data(), aj.data(), bj.data(), correct_pads};
+  Sums<A> sums(want_sums ? 6 * C : 0);
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<A> stage(want_sums ? 5 * C : 0, A(0)), buf(kRows * Cg);
+    std::vector<A> stage(want_sums ? 6 * C : 0, A(0)), buf(G > 0 ? Cg : 0);
     double* dst = want_sums ? sums.local() : nullptr;
-    int64_t since = 0;
-    in_blocks(begin, end, pass.real, [&](auto R, int64_t n, auto is_real) {
-      constexpr int kR = decltype(R)::value;
+    int64_t rows = 0;
+    each_row(begin, end, pass.real, [&](int64_t n, auto is_real) {
       constexpr bool kReal = decltype(is_real)::value;
       A *s = stage.data(), *b = buf.data();
-      if (!want_gx) pass.template rows<kR, false, true, false, kReal>(n, s, b);
-      else if (G > 0) want_sums ? pass.template rows<kR, true, true, true, kReal>(n, s, b)
-                                : pass.template rows<kR, true, false, true, kReal>(n, s, b);
-      else want_sums ? pass.template rows<kR, true, true, false, kReal>(n, s, b)
-                     : pass.template rows<kR, true, false, false, kReal>(n, s, b);
-      if (want_sums && (since += kR) >= kFlush) {
-        flush(stage, dst);
-        since = 0;
-      }
+      if (!want_gx) pass.template row<false, true, kReal>(n, s);
+      else if (G > 0) want_sums ? pass.template grouped_row<true, kReal>(n, s, b)
+                                : pass.template grouped_row<false, kReal>(n, s, b);
+      else want_sums ? pass.template row<true, true, kReal>(n, s) : pass.template row<true, false, kReal>(n, s);
+      if (want_sums && ++rows % kFlush == 0) flush(stage, dst);
     });
     if (want_sums) flush(stage, dst);
   });
   Tensor part = at::empty({0}, x.options().dtype(at::kDouble));
   if (want_sums) {  // (1, 5, C): gy*xh and gy over every row, gy*xh and xh^2 over real rows, xh^2 over every row
     const std::vector<double> s = sums.total();
-    part = at::from_blob(const_cast<double*>(s.data()), {1, 5, C}, at::kDouble).clone();
+    part = at::empty({1, 5, C}, at::kDouble);
+    double* p = part.data_ptr<double>();
+    for (int64_t c = 0; c < C; ++c) {
+      p[c] = s[c] + s[3 * C + c];
+      p[C + c] = s[C + c] + s[4 * C + c];
+      p[2 * C + c] = s[c];
+      p[3 * C + c] = s[2 * C + c];
+      p[4 * C + c] = s[2 * C + c] + s[5 * C + c];
+    }
   }
   return {gx, part};
 }
@@ -596,7 +562,7 @@ std::vector<Tensor> rows_forward(const Tensor& x, const std::vector<at::opmath_t
 // dL/dx = f * (g - x * f^2 <g, x> / dims), g = gy * w (no correction where
 // ScaleNorm's norm is clamped); and the parameter's gradient: the sum of
 // <gy, x> f over rows (ScaleNorm's g), or per channel of gy * x * f (RMSNorm's
-// w, added kRows rows at a time).
+// w).
 template <typename T>
 std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Tensor& gy,
                                   const std::vector<at::opmath_type<T>>& w, double eps, bool scalenorm) {
@@ -612,47 +578,26 @@ std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Ten
     std::vector<A> stage(scalenorm ? 0 : C, A(0));
     A* __restrict__ sw = stage.data();
     double* dst = sums.local();
-    int64_t since = 0;
-    in_blocks(begin, end, Real(), [&](auto R, int64_t n0, auto) {
-      constexpr int kR = decltype(R)::value;
-      const T* xr[kR];
-      const T* gr[kR];
-      A f[kR];
-      for (int i = 0; i < kR; ++i) {
-        xr[i] = xp(n0 + i);
-        gr[i] = gp + (n0 + i) * C;
-        f[i] = scalenorm ? A(1) / st[n0 + i] : st[n0 + i];
-      }
-      if (!scalenorm) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp(n);
+      const T* __restrict__ gr = gp + n * C;
+      const A* __restrict__ w1 = wp;  // a local copy: a pointer read through a capture is reloaded per element
+      T* __restrict__ out = op + n * C;
+      const A f = scalenorm ? A(1) / st[n] : st[n];
+      A k;
+      if (scalenorm) {  // one g: <gy, x> is the row's whole contribution
+        const A dot = reduce<A>(C, [&](int64_t c) { return val(gr[c]) * val(xr[c]); });
+        dst[0] += double(dot) * f;
+        k = double(st[n]) <= eps ? A(0) : dot * w1[0] * f * f;
+      } else {
+        k = reduce<A>(C, [&](int64_t c) { return val(gr[c]) * w1[c] * val(xr[c]); }) * f * f / A(C);
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) {
-          A acc = 0;
-          each_row<kR>([&](auto i) __attribute__((always_inline)) { acc += val(gr[i][c]) * val(xr[i][c]) * f[i]; });
-          sw[c] += acc;
-        }
-        if ((since += kR) >= kFlush) {
-          flush(stage, dst);
-          since = 0;
-        }
+        for (int64_t c = 0; c < C; ++c) sw[c] += val(gr[c]) * val(xr[c]) * f;
+        if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
       }
-      for (int i = 0; i < kR; ++i) {
-        const T* __restrict__ x1 = xr[i];
-        const T* __restrict__ g1 = gr[i];
-        const A* __restrict__ w1 = wp;  // a local copy: a pointer read through a capture is reloaded per element
-        T* __restrict__ out = op + (n0 + i) * C;
-        const A fi = f[i];
-        A k;
-        if (scalenorm) {  // one g: <gy, x> is the row's whole contribution
-          const A dot = reduce<A>(C, [&](int64_t c) { return val(g1[c]) * val(x1[c]); });
-          dst[0] += double(dot) * fi;
-          k = double(st[n0 + i]) <= eps ? A(0) : dot * wp[0] * fi * fi;
-        } else {
-          k = reduce<A>(C, [&](int64_t c) { return val(g1[c]) * w1[c] * val(x1[c]); }) * fi * fi / A(C);
-        }
 #pragma omp simd
-        for (int64_t c = 0; c < C; ++c) out[c] = put<T>(fi * (val(g1[c]) * w1[c] - val(x1[c]) * k));
-      }
-    });
+      for (int64_t c = 0; c < C; ++c) out[c] = put<T>(f * (val(gr[c]) * w1[c] - val(xr[c]) * k));
+    }
     flush(stage, dst);
   });
   return {gx, from(sums.total(), at::kDouble)};
