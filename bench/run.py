@@ -9,6 +9,7 @@ with their LayerNorm baseline, and the median is reported.
 """
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -51,9 +52,27 @@ def layer_options(kind, C):
     return dict(layer_scale=True, groups=4) if kind == "pn" else {}
 
 
+def steady_allocator() -> bool:
+    """Fix glibc's thresholds for returning memory to the system. By default
+    they move with what was freed before (its dynamic mmap threshold), so an
+    output tensor is either reused from the heap or mapped anew, with a page
+    fault per 4 KiB on first touch, depending on the layer timed before it:
+    a layer's time then swung by 2x from run to run. With both thresholds at
+    1 GiB every layer, F.layer_norm's included, allocates from the heap.
+    Returns whether the allocator took the setting (glibc only)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30))
+
+
 def bench_layers(shapes, reps, dtypes, device="cpu"):
     """Forward+backward time of every norm over F.layer_norm, interleaved."""
     rows = []
+    if device == "cpu":
+        steady_allocator()
     bandwidth = measure_bandwidth(device)
     for dtype in dtypes:
         for T, B, C in shapes:
@@ -552,7 +571,8 @@ def markdown(results):
     if "layers" in results:
         bw = results["layers_bandwidth_gb_s"]
         out += ["### 1. Norm layer, forward + backward, relative to `F.layer_norm`", "",
-                f"20% padding, median of interleaved pairs; memory bandwidth (large copy) {bw} GB/s; "
+                "20% padding, median of interleaved pairs, glibc's allocator thresholds fixed (steady_allocator); "
+                f"memory bandwidth (large copy) {bw} GB/s; "
                 "bytes = 5 x tensor (read x, write y; read x and dy, write dx); 'of copy' is against "
                 "the best copy of a tensor of the layer's own size (copy GB/s).", "",
                 "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s | copy GB/s | of copy | target |",
