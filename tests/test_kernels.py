@@ -233,7 +233,9 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     C = 4096, 8192 and 16384, with a whole-row group and groups of 128
     channels, in float16, bfloat16 and float32 (rows and groups walked in
     blocks), padded only (a padded variant is an unpadded one plus the mask's
-    load). Only distinct specialisations are compiled: the wide row kernels
+    load). The input is the model's, fairseq's transposed residual stream (a
+    contiguous one is the strided one without the row arithmetic). Only
+    distinct specialisations are compiled: the wide row kernels
     are one variant for every width, the groups one per group width."""
     backend_or_fail("triton")
     from powernorm_fairseq.measure import sm90
@@ -255,8 +257,8 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
                     norm = build_norm(kind, C, **options).to(model_dtype).train()
                     pad = torch.zeros(Bn, T, dtype=torch.bool)
                     pad[1, T - 3:] = True
-                    for _ in range(2):
-                        x = torch.empty(T, Bn, C, dtype=dtype, requires_grad=True)
+                    for _ in range(2):  # fairseq's residual stream: a (B, T, C) tensor seen as (T, B, C)
+                        x = torch.empty(Bn, T, C, dtype=dtype).transpose(0, 1).requires_grad_(True)
                         norm(x, pad if padded else None).backward(torch.empty_like(x))
     built = sm90.build_in_fresh_process(sm90.distinct(launched))
     assert {b["kernel"] for b in built} == {

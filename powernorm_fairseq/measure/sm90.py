@@ -4,7 +4,7 @@
 types, alignments, integer values and constexprs), running them or not;
 :func:`build` compiles each distinct variant for sm_90 through triton's own
 specialisation (what a launch on the GPU would compile) and reads its
-registers and spills as ptxas reports them (``ptxas -v``). It
+registers and spills as ptxas reports them (``ptxas -v``, in triton's own run). It
 needs ``TRITON_INTERPRET=0``, so callers on an interpreted process run it in
 a fresh one::
 
@@ -16,6 +16,7 @@ grid launches (``gpu.PROGRAMS_PER_SM``) to be resident at once.
 """
 
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -27,8 +28,7 @@ import torch
 
 from ..norms.kernels import gpu
 
-REGISTERS_PER_SM = 65536
-WARP = 32
+REGISTERS_PER_SM, WARP = gpu.REGISTERS_PER_SM, gpu.WARP
 
 
 def _describe(a):
@@ -97,20 +97,12 @@ def _argument(d):
     return next(iter(d.values()))
 
 
-def _resources(ptx: str):
-    """(registers, spill store bytes, stack frame bytes) as ptxas reports them for sm_90a."""
+def _resources(log: str):
+    """(registers, spill store bytes, stack frame bytes) from ptxas's -v log."""
     import re
 
-    tools = Path(sys.modules["triton"].__file__).parent / "backends" / "nvidia" / "bin"
-    ptxas = next(p for p in (tools / "ptxas-blackwell", tools / "ptxas") if p.exists())
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.ptx"
-        path.write_text(ptx)
-        text = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(path), "-o", str(Path(tmp) / "kernel.cubin")],
-                              capture_output=True, text=True, check=True).stderr
-
     def number(pattern):
-        found = re.search(pattern, text)
+        found = re.search(pattern, log)
         return int(found.group(1)) if found else 0
     return number(r"Used (\d+) registers"), number(r"(\d+) bytes spill stores"), number(r"(\d+) bytes stack frame")
 
@@ -122,9 +114,11 @@ def _compile(job):
 
     name, signature, constexprs, attrs, options = job
     fn = getattr(gpu, name)
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                            target=TARGET(), options=options)
-    return (*_resources(kernel.asm["ptx"]), kernel.metadata.num_warps)
+    log = io.StringIO()  # ptxas's own -v report, as triton prints it (build sets dump_ptxas_log)
+    with contextlib.redirect_stdout(log):
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                target=TARGET(), options=options)
+    return (*_resources(log.getvalue()), kernel.metadata.num_warps)
 
 
 def TARGET():
@@ -143,9 +137,11 @@ def build(variants, workers=None):
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    from triton import knobs
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
+    knobs.nvidia.dump_ptxas_log = True  # the workers read each kernel's registers from triton's own ptxas run
     backend = make_backend(TARGET())
     keys, jobs, described = [], {}, {}
     for v in variants:  # triton's own specialisation of each launch, as on the GPU

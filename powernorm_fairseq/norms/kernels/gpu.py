@@ -41,7 +41,7 @@ except ImportError:  # the plain path or the CPU kernels serve instead
 
 NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-STRIDED_ROWS = False  # reads (N, C) rows: functions.rows copies a strided (T, B, C) once per step
+STRIDED_ROWS = True  # reads (T, B, C) rows where they lie (_rows, _row_tile)
 failure = None if triton is not None else "triton is not installed"
 
 
@@ -58,12 +58,13 @@ def takes(x: torch.Tensor) -> bool:
 
 
 #: resident programs per multiprocessor that each main kernel's grid launches
-#: (float64, which only the tests run, half as many): every variant compiled
-#: for sm_90 keeps its registers within what this allows and spills nothing
-#: (measure/sm90.py, checked in CI)
+#: (float64, which only the tests run, half as many): each launch bounds its
+#: registers to what this allows (``registers``, ptxas's .maxnreg), and every
+#: variant compiled for sm_90 spills nothing within it (measure/sm90.py, checked in CI)
 PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 3, "_scalenorm_forward": 4,
                    "_scalenorm_backward": 3, "_rmsnorm_forward": 4, "_rmsnorm_backward": 3}
 WARPS = 4  # of every kernel (triton's default)
+REGISTERS_PER_SM, WARP = 65536, 32
 #: elements of a tile (rows x columns) of a channel kernel and of a per-row one
 TILE, ROW_TILE = 1024, 2048
 #: the widest group (channel kernels) and row (per-row kernels) held in registers
@@ -76,6 +77,14 @@ MAX_ROWS = 1024
 
 def programs_per_sm(kernel: str, float64: bool = False) -> int:
     return max(1, PROGRAMS_PER_SM[kernel] // 2) if float64 else PROGRAMS_PER_SM[kernel]
+
+
+def registers(kernel: str, float64: bool = False) -> int:
+    """A main kernel's launch bound: the registers per thread (allocated in
+    units of 8, at most 255) with which its grid's programs per
+    multiprocessor are resident at once. ptxas, left unbounded, spills a few
+    bytes in some variants to stay under a budget of its own choosing."""
+    return min(255, REGISTERS_PER_SM // (programs_per_sm(kernel, float64) * WARPS * WARP)) // 8 * 8
 
 
 def _programs(x: torch.Tensor, kernel: str) -> int:
@@ -172,9 +181,17 @@ def _launch(kernel, grid, *args, **constexprs):
 
 
 def _rows(x):
-    """x, (N, C) or (T, B, C) at any row strides, as the contiguous (N, C) rows
-    r = t * B + b that the kernels read (a copy where x is not already)."""
-    return x.reshape(-1, x.size(-1)).contiguous()
+    """x, (N, C) or (T, B, C), as the kernels read its rows r = t * B + b:
+    (x, N, C, (B, row stride of t, row stride of b)). Rows of unit column
+    stride are read where they lie, at any row strides: fairseq's residual
+    stream, the transposed view of a (B, T, C) tensor, is not copied."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    C = x.size(-1)
+    N = x.numel() // C
+    if x.dim() == 3 and not x.is_contiguous():
+        return x, N, C, (x.size(1), x.stride(0), x.stride(1))
+    return x, N, C, (1, x.stride(0) if x.dim() == 2 else C, 0)
 
 
 _FINISH_BLOCK = 64  # columns per program of the finishing kernels
@@ -187,11 +204,10 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
-    x = _rows(x)
-    N, C = x.shape
+    x, N, C, geometry = _rows(x)
     cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_forward", not want_y)
     acc, dev = _acc(x), x.device
-    y = torch.empty_like(x) if want_y else x.new_empty(0)
+    y = x.new_empty(N, C) if want_y else x.new_empty(0)
     scale = torch.empty(N, groups, dtype=acc, device=dev) if groups > 0 else x.new_empty(0)
     part = torch.empty(progs + 1, 3, C, dtype=acc, device=dev) if want_stats else x.new_empty(0)
     m, nb, nt = _mask_args(mask, dev)
@@ -200,10 +216,11 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     _launch(_channel_forward, (progs + int(want_stats), chunks),
             x, m, _or(mean, dev), _or(inv, dev), _or(weight, dev), _or(bias, dev), _or(y, dev), _or(scale, dev),
             _or(part, dev),
-            N, C, nb, nt, per_prog, gs_eps, inv_eps,
+            N, C, *geometry, nb, nt, per_prog, gs_eps, inv_eps,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), INV_RUNNING=inv_eps >= 0, GROUPED=groups > 0,
             WANT_Y=want_y, WANT_STATS=want_stats, CENTER=center, F64=acc == torch.float64, WIDE=block_c < cw,
-            BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS)
+            BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS,
+            maxnreg=registers("_channel_forward", acc == torch.float64))
     return y, scale, part
 
 
@@ -234,21 +251,21 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     dy*xh and xh^2 over the real rows, xh^2 over every row.
 
     Returns (dL/dx or empty, part or empty)."""
-    x = _rows(x)
-    N, C = x.shape
+    x, N, C, geometry = _rows(x)
     cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_backward", not want_gx)
     acc, dev = _acc(x), x.device
-    gx = torch.empty_like(x) if want_gx else x.new_empty(0)
+    gx = x.new_empty(N, C) if want_gx else x.new_empty(0)
     part = torch.empty(progs + 1, 5, C, dtype=acc, device=dev) if want_sums else x.new_empty(0)
     m, nb, nt = _mask_args(mask, dev)
     wide = block_c < cw  # each row's dot product with its group's gradient, from a first pass
     dots = torch.empty(N, groups, dtype=acc, device=dev) if wide and want_gx else _nothing(dev)
     _launch(_channel_backward, (progs + int(want_sums), chunks),  # the ticket row as in forward
             x, m, _or(scale, dev), grad_y, weight, _or(mean, dev), inv_fwd, _or(inv_bwd, dev), _or(A, dev),
-            _or(B, dev), _or(gx, dev), _or(part, dev), dots, N, C, nb, nt, per_prog, b_scale,
+            _or(B, dev), _or(gx, dev), _or(part, dev), dots, N, C, *geometry, nb, nt, per_prog, b_scale,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), HAS_A=not _empty(A), HAS_B=not _empty(B),
             GROUPED=groups > 0, CORRECT_PADS=correct_pads, WANT_GX=want_gx, WANT_SUMS=want_sums,
-            F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS)
+            F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS,
+            maxnreg=registers("_channel_backward", acc == torch.float64))
     return gx, part
 
 
@@ -278,7 +295,7 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
 def _row_layout(x, kernel):
     """(columns per block, rows per step, rows per program, programs): a row
     wider than ``WIDEST_ROW`` is walked in blocks of ``SUB_CHUNK`` columns."""
-    N, C = x.shape
+    N, C = x.numel() // x.size(-1), x.size(-1)
     block_c = triton.next_power_of_2(C)
     if block_c > WIDEST_ROW:
         block_c = SUB_CHUNK
@@ -288,54 +305,51 @@ def _row_layout(x, kernel):
     return block_c, block_n, per_prog, triton.cdiv(N, per_prog)
 
 
-def _row_pass(kernel, x, *tensors, scalars=()):
-    """Launch per-row ``kernel`` over x's rows: (x, *tensors, N, C, rows per
-    program, *scalars); ``tensors`` may hold a callable of the programs'
-    count, for a per-program buffer."""
-    N, C = x.shape
+def _row_pass(kernel, rows, *tensors, scalars=()):
+    """Launch per-row ``kernel`` over the rows (``_rows``) of x: (x, *tensors,
+    N, C, x's row geometry, rows per program, *scalars); ``tensors`` may hold
+    a callable of the programs' count, for a per-program buffer."""
+    x, N, C, geometry = rows
     block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
     tensors = [t(progs) if callable(t) else t for t in tensors]
-    _launch(kernel, (progs,), x, *tensors, N, C, per_prog, *scalars,
-            F64=x.dtype == torch.float64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS)
+    _launch(kernel, (progs,), x, *tensors, N, C, *geometry, per_prog, *scalars,
+            F64=x.dtype == torch.float64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS,
+            maxnreg=registers(kernel.__name__, x.dtype == torch.float64))
 
 
 def scalenorm_forward(x, scale, eps):
     """y = g x / max(||x||, eps) per row; returns (y, the clamped norms (N,))."""
-    x = _rows(x)
-    N, C = x.shape
-    y, norms = torch.empty_like(x), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
-    _row_pass(_scalenorm_forward, x, scale, y, norms, scalars=(eps,))
+    rows = x, N, C, _ = _rows(x)
+    y, norms = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
+    _row_pass(_scalenorm_forward, rows, scale, y, norms, scalars=(eps,))
     return y, norms
 
 
 def scalenorm_backward(x, norms, grad_y, scale, eps):
     """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg
     = sum <dy, x> / n, summed by the last program in a fixed order."""
-    x = _rows(x)
-    N, C = x.shape
-    gx, grad_scale = torch.empty_like(x), torch.empty_like(scale)
+    rows = x, N, C, _ = _rows(x)
+    gx, grad_scale = x.new_empty(N, C), torch.empty_like(scale)
     part = lambda progs: torch.empty(progs, dtype=_acc(x), device=x.device)  # noqa: E731
-    _row_pass(_scalenorm_backward, x, norms, grad_y, scale, gx, part, grad_scale, norms[N:], scalars=(eps,))
+    _row_pass(_scalenorm_backward, rows, norms, grad_y, scale, gx, part, grad_scale, norms[N:], scalars=(eps,))
     return gx, grad_scale
 
 
 def rmsnorm_forward(x, weight, eps):
     """y = x / sqrt(mean(x^2) + eps) * w per row; returns (y, 1 / rms (N,))."""
-    x = _rows(x)
-    N, C = x.shape
-    y, rstd = torch.empty_like(x), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
-    _row_pass(_rmsnorm_forward, x, weight, y, rstd, scalars=(eps,))
+    rows = x, N, C, _ = _rows(x)
+    y, rstd = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
+    _row_pass(_rmsnorm_forward, rows, weight, y, rstd, scalars=(eps,))
     return y, rstd
 
 
 def rmsnorm_backward(x, rstd, grad_y, weight):
     """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, summed
     by the last program in a fixed order."""
-    x = _rows(x)
-    N, C = x.shape
-    gx, grad_w = torch.empty_like(x), torch.empty_like(weight)
+    rows = x, N, C, _ = _rows(x)
+    gx, grad_w = x.new_empty(N, C), torch.empty_like(weight)
     part = lambda progs: torch.empty(progs, C, dtype=_acc(x), device=x.device)  # noqa: E731
-    _row_pass(_rmsnorm_backward, x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:])
+    _row_pass(_rmsnorm_backward, rows, rstd, grad_y, weight, gx, part, grad_w, rstd[N:])
     return gx, grad_w
 
 
@@ -358,15 +372,17 @@ if triton is not None:
             return v.to(tl.float32)
 
     @triton.jit
-    def _row_tile(X, first, N, C, cols, cmask, BLOCK_N: tl.constexpr, F64: tl.constexpr):
-        """Rows first .. first + BLOCK_N of (N, C) ``X`` at columns ``cols``:
-        (rows, their mask, the tile's mask, its offsets, the tile in the
-        accumulation dtype, 0 outside)."""
+    def _row_tile(X, XB, XST, XSB, first, N, C, cols, cmask, BLOCK_N: tl.constexpr, F64: tl.constexpr):
+        """Rows first .. first + BLOCK_N of ``X`` at columns ``cols``: (rows,
+        their mask, the tile's mask, its offsets in a contiguous (N, C) tensor,
+        the tile in the accumulation dtype, 0 outside). Row r = t * XB + b of X
+        starts at t * XST + b * XSB (_rows: a (T, B, C) view read where it lies)."""
         rows = first + tl.arange(0, BLOCK_N)
         rmask = rows < N
         m2 = rmask[:, None] & cmask[None, :]
         at = rows[:, None].to(tl.int64) * C + cols[None, :]
-        return rows, rmask, m2, at, _f(tl.load(X + at, mask=m2, other=0.0), F64)
+        xrow = (rows // XB).to(tl.int64) * XST + (rows % XB).to(tl.int64) * XSB
+        return rows, rmask, m2, at, _f(tl.load(X + xrow[:, None] + cols[None, :], mask=m2, other=0.0), F64)
 
     @triton.jit
     def _cast(v, PTR):
@@ -423,7 +439,7 @@ if triton is not None:
         return 1.0 / tl.sqrt(sum_sq / n + eps)
 
     @triton.jit
-    def _group_scales(X, SCALE, start, per_prog, N, C, chunk, gs_eps,
+    def _group_scales(X, XB, XST, XSB, SCALE, start, per_prog, N, C, chunk, gs_eps,
                       F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
         """SCALE[row, chunk] = 1 / sqrt(mean(x^2) + eps) over the chunk's CW columns, block by block."""
         offs = tl.arange(0, BLOCK_C)
@@ -433,7 +449,7 @@ if triton is not None:
             ss = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
             for s0 in range(0, CW, BLOCK_C):
                 cols = chunk * CW + s0 + offs
-                x = _row_tile(X, start + r0, N, C, cols, (s0 + offs < CW) & (cols < C), BLOCK_N, F64)[4]
+                x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, (s0 + offs < CW) & (cols < C), BLOCK_N, F64)[4]
                 ss += tl.sum(x * x, axis=1)
             tl.store(_at_group(SCALE, rows, chunk), _inv_rms(ss, CW, gs_eps), mask=rmask)
 
@@ -448,7 +464,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_forward(X, MASK, MEAN, INV, W, Bias, Y, SCALE, PART,
-                         N, C, nb, nt, per_prog, gs_eps, inv_eps,
+                         N, C, XB, XST, XSB, nb, nt, per_prog, gs_eps, inv_eps,
                          HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, INV_RUNNING: tl.constexpr,
                          GROUPED: tl.constexpr, WANT_Y: tl.constexpr, WANT_STATS: tl.constexpr,
                          CENTER: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
@@ -458,7 +474,7 @@ if triton is not None:
         offs = tl.arange(0, BLOCK_C)
         start = pid_n * per_prog
         if WIDE:
-            _group_scales(X, SCALE, start, per_prog, N, C, chunk, gs_eps, F64, BLOCK_N, BLOCK_C, CW)
+            _group_scales(X, XB, XST, XSB, SCALE, start, per_prog, N, C, chunk, gs_eps, F64, BLOCK_N, BLOCK_C, CW)
         for s0 in range(0, CW, BLOCK_C):  # one block unless WIDE
             cols = chunk * CW + s0 + offs
             cmask = (s0 + offs < CW) & (cols < C)
@@ -482,13 +498,13 @@ if triton is not None:
             s2 = zero
             shift = zero
             if WANT_STATS and CENTER:  # shifted data: the masked mean of the program's first tile
-                rows, rmask, m2, at, x = _row_tile(X, start, N, C, cols, cmask, BLOCK_N, F64)
+                rows, rmask, m2, at, x = _row_tile(X, XB, XST, XSB, start, N, C, cols, cmask, BLOCK_N, F64)
                 if GROUPED:
                     x = x * _group_scale(SCALE, rows, rmask, x, chunk, gs_eps, F64, WIDE, CW)[:, None]
                 keep = _keep(MASK, rows, rmask, nb, nt, HAS_MASK, F64)
                 shift = tl.sum(x * keep[:, None], axis=0) / tl.maximum(tl.sum(keep, axis=0), 1.0)
             for r0 in range(0, per_prog, BLOCK_N):
-                rows, rmask, m2, at, x = _row_tile(X, start + r0, N, C, cols, cmask, BLOCK_N, F64)
+                rows, rmask, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cmask, BLOCK_N, F64)
                 if GROUPED:  # the original code's layer scale: this chunk is one group
                     r = _group_scale(SCALE, rows, rmask, x, chunk, gs_eps, F64, WIDE, CW)
                     if WANT_Y and not WIDE:
@@ -616,10 +632,10 @@ if triton is not None:
         return invf, shift, w, invb, a, b
 
     @triton.jit
-    def _backward_tile(X, SCALE, GY, MASK, first, N, C, nb, nt, cols, cmask, chunk, invf, shift,
+    def _backward_tile(X, XB, XST, XSB, SCALE, GY, MASK, first, N, C, nb, nt, cols, cmask, chunk, invf, shift,
                        HAS_MASK: tl.constexpr, GROUPED: tl.constexpr, F64: tl.constexpr, BLOCK_N: tl.constexpr):
         """A row tile for the backward: (rows, rmask, m2, at, xs, xh, dy, keep, group scale r)."""
-        rows, rmask, m2, at, xs = _row_tile(X, first, N, C, cols, cmask, BLOCK_N, F64)
+        rows, rmask, m2, at, xs = _row_tile(X, XB, XST, XSB, first, N, C, cols, cmask, BLOCK_N, F64)
         r = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
         if GROUPED:
             r = _f(tl.load(_at_group(SCALE, rows, chunk), mask=rmask, other=0.0), F64)
@@ -639,7 +655,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_backward(X, MASK, SCALE, GY, W, MEAN, INVF, INVB, A, Bc, GX, PART, DOTS,
-                          N, C, nb, nt, per_prog, b_scale,
+                          N, C, XB, XST, XSB, nb, nt, per_prog, b_scale,
                           HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_A: tl.constexpr,
                           HAS_B: tl.constexpr, GROUPED: tl.constexpr, CORRECT_PADS: tl.constexpr,
                           WANT_GX: tl.constexpr, WANT_SUMS: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
@@ -659,7 +675,7 @@ if triton is not None:
                     invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale,
                                                                    HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64, BLOCK_C)
                     _, _, m2, at, xs, xh, gy, keep, r = _backward_tile(
-                        X, SCALE, GY, MASK, start + r0, N, C, nb, nt, cols, cmask, chunk, invf, shift,
+                        X, XB, XST, XSB, SCALE, GY, MASK, start + r0, N, C, nb, nt, cols, cmask, chunk, invf, shift,
                         HAS_MASK, GROUPED, F64, BLOCK_N)
                     dot += tl.sum(_gxs(gy, w, keep, rmask, a, b, xh, invb, CORRECT_PADS, F64) * xs, axis=1)
                 tl.store(_at_group(DOTS, rows, chunk), dot / CW, mask=rmask)
@@ -676,7 +692,7 @@ if triton is not None:
             s4 = zero  # xh^2, every row
             for r0 in range(0, per_prog, BLOCK_N):
                 rows, rmask, m2, at, xs, xh, gy, keep, r = _backward_tile(
-                    X, SCALE, GY, MASK, start + r0, N, C, nb, nt, cols, cmask, chunk, invf, shift,
+                    X, XB, XST, XSB, SCALE, GY, MASK, start + r0, N, C, nb, nt, cols, cmask, chunk, invf, shift,
                     HAS_MASK, GROUPED, F64, BLOCK_N)
                 if WANT_SUMS:
                     gxh = gy * xh
@@ -758,14 +774,17 @@ if triton is not None:
     # the row's sums, once to write (the second read finds the rows in cache).
 
     @triton.jit
-    def _row_sum(X, Y, W, first, N, C, cols, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, F64: tl.constexpr,
-                 HAS_W: tl.constexpr):
-        """Per row of rows first .. first + BLOCK_N: the sum over every column of x * y (* w)."""
+    def _row_sum(X, XB, XST, XSB, Y, W, first, N, C, cols, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+                 F64: tl.constexpr, HAS_W: tl.constexpr, SQUARE: tl.constexpr):
+        """Per row of rows first .. first + BLOCK_N: the sum over every column
+        of x * y (* w), y the (N, C) ``Y`` or, with SQUARE, x itself."""
         total = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
         for c0 in range(0, C, BLOCK_C):
             cc = c0 + cols
-            rows, rmask, m2, at, x = _row_tile(X, first, N, C, cc, cc < C, BLOCK_N, F64)
-            y = _f(tl.load(Y + at, mask=m2, other=0.0), F64)
+            rows, rmask, m2, at, x = _row_tile(X, XB, XST, XSB, first, N, C, cc, cc < C, BLOCK_N, F64)
+            y = x
+            if not SQUARE:
+                y = _f(tl.load(Y + at, mask=m2, other=0.0), F64)
             if HAS_W:
                 y = y * _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)[None, :]
             total += tl.sum(x * y, axis=1)
@@ -782,7 +801,7 @@ if triton is not None:
             tl.store(OUT + cc, _cast(acc, OUT), mask=cc < C)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _scalenorm_forward(X, S, Y, NORMS, N, C, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
+    def _scalenorm_forward(X, S, Y, NORMS, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
         g = _f(tl.load(S), F64)
@@ -792,19 +811,20 @@ if triton is not None:
         for r0 in range(0, per_prog, BLOCK_N):
             rows = start + r0 + tl.arange(0, BLOCK_N)
             if WIDE:
-                ss = _row_sum(X, X, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False)
+                ss = _row_sum(X, XB, XST, XSB, X, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False, True)
             else:
-                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
+                _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
                 ss = tl.sum(x * x, axis=1)
             norm = tl.maximum(tl.sqrt(ss), eps)
             tl.store(NORMS + rows, norm, mask=rows < N)
             for c0 in range(0, C if WIDE else 1, BLOCK_C):
                 if WIDE:
-                    _, _, m2, at, x = _row_tile(X, start + r0, N, C, c0 + cols, c0 + cols < C, BLOCK_N, F64)
+                    _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, c0 + cols, c0 + cols < C,
+                                                BLOCK_N, F64)
                 tl.store(Y + at, (x * (g / norm)[:, None]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, TICKET, N, C, per_prog, eps, F64: tl.constexpr,
+    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, TICKET, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr,
                             WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
         g = _f(tl.load(S), F64)
@@ -815,16 +835,17 @@ if triton is not None:
             rmask = rows < N
             norm = _f(tl.load(NORMS + rows, mask=rmask, other=1.0), F64)
             if WIDE:
-                dot = _row_sum(X, GY, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False)
+                dot = _row_sum(X, XB, XST, XSB, GY, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False, False)
             else:
-                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
+                _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
                 gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
                 dot = tl.sum(gy * x, axis=1)
             total += tl.where(rmask, dot / norm, 0.0)
             k = tl.where(norm > eps, dot / (norm * norm), 0.0)
             for c0 in range(0, C if WIDE else 1, BLOCK_C):
                 if WIDE:
-                    _, _, m2, at, x = _row_tile(X, start + r0, N, C, c0 + cols, c0 + cols < C, BLOCK_N, F64)
+                    _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, c0 + cols, c0 + cols < C,
+                                                BLOCK_N, F64)
                     gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
                 gx = (g / norm)[:, None] * (gy - x * k[:, None])
                 tl.store(GX + at, gx.to(GX.dtype.element_ty), mask=m2)
@@ -833,7 +854,7 @@ if triton is not None:
             _sum_parts(PART, GS, 1, tl.arange(0, 1), 1)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _rmsnorm_forward(X, W, Y, RSTD, N, C, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
+    def _rmsnorm_forward(X, W, Y, RSTD, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
         w = _f(tl.load(W + cols, mask=cols < C, other=0.0), F64)
@@ -843,20 +864,21 @@ if triton is not None:
         for r0 in range(0, per_prog, BLOCK_N):
             rows = start + r0 + tl.arange(0, BLOCK_N)
             if WIDE:
-                ss = _row_sum(X, X, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False)
+                ss = _row_sum(X, XB, XST, XSB, X, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False, True)
             else:
-                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
+                _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
                 ss = tl.sum(x * x, axis=1)
             r = _inv_rms(ss, C, eps)
             tl.store(RSTD + rows, r, mask=rows < N)
             for c0 in range(0, C if WIDE else 1, BLOCK_C):
                 if WIDE:
-                    _, _, m2, at, x = _row_tile(X, start + r0, N, C, c0 + cols, c0 + cols < C, BLOCK_N, F64)
+                    _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, c0 + cols, c0 + cols < C,
+                                                BLOCK_N, F64)
                     w = _f(tl.load(W + c0 + cols, mask=c0 + cols < C, other=0.0), F64)
                 tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, per_prog, F64: tl.constexpr,
+    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
                           WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         """dL/dw's per-program sums stay in registers, or with WIDE in the
         program's row of PART, added to block by block."""
@@ -872,15 +894,16 @@ if triton is not None:
             rows = start + r0 + tl.arange(0, BLOCK_N)
             r = _f(tl.load(RSTD + rows, mask=rows < N, other=0.0), F64)
             if WIDE:
-                dot = _row_sum(X, GY, W, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, True) * r / C
+                dot = _row_sum(X, XB, XST, XSB, GY, W, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, True,
+                               False) * r / C
             else:
-                _, _, m2, at, x = _row_tile(X, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
+                _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
                 gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
                 dot = tl.sum(gy * w[None, :] * x * r[:, None], axis=1) / C
             for c0 in range(0, C if WIDE else 1, BLOCK_C):
                 if WIDE:
                     cc = c0 + cols
-                    _, _, m2, at, x = _row_tile(X, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
+                    _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
                     gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
                     w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
                 xr = x * r[:, None]
