@@ -149,8 +149,8 @@ def test_a_compiled_layer_matches_the_eager_one(kind, backend):
         torch.testing.assert_close(a, b, msg=name)
 
 
-#: (encoder norm and its flags, the most launches a norm layer may add to the stock model's step)
-MODEL_TARGETS = [("pn", 4), ("pn --pn-warmup-updates 4", 6), ("pn-v", 6), ("bn", 6), ("scalenorm", 2)]
+#: (encoder norm and its flags, the most launches its 5 norm layers may add to the stock model's step)
+MODEL_TARGETS = [("pn", 10), ("pn --pn-warmup-updates 4", 20), ("pn-v", 20), ("bn", 20), ("scalenorm", 0)]
 
 
 def model_step(model, s):
@@ -173,12 +173,13 @@ def counted_model_step(toy_data, backend, *flags):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
-@pytest.mark.parametrize("norm, per_layer", MODEL_TARGETS)
-def test_a_model_step_adds_at_most_the_target_per_norm_layer_and_no_host_wait(toy_data, backend, norm, per_layer):
+@pytest.mark.parametrize("norm, added", MODEL_TARGETS)
+def test_a_model_step_adds_at_most_the_target_and_no_host_wait(toy_data, backend, norm, added):
     """A training step (forward and backward) of a 2+2-layer pre-norm model
     with ``norm`` in the encoder against fairseq's stock transformer: on the
-    GPU path at most ``per_layer`` more launches per norm layer, and, on
-    either path, exactly the stock model's host waits."""
+    GPU path at most ``added`` more launches (the norms read the residual
+    stream where it lies and fairseq's own padding mask), and, on either
+    path, exactly the stock model's host waits."""
     from powernorm_fairseq.norms import Norm
 
     backend_or_fail(backend)
@@ -192,7 +193,7 @@ def test_a_model_step_adds_at_most_the_target_per_norm_layer_and_no_host_wait(to
     assert seen.waits == stock.waits
     if backend == "triton":
         assert len(seen.kernels()) >= layers
-        assert len(seen.launches) <= len(stock.launches) + per_layer * layers, (len(seen.launches), len(stock.launches))
+        assert len(seen.launches) <= len(stock.launches) + added, (len(seen.launches), len(stock.launches))
 
 
 @pytest.mark.parametrize("backend", ["plain", "cpu"])

@@ -6,6 +6,8 @@ The encoder's norms follow ``--norm-type`` and the decoder's
 Nguyen & Salazar (2019), "Transformers without Tears".
 """
 
+from contextlib import contextmanager
+
 import torch.nn.functional as F
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
@@ -27,7 +29,7 @@ from ..modules import (
     decoder_norm,
     encoder_norm,
 )
-from ..norms import padding_mask
+from ..norms import Norm, padding_mask
 from .mixin import PowerNormModelMixin
 from .options import add_norm_args, powernorm_defaults
 
@@ -52,6 +54,32 @@ class PowerNormTransformerModel(PowerNormModelMixin, TransformerModel):
         )
 
 
+@contextmanager
+def layers_padding_mask(stack, key, tokens):
+    """Every norm of ``stack``, an encoder or a decoder, masked by the padding
+    mask that fairseq hands its first layer as ``key`` (None when the batch
+    has no padding): fairseq's own mask, not a second one made from the
+    tokens. A stack without layers makes it from ``tokens``."""
+    if not stack.layers:
+        with padding_mask(stack, tokens.eq(stack.padding_idx)):
+            yield
+        return
+
+    def hand_on(layer, args, kwargs):
+        if key not in kwargs:
+            raise RuntimeError(f"fairseq no longer passes {key}= to its layers: the norms have no padding mask")
+        for norm in norms:
+            norm.pad_mask = kwargs[key]
+
+    norms = [m for m in stack.modules() if isinstance(m, Norm)]
+    handle = stack.layers[0].register_forward_pre_hook(hand_on, with_kwargs=True)
+    try:
+        with padding_mask(stack):
+            yield
+    finally:
+        handle.remove()
+
+
 class PowerNormTransformerEncoder(TransformerEncoderBase):
     """fairseq's encoder; its norms get the source padding mask."""
 
@@ -66,7 +94,7 @@ class PowerNormTransformerEncoder(TransformerEncoderBase):
 
     def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens=False,
                            token_embeddings=None):
-        with padding_mask(self, src_tokens.eq(self.padding_idx)):
+        with layers_padding_mask(self, "encoder_padding_mask", src_tokens):
             return super().forward_scriptable(
                 src_tokens, src_lengths, return_all_hiddens, token_embeddings
             )
@@ -90,7 +118,7 @@ class PowerNormTransformerDecoder(TransformerDecoderBase):
                                     alignment_layer=None, alignment_heads=None):
         # incremental decoding feeds one position at a time
         tokens = prev_output_tokens if incremental_state is None else prev_output_tokens[:, -1:]
-        with padding_mask(self, tokens.eq(self.padding_idx)):
+        with layers_padding_mask(self, "self_attn_padding_mask", tokens):
             return super().extract_features_scriptable(
                 prev_output_tokens, encoder_out, incremental_state,
                 full_context_alignment, alignment_layer, alignment_heads,
