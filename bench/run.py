@@ -416,14 +416,7 @@ def gpu_markdown(results):
         out += ["### 1. Norm layer on the GPU, forward + backward, relative to `F.layer_norm`", "",
                 f"20% padding; median of interleaved pairs, each the mean of {GPU_CALLS} calls timed with CUDA "
                 f"events; copy bandwidth {results['copy_bandwidth_gb_s']} GB/s; bytes = 5 x tensor.", "",
-                "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s | of copy bandwidth | target |",
-                "|---|---|---|---|---|---|---|---|---|"]
-        for r in results["layers"]:
-            met = _met(r["ratio_to_ln"], r["target"])
-            out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.3f} | "
-                       f"{r['ln_ms']:.3f} | {r['gbps']} | "
-                       f"{_percent(r['fraction_of_bandwidth'])} | {met} |")
-        out.append("")
+                *_layer_rows(results["layers"], 3, copy=False), ""]
     if results.get("train"):
         out += ["### 2. `fairseq-train --fp16` words/s and peak GPU memory, relative to stock "
                 "`transformer_iwslt_de_en` (pre-norm LN)", "",
@@ -560,6 +553,21 @@ def _met(value, target) -> str:
     return "" if target is None else f"<= {target} " + ("met" if value <= target else "**missed**")
 
 
+def _layer_rows(layers, digits, copy):
+    """The layer table: time / LN and its target per dtype, shape and norm;
+    ``copy``: with the copy bandwidth of a tensor of the layer's own size."""
+    head = "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s |" + (
+        " copy GB/s | of copy | target |" if copy else " of copy bandwidth | target |")
+    rows = [head, "|---" * head.count(" | ") + "|---|"]
+    for r in layers:
+        cells = [r["dtype"], r["shape"], r["norm"], f"{r['ratio_to_ln']:.2f}", f"{r['ms']:.{digits}f}",
+                 f"{r['ln_ms']:.{digits}f}", r.get("gbps", r.get("gb_per_s"))]
+        cells += [r.get("copy_gb_s", "")] if copy else []
+        cells += [_percent(r["fraction_of_bandwidth"]), _met(r["ratio_to_ln"], r["target"])]
+        rows.append("| " + " | ".join(map(str, cells)) + " |")
+    return rows
+
+
 def _percent(fraction) -> str:
     return "-" if fraction is None else f"{fraction:.0%}"
 
@@ -575,15 +583,7 @@ def markdown(results):
                 f"memory bandwidth (large copy) {bw} GB/s; "
                 "bytes = 5 x tensor (read x, write y; read x and dy, write dx); 'of copy' is against "
                 "the best copy of a tensor of the layer's own size (copy GB/s).", "",
-                "| dtype | shape (T x B x C) | norm | time / LN | ms | LN ms | GB/s | copy GB/s | of copy | target |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in results["layers"]:
-            met = _met(r["ratio_to_ln"], r["target"])
-            out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['ratio_to_ln']:.2f} | {r['ms']:.2f} | "
-                       f"{r['ln_ms']:.2f} | {r.get('gbps', r.get('gb_per_s'))} | {r.get('copy_gb_s', '')} | "
-                       f"{_percent(r['fraction_of_bandwidth'])} | "
-                       f"{met} |")
-        out.append("")
+                *_layer_rows(results["layers"], 2, copy=True), ""]
     if "launches" in results:
         out += ["### 5. Launches, host waits, bytes and registers per training step of one layer", "",
                 f"Forward + backward, T x B x C = {results.get('launches_shape', '512x8x512')}, 20% padding, "

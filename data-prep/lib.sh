@@ -11,6 +11,17 @@ source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 die() { echo "$(basename "$0"): error: $*" >&2; exit 1; }
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
+# subword_usage WIDTH: the usage lines of --bpe, --bpe-size and --force,
+# their descriptions from column WIDTH (the translation recipes')
+subword_usage() {
+  local w=$(($1 - 2))
+  set -- "--bpe METHOD" "subword-nmt | sentencepiece (default: $BPE); a sentencepiece" \
+    "" "model is saved as DIR/bin/$SPM_MODEL, beside the data" \
+    "--bpe-size N" "subword-nmt merges, or the sentencepiece vocabulary size" "" "(default: $BPE_SIZE)" \
+    "--force" "prepare again even if DIR is complete"
+  while [[ $# -gt 0 ]]; do printf '  %-*s%s\n' "$w" "$1" "$2"; shift 2; done
+}
+
 # hold OUT FORCE: an flock on OUT/.powernorm-prep.lock for the rest of the
 # script, so that a second preparation into OUT (which would rename the first's
 # temporary files) is refused in one line; with FORCE non-empty, OUT is then
@@ -277,4 +288,20 @@ binarize_lm() {
   local dir=$1 dest=$2
   preprocess "$dest" --only-source \
     --trainpref "$dir/train.txt" --validpref "$dir/valid.txt" --testpref "$dir/test.txt"
+}
+
+# joint_subwords DIR IN OUT: one subword model (BPE, BPE_SIZE; its file in
+# MODEL) learned on the training text DIR/train$IN.{SRC,TGT} and applied to
+# DIR/{train,valid,test}$IN.L, written to DIR/bpe/SPLIT$OUT.L
+joint_subwords() {
+  local dir=$1 in=$2 out=$3 l split
+  log "learning joint subwords on the training text ($BPE, size $BPE_SIZE)"
+  MODEL=$(subword_model "$dir" "$BPE")
+  learn_subwords "$BPE" "$BPE_SIZE" "$MODEL" "$dir/train$in.$SRC" "$dir/train$in.$TGT"
+  mkdir -p "$dir/bpe"
+  for l in $SRC $TGT; do
+    for split in train valid test; do
+      apply_subwords "$BPE" "$MODEL" "$dir/$split$in.$l" "$dir/bpe/$split$out.$l"
+    done
+  done
 }

@@ -24,25 +24,12 @@ usage: data-prep/prepare-iwslt14.sh [--archive PATH] [--out DIR] [--bpe METHOD] 
   --out DIR        output directory (default: $OUT): DIR/bin is the binarized
                    data, DIR/raw the untokenized test references, DIR/tmp the
                    intermediate files
-  --bpe METHOD     subword-nmt | sentencepiece (default: $BPE); a sentencepiece
-                   model is saved as DIR/bin/$SPM_MODEL, beside the data
-  --bpe-size N     subword-nmt merges, or the sentencepiece vocabulary size
-                   (default: $BPE_SIZE)
-  --force          prepare again even if DIR is complete
 USAGE
+  subword_usage 19
 }
 
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --archive) ARCHIVE="$2"; shift 2 ;;
-    --out) OUT="$2"; shift 2 ;;
-    --bpe) BPE="$2"; shift 2 ;;
-    --bpe-size) BPE_SIZE="$2"; shift 2 ;;
-    --force) FORCE=1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown option '$1'" ;;
-  esac
-done
+declare -A OPTIONS=([--archive]=ARCHIVE [--out]=OUT [--bpe]=BPE [--bpe-size]=BPE_SIZE [--force]=FORCE=1)
+parse_options "$@"
 
 check_subwords "$BPE" "$BPE_SIZE"
 hold "$OUT" "$FORCE"
@@ -102,15 +89,7 @@ for l in $SRC $TGT; do
   run_step "$OUT/raw/test.$l" cat "${raw_files[@]}"
 done
 
-log "learning joint subwords on the training text ($BPE, size $BPE_SIZE)"
-MODEL=$(subword_model "$tmp" "$BPE")
-learn_subwords "$BPE" "$BPE_SIZE" "$MODEL" "$tmp/train.$SRC" "$tmp/train.$TGT"
-mkdir -p "$tmp/bpe"
-for l in $SRC $TGT; do
-  for split in train valid test; do
-    apply_subwords "$BPE" "$MODEL" "$tmp/$split.$l" "$tmp/bpe/$split.$l"
-  done
-done
+joint_subwords "$tmp" "" ""
 
 log "binarizing (fairseq-preprocess --joined-dictionary)"
 BESIDE=("$MODEL")

@@ -23,16 +23,8 @@ usage: data-prep/prepare-lm.sh --dataset {ptb,wikitext103} [--archive PATH] [--o
 USAGE
 }
 
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --dataset) DATASET="$2"; shift 2 ;;
-    --archive) ARCHIVE="$2"; shift 2 ;;
-    --out) OUT="$2"; shift 2 ;;
-    --force) FORCE=1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown option '$1'" ;;
-  esac
-done
+declare -A OPTIONS=([--dataset]=DATASET [--archive]=ARCHIVE [--out]=OUT [--force]=FORCE=1)
+parse_options "$@"
 
 case "$DATASET" in
   ptb)

@@ -49,24 +49,10 @@ usage: data-prep/prepare-phrasebank.sh (--src FILE | --demo N) [--out DIR] [opti
 USAGE
 }
 
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --src) SRC="$2"; shift 2 ;;
-    --demo) DEMO="$2"; shift 2 ;;
-    --out) OUT="$2"; shift 2 ;;
-    --format) FORMAT="$2"; shift 2 ;;
-    --encoding) ENCODING="$2"; shift 2 ;;
-    --valid-fraction) VALID="$2"; shift 2 ;;
-    --test-fraction) TEST="$2"; shift 2 ;;
-    --seed) SEED="$2"; shift 2 ;;
-    --bpe) BPE="$2"; shift 2 ;;
-    --bpe-size|--bpe-merges) BPE_SIZE="$2"; shift 2 ;;
-    --skip-malformed) SKIP=1; shift ;;
-    --force) FORCE=1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown option '$1'" ;;
-  esac
-done
+declare -A OPTIONS=([--src]=SRC [--demo]=DEMO [--out]=OUT [--format]=FORMAT [--encoding]=ENCODING
+                   [--valid-fraction]=VALID [--test-fraction]=TEST [--seed]=SEED [--bpe]=BPE
+                   [--bpe-size]=BPE_SIZE [--bpe-merges]=BPE_SIZE [--skip-malformed]=SKIP=1 [--force]=FORCE=1)
+parse_options "$@"
 [[ -n "$SRC" || -n "$DEMO" ]] || { usage >&2; die "give --src FILE or --demo N"; }
 [[ -z "$SRC" || -z "$DEMO" ]] || die "--src and --demo exclude each other: give one"
 [[ -z "$SRC" || -f "$SRC" ]] || die "--src: no such file '$SRC'"

@@ -27,17 +27,9 @@ usage: data-prep/prepare-quickstart.sh [--src-dir DIR] [--out DIR] [--bpe METHOD
 USAGE
 }
 
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --src-dir) SRC_DIR="$2"; shift 2 ;;
-    --out) OUT="$2"; shift 2 ;;
-    --bpe) BPE="$2"; shift 2 ;;
-    --bpe-size|--bpe-merges) BPE_SIZE="$2"; shift 2 ;;
-    --force) FORCE=1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown option '$1'" ;;
-  esac
-done
+declare -A OPTIONS=([--src-dir]=SRC_DIR [--out]=OUT [--bpe]=BPE [--bpe-size]=BPE_SIZE [--bpe-merges]=BPE_SIZE
+                   [--force]=FORCE=1)
+parse_options "$@"
 check_subwords "$BPE" "$BPE_SIZE"
 for split in train valid test; do
   for lang in de en; do

@@ -28,26 +28,13 @@ usage: data-prep/prepare-wmt14en2de.sh [--archive-dir DIR] [--out DIR] [--news-c
   --out DIR           output directory (default: $OUT): DIR/bin binarized, DIR/raw
                       untokenized test references, DIR/tmp intermediate files
   --news-commentary V v12 (default; fairseq's script, the authors' data) or v9 (WMT14's release)
-  --bpe METHOD         subword-nmt | sentencepiece (default: $BPE); a sentencepiece
-                      model is saved as DIR/bin/$SPM_MODEL, beside the data
-  --bpe-size N        subword-nmt merges, or the sentencepiece vocabulary size
-                      (default: $BPE_SIZE)
-  --force             prepare again even if DIR is complete
 USAGE
+  subword_usage 22
 }
 
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --archive-dir) ARCHIVE_DIR="$2"; shift 2 ;;
-    --out) OUT="$2"; shift 2 ;;
-    --news-commentary) NC="$2"; shift 2 ;;
-    --bpe) BPE="$2"; shift 2 ;;
-    --bpe-size) BPE_SIZE="$2"; shift 2 ;;
-    --force) FORCE=1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown option '$1'" ;;
-  esac
-done
+declare -A OPTIONS=([--archive-dir]=ARCHIVE_DIR [--out]=OUT [--news-commentary]=NC [--bpe]=BPE
+                   [--bpe-size]=BPE_SIZE [--force]=FORCE=1)
+parse_options "$@"
 [[ "$NC" == v9 || "$NC" == v12 ]] || die "--news-commentary must be one of {v9,v12}, got '$NC'"
 
 # archive -> members this recipe reads from it
@@ -129,14 +116,8 @@ sys.exit(hashlib.md5(open(sys.argv[1], "rb").read()).hexdigest() not in DATASETS
   echo "wmt14/full $SRC-$TGT" > "$OUT/raw/test.$TGT.sacrebleu"
 fi
 
-log "learning joint subwords ($BPE, size $BPE_SIZE)"
-MODEL=$(subword_model "$tmp" "$BPE")
-learn_subwords "$BPE" "$BPE_SIZE" "$MODEL" "$tmp/train.tok.$SRC" "$tmp/train.tok.$TGT"
-mkdir -p "$tmp/bpe"
+joint_subwords "$tmp" .tok .bpe
 for l in $SRC $TGT; do
-  for split in train valid test; do
-    apply_subwords "$BPE" "$MODEL" "$tmp/$split.tok.$l" "$tmp/bpe/$split.bpe.$l"
-  done
   run_step "$tmp/bpe/valid.$l" cat "$tmp/bpe/valid.bpe.$l"
   run_step "$tmp/bpe/test.$l" cat "$tmp/bpe/test.bpe.$l"
 done

@@ -3,8 +3,7 @@
 # normalisation statistics see, with the optimizer's batch held at 4K tokens
 # by gradient accumulation (--max-tokens B, --update-freq 4096/B).
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/lib.sh"  # whole, tied
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # ROOT, whole, tied
 whole "$@"
 
 usage() {
@@ -26,20 +25,9 @@ die() { echo "batch-ablation.sh: error: $*" >&2; exit 2; }
 
 NORMS="bn pn" SIZES="512 1024 2048 4096" DATASET=iwslt14 DATA="" OUT=checkpoints/batch-ablation SEED=1 GPUS=0
 EXTRA=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --norms) NORMS="$2"; shift 2 ;;
-    --sizes) SIZES="$2"; shift 2 ;;
-    --dataset) DATASET="$2"; shift 2 ;;
-    --data) DATA="$2"; shift 2 ;;
-    --out) OUT="$2"; shift 2 ;;
-    --seed) SEED="$2"; shift 2 ;;
-    --gpus) GPUS="$2"; shift 2 ;;
-    -h|--help) usage; exit 0 ;;
-    --) shift; EXTRA=("$@"); break ;;
-    *) usage >&2; die "unknown option '$1'" ;;
-  esac
-done
+declare -A OPTIONS=([--norms]=NORMS [--sizes]=SIZES [--dataset]=DATASET [--data]=DATA [--out]=OUT
+                   [--seed]=SEED [--gpus]=GPUS [--]=EXTRA)
+parse_options "$@"
 [[ "$DATASET" == iwslt14 || "$DATASET" == quickstart ]] || die "--dataset must be one of {iwslt14,quickstart}, got '$DATASET'"
 TOTAL=4096
 for b in $SIZES; do

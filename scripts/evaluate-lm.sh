@@ -2,8 +2,7 @@
 # Perplexity of a language model from scripts/train-lm.sh with fairseq-eval-lm,
 # scoring every token with a context window as fairseq's language-model recipe does.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/lib.sh"  # whole, temporary, tied
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # ROOT, whole, temporary, tied
 whole "$@"
 
 usage() {
@@ -25,19 +24,9 @@ USAGE
 die() { echo "evaluate-lm.sh: error: $*" >&2; exit 2; }
 
 DATASET=ptb SAVE_DIR="" DATA="" CHECKPOINT=checkpoint_best.pt SUBSET=test CONTEXT="" CPU=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --save-dir) SAVE_DIR="$2"; shift 2 ;;
-    --dataset) DATASET="$2"; shift 2 ;;
-    --data) DATA="$2"; shift 2 ;;
-    --checkpoint) CHECKPOINT="$2"; shift 2 ;;
-    --subset) SUBSET="$2"; shift 2 ;;
-    --context-window) CONTEXT="$2"; shift 2 ;;
-    --cpu) CPU=(--cpu); shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown option '$1'" ;;
-  esac
-done
+declare -A OPTIONS=([--save-dir]=SAVE_DIR [--dataset]=DATASET [--data]=DATA [--checkpoint]=CHECKPOINT
+                   [--subset]=SUBSET [--context-window]=CONTEXT [--cpu]=CPU=--cpu)
+parse_options "$@"
 [[ -n "$SAVE_DIR" ]] || { usage >&2; die "--save-dir is required"; }
 [[ -d "$SAVE_DIR" ]] || die "--save-dir: no such directory '$SAVE_DIR'"
 # the translations, logs and scores go beside the checkpoints

@@ -2,8 +2,7 @@
 # Average the last checkpoints of a run, translate the test set and score it
 # exactly as the PowerNorm paper reports BLEU, plus sacreBLEU with its signature.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/lib.sh"  # whole, temporary, tied
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # ROOT, whole, temporary, tied
 whole "$@"
 
 usage() {
@@ -29,20 +28,10 @@ USAGE
 die() { echo "evaluate.sh: error: $*" >&2; exit 2; }
 
 DATASET=iwslt14 SAVE_DIR="" DATA="" RAW_REF="" AVERAGE="" SUBSET=test CPU=()
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --save-dir) SAVE_DIR="$2"; shift 2 ;;
-    --dataset) DATASET="$2"; shift 2 ;;
-    --data) DATA="$2"; shift 2 ;;
-    --raw-ref) RAW_REF="$2"; shift 2 ;;
-    --average) AVERAGE="$2"; shift 2 ;;
-    --subset) SUBSET="$2"; shift 2 ;;
-    --cpu) CPU=(--cpu); shift ;;
-    --verbose) export VERBOSE=1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) usage >&2; die "unknown option '$1'" ;;
-  esac
-done
+declare -A OPTIONS=([--save-dir]=SAVE_DIR [--dataset]=DATASET [--data]=DATA [--raw-ref]=RAW_REF
+                   [--average]=AVERAGE [--subset]=SUBSET [--cpu]=CPU=--cpu [--verbose]=VERBOSE=1)
+parse_options "$@"
+export VERBOSE
 [[ -n "$SAVE_DIR" ]] || { usage >&2; die "--save-dir is required"; }
 [[ -d "$SAVE_DIR" ]] || die "--save-dir: no such directory '$SAVE_DIR'"
 # the translations, logs and scores go beside the checkpoints

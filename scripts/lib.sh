@@ -2,6 +2,8 @@
 # What the scripts share. The caller defines die() and usage() and sets the
 # variables each function names.
 
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"  # the checkout
+
 # whole ARGS...: the first thing a script does: it runs again under
 # scripts/tree.py, which on a SIGTERM or SIGHUP (a scheduler's preemption,
 # `timeout`, a closed terminal) ends every process the script started, at any
@@ -67,32 +69,38 @@ read_config() {
   done
 }
 
+# parse_options ARGS...: a script's options as OPTIONS, an associative array
+# the caller declares, maps them: `[--out]=OUT` takes a value into OUT,
+# `[--force]=FORCE=1` is a switch that sets FORCE to 1, and `[--]=EXTRA` keeps
+# what follows -- in the array EXTRA; -h/--help prints the usage. An unknown
+# option, or one without its value, stops the script with one line.
+parse_options() {
+  local spec
+  while [[ $# -gt 0 ]]; do
+    [[ "$1" != -h && "$1" != --help ]] || { usage; exit 0; }
+    [[ -n "${OPTIONS[$1]+set}" ]] || { usage >&2; die "unknown option '$1'"; }
+    spec="${OPTIONS[$1]}"
+    if [[ "$1" == -- ]]; then
+      shift; eval "$spec+=(\"\$@\")"; break
+    elif [[ "$spec" == *=* ]]; then
+      printf -v "${spec%%=*}" '%s' "${spec#*=}"; shift
+    else
+      [[ $# -ge 2 ]] || die "$1 needs a value"
+      printf -v "$spec" '%s' "$2"; shift 2
+    fi
+  done
+}
+
 # parse_run_options ARGS...: the options both training scripts take (see their
 # usage), into DATASET, DATA, NORM, PLACEMENT, SEED, GPUS, UPDATE_FREQ,
-# SAVE_DIR, DRY_RUN and EXTRA (what follows --), and --verbose into VERBOSE; OWN_OPTIONS, an associative
-# array the caller declares, maps its own options to the variables they set
+# SAVE_DIR, DRY_RUN and EXTRA (what follows --), and --verbose into VERBOSE;
+# OPTIONS, which the caller declares, adds its own (parse_options)
 parse_run_options() {
-  while [[ $# -gt 0 ]]; do
-    case "$1" in
-      --config) shift 2 ;;  # read by read_config, before
-      --dataset) DATASET="$2"; shift 2 ;;
-      --data) DATA="$2"; shift 2 ;;
-      --norm) NORM="$2"; shift 2 ;;
-      --placement) PLACEMENT="$2"; shift 2 ;;
-      --seed) SEED="$2"; shift 2 ;;
-      --gpus) GPUS="$2"; shift 2 ;;
-      --update-freq) UPDATE_FREQ="$2"; shift 2 ;;
-      --save-dir) SAVE_DIR="$2"; shift 2 ;;
-      --dry-run) DRY_RUN=1; shift ;;
-      --verbose) export VERBOSE=1; shift ;;
-      -h|--help) usage; exit 0 ;;
-      --) shift; EXTRA+=("$@"); break ;;
-      *)
-        [[ -n "${OWN_OPTIONS[$1]+set}" ]] || { usage >&2; die "unknown option '$1'"; }
-        printf -v "${OWN_OPTIONS[$1]}" '%s' "$2"
-        shift 2 ;;
-    esac
-  done
+  OPTIONS+=([--config]=_CONFIG [--dataset]=DATASET [--data]=DATA [--norm]=NORM [--placement]=PLACEMENT
+            [--seed]=SEED [--gpus]=GPUS [--update-freq]=UPDATE_FREQ [--save-dir]=SAVE_DIR [--dry-run]=DRY_RUN=1
+            [--verbose]=VERBOSE=1 [--]=EXTRA)
+  parse_options "$@"
+  export VERBOSE
 }
 
 # check_norm FLAG KIND: KIND is a norm of the plugin's registry (read once:

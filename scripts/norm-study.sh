@@ -3,8 +3,7 @@
 # learning rate x depth x width x norm x init x seed, resumable, with its
 # convergence tables (study.md, study.json) and figures. docs/study.md.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/lib.sh"  # whole: a SIGTERM ends every cell too
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # ROOT, whole: a SIGTERM ends every cell too
 whole "$@"
 [[ -n "${VIRTUAL_ENV:-}" || ! -f "$ROOT/.venv/bin/activate" ]] || source "$ROOT/.venv/bin/activate"
 exec python -m powernorm_fairseq.cli.study "$@"

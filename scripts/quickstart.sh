@@ -3,8 +3,7 @@
 # corpus, train an encoder-PN and an LN transformer for a few minutes each,
 # average, translate, and print a BLEU table.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/lib.sh"  # whole, tied: a SIGTERM to this script ends its children too
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # ROOT, whole, tied: a SIGTERM to this script ends its children too
 whole "$@"
 
 usage() {

@@ -4,8 +4,7 @@
 # --norm. The paper used a Tensorized Transformer (Ma et al., 2019); this recipe
 # uses fairseq's own transformer LM recipe instead (see README, "Language modeling").
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # ROOT
 whole "$@"
 
 usage() {
@@ -34,7 +33,7 @@ die() { echo "train-lm.sh: error: $*" >&2; exit 2; }
 DATASET=ptb NORM=pn PLACEMENT=pre SEED=1 GPUS="" UPDATE_FREQ=""
 DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
 read_config "$@"
-declare -A OWN_OPTIONS=()
+declare -A OPTIONS=()
 parse_run_options "$@"
 
 check_norm --norm "$NORM"

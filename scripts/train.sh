@@ -3,8 +3,7 @@
 # Defaults are the paper's hyperparameters (Shen et al., 2020, Appendix A);
 # configs/*.sh hold the rows, each listing only what differs from these.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # ROOT
 whole "$@"
 
 usage() {
@@ -34,7 +33,7 @@ die() { echo "train.sh: error: $*" >&2; exit 2; }
 DATASET=iwslt14 NORM=pn DECODER_NORM=ln PLACEMENT=pre SEED=1 GPUS="" UPDATE_FREQ=""
 DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
 read_config "$@"
-declare -A OWN_OPTIONS=([--decoder-norm]=DECODER_NORM)
+declare -A OPTIONS=([--decoder-norm]=DECODER_NORM)
 parse_run_options "$@"
 
 check_norm --norm "$NORM"

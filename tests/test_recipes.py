@@ -178,27 +178,27 @@ def make_wmt_archives(directory):
         "training-parallel-commoncrawl.tgz": "commoncrawl.de-en",
         "training-parallel-nc-v12.tgz": "training/news-commentary-v12.de-en",
     }
-    for archive, stem in members.items():
-        with tarfile.open(directory / archive, "w:gz") as tar:
-            pairs = [sentence(rng, rng.randint(3, 12)) for _ in range(60)]
-            pairs.append(("Ein hochmodernes Haus .", "A state-of-the-art house ."))
-            for lang, col in (("de", 0), ("en", 1)):
+    def archive(name, pairs, member):  # member(lang, kind, pairs) -> (its name, its text)
+        with tarfile.open(directory / name, "w:gz") as tar:
+            for lang, kind in (("de", "ref"), ("en", "src")):
+                arcname, text = member(lang, kind, [p[lang == "en"] for p in pairs])
                 f = directory / "member"
-                f.write_text("\n".join(p[col] for p in pairs) + "\n")
-                tar.add(f, arcname=f"{stem}.{lang}")
-    with tarfile.open(directory / "dev.tgz", "w:gz") as tar:
-        pairs = [sentence(rng, 6) for _ in range(7)]
-        for lang, col in (("de", 0), ("en", 1)):
-            f = directory / "member"
-            f.write_text("\n".join(p[col] for p in pairs) + "\n")
-            tar.add(f, arcname=f"dev/newstest2013.{lang}")
-    with tarfile.open(directory / "test-full.tgz", "w:gz") as tar:
-        pairs = [sentence(rng, 5) for _ in range(9)]
-        for lang, col, kind in (("de", 0, "ref"), ("en", 1, "src")):
-            f = directory / "member"
-            segs = "\n".join(f'<seg id="{i + 1}"> {p[col]}  ’s</seg>' for i, p in enumerate(pairs))
-            f.write_text(f'<refset setid="newstest2014">\n<doc>\n{segs}\n</doc>\n</refset>\n')
-            tar.add(f, arcname=f"test-full/newstest2014-deen-{kind}.{lang}.sgm")
+                f.write_text(text)
+                tar.add(f, arcname=arcname)
+
+    def plain(stem):
+        return lambda lang, kind, sides: (f"{stem}.{lang}", "\n".join(sides) + "\n")
+
+    def sgm(lang, kind, sides):
+        segs = "\n".join(f'<seg id="{i + 1}"> {side}  ’s</seg>' for i, side in enumerate(sides))
+        return (f"test-full/newstest2014-deen-{kind}.{lang}.sgm",
+                f'<refset setid="newstest2014">\n<doc>\n{segs}\n</doc>\n</refset>\n')
+
+    for name, stem in members.items():
+        pairs = [sentence(rng, rng.randint(3, 12)) for _ in range(60)]
+        archive(name, pairs + [("Ein hochmodernes Haus .", "A state-of-the-art house .")], plain(stem))
+    archive("dev.tgz", [sentence(rng, 6) for _ in range(7)], plain("dev/newstest2013"))
+    archive("test-full.tgz", [sentence(rng, 5) for _ in range(9)], sgm)
     return directory
 
 

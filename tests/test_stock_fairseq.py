@@ -1,5 +1,5 @@
 """Stock fairseq stays stock: a CI-sized subset of fairseq's own tests, of the
-pinned version (``tests/fairseq-0.12.3``), passes in a process where every
+pinned version (``tests/third_party/fairseq-0.12.3``), passes in a process where every
 patch of the plugin is installed (``conftest.py`` there). On fairseq alone
 (``POWERNORM_STOCK=1``), 7 of the 15 fail on this torch: fairseq reads its
 checkpoints with torch.load's weights-only default, which the plugin's reader
@@ -17,7 +17,7 @@ from support import ROOT
 
 pytestmark = pytest.mark.slow
 
-UPSTREAM = ROOT / "tests" / "fairseq-0.12.3"
+UPSTREAM = ROOT / "tests" / "third_party" / "fairseq-0.12.3"
 SUBSET = [
     "tests/test_train.py",  # resume, --restore-file, --finetune-from-model, through mocks of fairseq's reader
     "tests/test_checkpoint_utils.py",

@@ -8,10 +8,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import kernels
 from .base import Norm
-from .kernels.functions import FusedRMSNorm, rows
-from .stats import upcast
+from .kernels.functions import FusedRMSNorm, row_norm
 
 
 class RMSNorm(Norm):
@@ -23,10 +21,7 @@ class RMSNorm(Norm):
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        k = kernels.select(x)
-        xk = x if x.dtype in k.DTYPES else upcast(x)
-        x2, _, back = rows(xk, k)
-        return back(FusedRMSNorm.apply(x2, self.weight, self.eps, k.NAME)).to(x.dtype)
+        return row_norm(FusedRMSNorm, x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

@@ -11,10 +11,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import kernels
 from .base import Norm
-from .kernels.functions import FusedScaleNorm, rows
-from .stats import upcast
+from .kernels.functions import FusedScaleNorm, row_norm
 
 
 class ScaleNorm(Norm):
@@ -30,10 +28,7 @@ class ScaleNorm(Norm):
             self.scale.fill_(math.sqrt(self.dim))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        k = kernels.select(x)
-        xk = x if x.dtype in k.DTYPES else upcast(x)
-        x2, _, back = rows(xk, k)
-        return back(FusedScaleNorm.apply(x2, self.scale, self.eps, k.NAME)).to(x.dtype)
+        return row_norm(FusedScaleNorm, x, self.scale, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

@@ -275,6 +275,15 @@ def rows(x: Tensor, k, pad_mask=None):
     return x if kept else x.contiguous(), mask, lambda y: y.view(T, B, C)
 
 
+def row_norm(fused, x: Tensor, gain: Tensor, eps: float) -> Tensor:
+    """A per-row norm's autograd Function ``fused`` (FusedScaleNorm or
+    FusedRMSNorm) over the rows of x (T, B, C), on the backend that takes x,
+    in a dtype that backend reads; y in x's dtype."""
+    k = select(x)
+    x2, _, back = rows(x if x.dtype in k.DTYPES else upcast(x), k)
+    return back(fused.apply(x2, gain, eps, k.NAME)).to(x.dtype)
+
+
 class FusedScaleNorm(torch.autograd.Function):
     """ScaleNorm in one pass each way."""
 
