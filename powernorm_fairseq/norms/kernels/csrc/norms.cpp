@@ -174,6 +174,14 @@ void each_row(int64_t begin, int64_t end, const Real& real, Body body) {
   for (int64_t n = begin; n < end; ++n) real(n) ? body(n, std::true_type{}) : body(n, std::false_type{});
 }
 
+// body(a, b) with two facts of the call known at compile time (std::true_type or std::false_type each),
+// so that a loop does no work that a zero would cancel
+template <typename Body>
+void with_facts(bool a, bool b, Body body) {
+  if (a) b ? body(std::true_type{}, std::true_type{}) : body(std::true_type{}, std::false_type{});
+  else b ? body(std::false_type{}, std::true_type{}) : body(std::false_type{}, std::false_type{});
+}
+
 // The forward's pass (contract "forward") over row n: its group scales r,
 // then per group and channel y = (x * r - mean) * mul + bias and (kStats: a
 // real row) the sums of d = x * r - shift and d^2. A group's scale multiplies
@@ -188,7 +196,8 @@ struct ForwardPass {
   T* yp;    // (N, C) y, or null
   const A *mul, *add, *sub, *shift;
 
-  template <bool kY, bool kStats>
+  // kCenter: the sums are centred (s1 and the shift; else s2 = sum xs^2); kMean: y subtracts a mean
+  template <bool kY, bool kStats, bool kCenter, bool kMean>
   void row(int64_t n, A* __restrict__ s1, A* __restrict__ s2, A* r) const {
     const T* __restrict__ xr = xp(n);
     T* __restrict__ yr = kY ? yp + n * C : nullptr;
@@ -202,12 +211,14 @@ struct ForwardPass {
 #pragma omp simd
       for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
         const A v = val(xr[c]) * rg;
-        if constexpr (kStats) {
+        if constexpr (kStats && kCenter) {
           const A d = v - kp[c];
           s1[c] += d;
           s2[c] += d * d;
+        } else if constexpr (kStats) {
+          s2[c] += v * v;
         }
-        if constexpr (kY) yr[c] = put<T>((v - bp[c]) * mp[c] + ap[c]);
+        if constexpr (kY) yr[c] = put<T>((kMean ? v - bp[c] : v) * mp[c] + ap[c]);
       }
     }
   }
@@ -249,19 +260,22 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   const ForwardPass<T> pass{xp, C, Cg, G, groups, gs_eps, G > 0 ? scale.data_ptr<A>() : nullptr,
                             want_y ? y.data_ptr<T>() : nullptr, mul.data(), add.data(), sub.data(), shift.data()};
   Sums<A> sums(want_stats ? 2 * C : 0);
-  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(groups);
-    A *s1 = stage.data(), *s2 = s1 + (want_stats ? C : 0);
-    double* dst = want_stats ? sums.local() : nullptr;
-    int64_t rows = 0;
-    each_row(begin, end, real, [&](int64_t n, auto is_real) {
-      constexpr bool kReal = decltype(is_real)::value;
-      if (want_y && want_stats) pass.template row<true, kReal>(n, s1, s2, r.data());
-      else if (want_y) pass.template row<true, false>(n, s1, s2, r.data());
-      else pass.template row<false, kReal>(n, s1, s2, r.data());
-      if (want_stats && kReal && ++rows % kFlush == 0) flush(stage, dst);
+  with_facts(center, mean.numel() > 0, [&](auto centred, auto has_mean) {
+    constexpr bool kC = decltype(centred)::value, kM = decltype(has_mean)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+      std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(groups);
+      A *s1 = stage.data(), *s2 = s1 + (want_stats ? C : 0);
+      double* dst = want_stats ? sums.local() : nullptr;
+      int64_t rows = 0;
+      each_row(begin, end, real, [&](int64_t n, auto is_real) {
+        constexpr bool kReal = decltype(is_real)::value;
+        if (want_y && want_stats) pass.template row<true, kReal, kC, kM>(n, s1, s2, r.data());
+        else if (want_y) pass.template row<true, false, kC, kM>(n, s1, s2, r.data());
+        else pass.template row<false, kReal, kC, kM>(n, s1, s2, r.data());
+        if (want_stats && kReal && ++rows % kFlush == 0) flush(stage, dst);
+      });
+      if (want_stats) flush(stage, dst);
     });
-    if (want_stats) flush(stage, dst);
   });
   Tensor part = at::empty({0}, x.options().dtype(at::kDouble));
   if (want_stats) {  // (1, 3, C): count, then mean and sum of squared deviations, or 0 and the sum of xs^2
@@ -301,7 +315,8 @@ struct BackwardPass {
   const A *inv, *mean, *wj, *aj, *bj;
   bool correct_pads;
 
-  template <bool kGx, bool kSums, bool kReal>
+  // kMean: xh subtracts a mean; kA: the gradient has the exact mode's A term
+  template <bool kGx, bool kSums, bool kReal, bool kMean, bool kA>
   void row(int64_t n, A* __restrict__ s) const {
     const T* __restrict__ xr = xp(n);
     const T* __restrict__ gr = gp + n * C;
@@ -314,13 +329,13 @@ struct BackwardPass {
       const A r = sp ? sp[n * G + g] : A(1);
 #pragma omp simd
       for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
-        const A xh = (val(xr[c]) * r - mp[c]) * ip[c], gc = val(gr[c]);
+        const A xs = val(xr[c]) * r, xh = (kMean ? xs - mp[c] : xs) * ip[c], gc = val(gr[c]);
         if constexpr (kSums) {
           s0[c] += gc * xh;
           s1[c] += gc;
           s2[c] += xh * xh;
         }
-        if constexpr (kGx) out[c] = put<T>(gc * wp[c] - m * (ap[c] + bp[c] * xh));
+        if constexpr (kGx) out[c] = put<T>(gc * wp[c] - m * (kA ? ap[c] + bp[c] * xh : bp[c] * xh));
       }
     }
   }
@@ -382,20 +397,24 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
                              G > 0 ? scale.data_ptr<A>() : nullptr, want_gx ? gx.data_ptr<T>() : nullptr,
                              ip.data(), mp.data(), wj.data(), aj.data(), bj.data(), correct_pads};
   Sums<A> sums(want_sums ? 6 * C : 0);
-  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<A> stage(want_sums ? 6 * C : 0, A(0)), buf(G > 0 ? Cg : 0);
-    double* dst = want_sums ? sums.local() : nullptr;
-    int64_t rows = 0;
-    each_row(begin, end, pass.real, [&](int64_t n, auto is_real) {
-      constexpr bool kReal = decltype(is_real)::value;
-      A *s = stage.data(), *b = buf.data();
-      if (!want_gx) pass.template row<false, true, kReal>(n, s);
-      else if (G > 0) want_sums ? pass.template grouped_row<true, kReal>(n, s, b)
-                                : pass.template grouped_row<false, kReal>(n, s, b);
-      else want_sums ? pass.template row<true, true, kReal>(n, s) : pass.template row<true, false, kReal>(n, s);
-      if (want_sums && ++rows % kFlush == 0) flush(stage, dst);
+  with_facts(mean.numel() > 0, Ac.numel() > 0, [&](auto has_mean, auto has_a) {
+    constexpr bool kM = decltype(has_mean)::value, kA = decltype(has_a)::value;
+    at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+      std::vector<A> stage(want_sums ? 6 * C : 0, A(0)), buf(G > 0 ? Cg : 0);
+      double* dst = want_sums ? sums.local() : nullptr;
+      int64_t rows = 0;
+      each_row(begin, end, pass.real, [&](int64_t n, auto is_real) {
+        constexpr bool kReal = decltype(is_real)::value;
+        A *s = stage.data(), *b = buf.data();
+        if (!want_gx) pass.template row<false, true, kReal, kM, kA>(n, s);
+        else if (G > 0) want_sums ? pass.template grouped_row<true, kReal>(n, s, b)
+                                  : pass.template grouped_row<false, kReal>(n, s, b);
+        else if (want_sums) pass.template row<true, true, kReal, kM, kA>(n, s);
+        else pass.template row<true, false, kReal, kM, kA>(n, s);
+        if (want_sums && ++rows % kFlush == 0) flush(stage, dst);
+      });
+      if (want_sums) flush(stage, dst);
     });
-    if (want_sums) flush(stage, dst);
   });
   Tensor part = at::empty({0}, x.options().dtype(at::kDouble));
   if (want_sums) {  // (1, 5, C): gy*xh and gy over every row, gy*xh and xh^2 over real rows, xh^2 over every row
