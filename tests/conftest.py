@@ -73,8 +73,12 @@ TIERS = ("fast", "slow")
 
 def tier(item):
     """``fast`` or ``slow``, from the test's own marker or else its module's
-    ``pytestmark``; None when it declares neither."""
-    return next((m.name for m in item.iter_markers() if m.name in TIERS), None)
+    ``pytestmark``; None when it declares neither. A fast test's case on the
+    triton backend is slow: Triton's interpreter takes seconds a case."""
+    declared = next((m.name for m in item.iter_markers() if m.name in TIERS), None)
+    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+    on_triton = any(isinstance(v, str) and v == "triton" for v in params)
+    return "slow" if declared == "fast" and on_triton else declared
 
 
 def pytest_addoption(parser):

@@ -150,6 +150,7 @@ def test_triton_on_cuda_matches_the_plain_path(kind, options, dtype):
             assert scaled_error(v, u) <= 1.5 * scaled_error(w, u) + 2 * unit
 
 
+@pytest.mark.slow
 def test_triton_writes_half_outputs_and_float32_statistics():
     backend_or_fail("triton")
     norm = make("pn", {"warmup_updates": 1}, torch.float16)

@@ -142,6 +142,7 @@ def test_twenty_compiled_steps_compile_once_per_phase(kind, mask_dtype):
         assert int(norm.num_steps) == 20
 
 
+@pytest.mark.slow
 def test_a_model_of_twelve_pn_layers_runs_compiled():
     torch._dynamo.reset()
     model = torch.nn.Sequential(*[build_norm("pn", C, warmup_updates=2) for _ in range(12)]).train()
@@ -346,6 +347,7 @@ def test_an_aborted_finishing_grid_leaves_later_steps_right(kind, options, monke
 
 
 # 12: long reductions
+@pytest.mark.slow
 def test_triton_sums_a_long_row_range_in_float64():
     """No program sums more than gpu.MAX_ROWS rows in float32: a long input gets more programs, whose
     sums the finishing kernel adds in float64."""
