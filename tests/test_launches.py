@@ -241,13 +241,13 @@ class _ActivationCopies(torch.utils._python_dispatch.TorchDispatchMode):
 
 @pytest.mark.parametrize("backend", kernels.BACKENDS)
 @pytest.mark.parametrize("kind, options, target", TARGETS, ids=IDS)
-def test_the_transposed_residual_stream_is_copied_at_most_once_and_not_for_the_cpu_kernels(kind, options, target,
-                                                                                           backend):
+def test_the_transposed_residual_stream_is_copied_only_for_the_plain_path(kind, options, target, backend):
     """fairseq's (T, B, C) residual stream is the transposed view of a (B, T,
-    C) tensor: the CPU kernels read its rows where they lie (no copy in the
-    step); the backends that read contiguous rows get one copy, made before
-    the kernels where it is counted, and kept for the backward. Either way the
-    step gives what it gives for the same values laid out contiguously."""
+    C) tensor: the CPU and Triton kernels read its rows where they lie (no
+    copy in the step); the plain path, which reads contiguous rows, gets one
+    copy, made before its ops where it is counted, and kept for the backward.
+    Either way the step gives what it gives for the same values laid out
+    contiguously."""
     k = backend_or_fail(backend)
     torch.manual_seed(0)
     x, pad, grad = data()
