@@ -29,7 +29,7 @@ from ..modules import (
     decoder_norm,
     encoder_norm,
 )
-from ..norms import Norm, padding_mask
+from ..norms import padding_mask
 from .mixin import PowerNormModelMixin
 from .options import add_norm_args, powernorm_defaults
 
@@ -71,13 +71,12 @@ def layers_padding_mask(stack, key, tokens):
         for norm in norms:
             norm.pad_mask = kwargs[key]
 
-    norms = [m for m in stack.modules() if isinstance(m, Norm)]
-    handle = stack.layers[0].register_forward_pre_hook(hand_on, with_kwargs=True)
-    try:
-        with padding_mask(stack):
+    with padding_mask(stack) as norms:
+        handle = stack.layers[0].register_forward_pre_hook(hand_on, with_kwargs=True)
+        try:
             yield
-    finally:
-        handle.remove()
+        finally:
+            handle.remove()
 
 
 class PowerNormTransformerEncoder(TransformerEncoderBase):

@@ -201,7 +201,8 @@ def padding_mask(module: nn.Module, pad_mask: Optional[Tensor] = None, *, batch_
     """Give every :class:`Norm` inside ``module`` the mask for calls with ``x``
     alone: fairseq's ``pad_mask`` (B, T), True at padding, or HuggingFace's
     ``attention_mask`` (B, T), 1 at real tokens; ``batch_first``: the norms
-    see (B, T, C) inputs (HuggingFace's models), else (T, B, C)."""
+    see (B, T, C) inputs (HuggingFace's models), else (T, B, C). Yields
+    those norms."""
     if attention_mask is not None:
         if pad_mask is not None:
             raise ValueError("pass pad_mask (True at padding) or attention_mask (1 at real tokens), not both")
@@ -212,7 +213,7 @@ def padding_mask(module: nn.Module, pad_mask: Optional[Tensor] = None, *, batch_
     for norm in norms:
         norm.pad_mask, norm.mask_batch_first = pad_mask, batch_first
     try:
-        yield
+        yield norms
     finally:
         for norm in norms:
             norm.pad_mask, norm.mask_batch_first = None, False

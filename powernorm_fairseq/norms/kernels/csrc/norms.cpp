@@ -9,8 +9,8 @@
 // (the callers upcast float16 ones). Every kernel makes one pass over its
 // inputs: a row is read once, its group scaling (the released code's) is done
 // per group while the group is in cache, and the per-channel sums a norm needs
-// are added over a block of rows in registers, per thread, and flushed into
-// doubles every few rows.
+// are accumulated on the way, per thread, and flushed into doubles every few
+// rows.
 // The math is documented beside the Python callers in
 // powernorm_fairseq/norms/kernels/functions.py.
 
@@ -297,8 +297,10 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   return {y, scale, part};
 }
 
-// The backward's pass (contract "backward") over the R rows n, with
-// xh = (xs - mean) * inv_fwd and g = gy * w:
+// The backward's pass (contract "backward") over row n, with
+// xh = (xs - mean) * inv_fwd and g = gy * w (centred first: xs * inv - mean * inv
+// under FMA contraction cancels badly where the variance is tiny, as for a
+// single real token):
 //   dL/dxs = (g - m * (A + b_scale * B * xh)) * inv_bwd,  m = 1 at real rows,
 //   and at padding only if correct_pads; then back through a group's scaling r:
 //   dL/dx = r * (dL/dxs - xs * mean_group(dL/dxs * xs)).
@@ -580,8 +582,7 @@ std::vector<Tensor> rows_forward(const Tensor& x, const std::vector<at::opmath_t
 
 // dL/dx = f * (g - x * f^2 <g, x> / dims), g = gy * w (no correction where
 // ScaleNorm's norm is clamped); and the parameter's gradient: the sum of
-// <gy, x> f over rows (ScaleNorm's g), or per channel of gy * x * f (RMSNorm's
-// w).
+// <gy, x> f over rows (ScaleNorm's g), or per channel of gy * x * f (RMSNorm's w).
 template <typename T>
 std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Tensor& gy,
                                   const std::vector<at::opmath_type<T>>& w, double eps, bool scalenorm) {
