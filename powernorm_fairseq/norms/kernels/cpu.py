@@ -25,7 +25,6 @@ logger = logging.getLogger(__name__)
 
 NAME = "cpu"
 DTYPES = (torch.bfloat16, torch.float32, torch.float64)  # float16 inputs are upcast by the caller
-STRIDED_ROWS = True  # reads (T, B, C) rows where they lie (csrc/norms.cpp, RowsOf)
 
 _SOURCE = Path(__file__).parent / "csrc" / "norms.cpp"
 def build_wait() -> int:

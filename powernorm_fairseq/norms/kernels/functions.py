@@ -70,7 +70,7 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     updates copies of the running statistics."""
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
-    x2, mask, back = rows(xk, k, pad_mask)
+    x2, mask, back = rows(xk, pad_mask)
     if replay:
         mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
     step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate,
@@ -261,18 +261,16 @@ def _synced_terms(s: Step, part, weight, n, n_all, nu, exact: bool):
     return sums[0].to(weight.dtype, copy=True), sums[1].to(weight.dtype, copy=True), A, B
 
 
-def rows(x: Tensor, k, pad_mask=None):
-    """x (T, B, C) as backend ``k`` takes it: where it lies, at any row strides,
-    for a backend that reads them (``k.STRIDED_ROWS``; fairseq's residual
-    stream is the transposed view of a (B, T, C) tensor), else contiguous,
-    copied here once for the step and saved for its backward; the padding
-    mask as the kernels take it, a contiguous (B, T) bool tensor or empty for
-    none; and the function that gives their (N, C) results, rows r = t * B +
-    b, in x's shape."""
+def rows(x: Tensor, pad_mask=None):
+    """x (T, B, C) as every backend takes it: where it lies, at any row strides
+    (fairseq's residual stream is the transposed view of a (B, T, C) tensor),
+    copied only if its channels are not adjacent; the padding mask as the
+    kernels take it, a contiguous (B, T) bool tensor or empty for none; and
+    the function that gives their (N, C) results, rows r = t * B + b, in x's
+    shape."""
     T, B, C = x.shape
     mask = x.new_empty(0, dtype=torch.bool) if pad_mask is None else pad_mask.contiguous()
-    kept = x.stride(2) == 1 if k.STRIDED_ROWS else x.is_contiguous()
-    return x if kept else x.contiguous(), mask, lambda y: y.view(T, B, C)
+    return x if x.stride(2) == 1 else x.contiguous(), mask, lambda y: y.view(T, B, C)
 
 
 def row_norm(fused, x: Tensor, gain: Tensor, eps: float) -> Tensor:
@@ -280,7 +278,7 @@ def row_norm(fused, x: Tensor, gain: Tensor, eps: float) -> Tensor:
     FusedRMSNorm) over the rows of x (T, B, C), on the backend that takes x,
     in a dtype that backend reads; y in x's dtype."""
     k = select(x)
-    x2, _, back = rows(x if x.dtype in k.DTYPES else upcast(x), k)
+    x2, _, back = rows(x if x.dtype in k.DTYPES else upcast(x))
     return back(fused.apply(x2, gain, eps, k.NAME)).to(x.dtype)
 
 

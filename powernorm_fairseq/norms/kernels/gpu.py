@@ -41,7 +41,6 @@ except ImportError:  # the plain path or the CPU kernels serve instead
 
 NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-STRIDED_ROWS = True  # reads (T, B, C) rows where they lie (_rows, _row_tile)
 failure = None if triton is not None else "triton is not installed"
 
 

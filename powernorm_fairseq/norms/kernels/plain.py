@@ -17,7 +17,6 @@ from .contract import Mode, Update
 
 NAME = "plain"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-STRIDED_ROWS = False  # reads (N, C) rows: functions.rows copies a strided (T, B, C) once per step
 failure = None
 
 
@@ -38,19 +37,28 @@ def parts(x, groups, kernel, tall):
 
 
 def _rows(x):
-    """x, (N, C) or (T, B, C) at any row strides, as (N, C) rows r = t * B + b (a copy where it must)."""
-    return x.reshape(-1, x.size(-1))
+    """(N, the dimensions x's rows span). x is read where it lies: (N, C) rows,
+    or (T, B, C) at any row strides, rows r = t * B + b; each result is a new
+    (N, ...) tensor in that row order."""
+    return x.numel() // x.size(-1), tuple(range(x.dim() - 1))
+
+
+def _into(x):
+    """A new (N, C) result in x's row order, and its view in x's shape (for ``out=``)."""
+    out = x.new_empty(x.numel() // x.size(-1), x.size(-1))
+    return out, out.view(x.shape)
 
 
 def _acc(x):
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _keep(mask, N, like):
-    """(N, 1) float64 weights, 1 at the real rows (r = t * B + b) and 0 at padding."""
+def _keep(mask, x):
+    """Float64 weights in x's leading shape, (..., 1): 1 at the real rows (r = t * B + b), 0 at padding."""
+    shape = (*x.shape[:-1], 1)
     if mask.numel() == 0:
-        return torch.ones(N, 1, dtype=torch.float64, device=like.device)
-    return (~mask).t().reshape(N, 1).to(torch.float64)
+        return torch.ones(shape, dtype=torch.float64, device=x.device)
+    return (~mask).t().reshape(shape).to(torch.float64)
 
 
 def _channels(t, C, like):
@@ -58,36 +66,40 @@ def _channels(t, C, like):
 
 
 def _scaled(x, groups, gs_eps, scale=None):
-    """(xs, group scales (N, G) or empty): the released code's per-token RMS scaling of each group."""
-    N, C = x.shape
+    """(xs, group scales (..., G) in x's leading shape, or empty): the released
+    code's per-token RMS scaling of each group; ``scale``: the (N, G) ones to use."""
     xa = x.to(_acc(x))
     if groups <= 0:
         return xa, x.new_empty(0)
-    xg = xa.view(N, groups, C // groups)
-    r = torch.rsqrt(xg.pow(2).mean(-1) + gs_eps) if scale is None or scale.numel() == 0 else scale
-    return (xg * r.unsqueeze(-1)).view(N, C), r
+    xg = xa.unflatten(-1, (groups, -1))
+    if scale is None or scale.numel() == 0:
+        r = torch.rsqrt(xg.pow(2).mean(-1) + gs_eps)
+    else:
+        r = scale.view(*x.shape[:-1], groups)
+    return (xg * r.unsqueeze(-1)).flatten(-2), r
 
 
 def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
-    x = _rows(x)
-    N, C = x.shape
+    N, rows = _rows(x)
+    C = x.size(-1)
     xs, scale = _scaled(x, groups, gs_eps)
     y, part = x.new_empty(0), x.new_empty(0, dtype=torch.float64)
     if want_y:
         iv = inv.to(xs.dtype) if inv_eps < 0 else running_scale(inv, inv_eps).to(xs.dtype)
         centred = xs - mean.to(xs) if mean.numel() else xs
-        y = (centred * (iv * weight.to(xs)) + bias.to(xs)).to(x.dtype)
+        y, out = _into(x)
+        torch.add(centred * (iv * weight.to(xs)), bias.to(xs), out=out)
     if want_stats:
-        keep = _keep(mask, N, x)
+        keep = _keep(mask, x)
         xd = xs.double()
         count = keep.sum()
         if center:
-            mu = (xd * keep).sum(0) / count.clamp(min=1)
-            second = (((xd - mu) * keep) ** 2).sum(0)
+            mu = (xd * keep).sum(rows) / count.clamp(min=1)
+            second = (((xd - mu) * keep) ** 2).sum(rows)
         else:
-            mu, second = xd.new_zeros(C), ((xd * keep) ** 2).sum(0)
+            mu, second = xd.new_zeros(C), ((xd * keep) ** 2).sum(rows)
         part = torch.stack([count.expand(C), mu, second]).unsqueeze(0)
-    return y, scale if groups > 0 else x.new_empty(0), part
+    return y, scale.reshape(N, groups) if groups > 0 else x.new_empty(0), part
 
 
 def running_scale(second, eps):
@@ -139,26 +151,29 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
 
 def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
              want_gx, want_sums):
-    x = _rows(x)
-    N, C = x.shape
+    _, rows = _rows(x)
+    C = x.size(-1)
     xs, r = _scaled(x, groups, 0.0, scale)
     centred = xs - mean.to(xs) if mean.numel() else xs
     xh = centred * inv_fwd.to(xs)
-    gy = grad_y.to(xs.dtype)
-    keep = _keep(mask, N, x)
+    gy = grad_y.view(x.shape).to(xs.dtype)
+    keep = _keep(mask, x)
     gx, part = x.new_empty(0), x.new_empty(0, dtype=torch.float64)
     if want_gx:
         m = torch.ones_like(keep) if correct_pads else keep
         a, b = _channels(A, C, xs), _channels(B, C, xs) * b_scale
-        d = (gy * weight.to(xs) - m.to(xs) * (a + b * xh)) * inv_bwd.to(xs)
+        gx, out = _into(x)
         if groups > 0:  # back through a group's scaling r: r (d - xs mean_group(d xs))
-            dg, sg = d.view(N, groups, -1), xs.view(N, groups, -1)
-            d = (r.unsqueeze(-1) * (dg - sg * (dg * sg).mean(-1, keepdim=True))).view(N, C)
-        gx = d.to(x.dtype)
+            d = (gy * weight.to(xs) - m.to(xs) * (a + b * xh)) * inv_bwd.to(xs)
+            dg, sg = d.unflatten(-1, (groups, -1)), xs.unflatten(-1, (groups, -1))
+            torch.mul(r.unsqueeze(-1), dg - sg * (dg * sg).mean(-1, keepdim=True), out=out.unflatten(-1, (groups, -1)))
+        else:
+            torch.mul(gy * weight.to(xs) - m.to(xs) * (a + b * xh), inv_bwd.to(xs), out=out)
     if want_sums:
         xd, gd = xh.double(), gy.double()
         gxh, xh2 = gd * xd, xd * xd
-        part = torch.stack([gxh.sum(0), gd.sum(0), (gxh * keep).sum(0), (xh2 * keep).sum(0), xh2.sum(0)]).unsqueeze(0)
+        sums = (gxh, gd, gxh * keep, xh2 * keep, xh2)
+        part = torch.stack([t.sum(rows) for t in sums]).unsqueeze(0)
     return gx, part
 
 
@@ -188,35 +203,40 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
 
 
 def scalenorm_forward(x, scale, eps):
-    x = _rows(x)
+    N, _ = _rows(x)
     xa = x.to(_acc(x))
     norms = torch.linalg.vector_norm(xa, dim=-1).clamp(min=eps)
-    return (xa * (scale.to(xa) / norms).unsqueeze(-1)).to(x.dtype), norms
+    y, out = _into(x)
+    torch.mul(xa, (scale.to(xa) / norms).unsqueeze(-1), out=out)
+    return y, norms.reshape(N)
 
 
 def scalenorm_backward(x, norms, grad_y, scale, eps):
-    x = _rows(x)
-    xa, gy = x.to(_acc(x)), grad_y.to(_acc(x))
+    xa, gy, norms = x.to(_acc(x)), grad_y.view(x.shape).to(_acc(x)), norms.view(x.shape[:-1])
     dot = (gy * xa).sum(-1)
     k = torch.where(norms > eps, dot / (norms * norms), torch.zeros_like(dot))
-    gx = (scale.to(xa) / norms).unsqueeze(-1) * (gy - xa * k.unsqueeze(-1))
-    return gx.to(x.dtype), (dot.double() / norms).sum().to(scale.dtype)
+    gx, out = _into(x)
+    torch.mul((scale.to(xa) / norms).unsqueeze(-1), gy - xa * k.unsqueeze(-1), out=out)
+    return gx, (dot.double() / norms).sum().to(scale.dtype)
 
 
 def rmsnorm_forward(x, weight, eps):
-    x = _rows(x)
+    N, _ = _rows(x)
     xa = x.to(_acc(x))
     rstd = torch.rsqrt(xa.pow(2).mean(-1) + eps)
-    return (xa * rstd.unsqueeze(-1) * weight.to(xa)).to(x.dtype), rstd
+    y, out = _into(x)
+    torch.mul(xa * rstd.unsqueeze(-1), weight.to(xa), out=out)
+    return y, rstd.reshape(N)
 
 
 def rmsnorm_backward(x, rstd, grad_y, weight):
-    x = _rows(x)
-    xa, gy = x.to(_acc(x)), grad_y.to(_acc(x))
+    _, rows = _rows(x)
+    xa, gy, rstd = x.to(_acc(x)), grad_y.view(x.shape).to(_acc(x)), rstd.view(x.shape[:-1])
     xr = xa * rstd.unsqueeze(-1)
     g = gy * weight.to(xa)
-    gx = rstd.unsqueeze(-1) * (g - xr * (g * xr).mean(-1, keepdim=True))
-    return gx.to(x.dtype), (gy.double() * xr.double()).sum(0).to(weight.dtype)
+    gx, out = _into(x)
+    torch.mul(rstd.unsqueeze(-1), g - xr * (g * xr).mean(-1, keepdim=True), out=out)
+    return gx, (gy.double() * xr.double()).sum(rows).to(weight.dtype)
 
 
 contract.check(sys.modules[__name__], "plain")
