@@ -2,6 +2,7 @@
 The package's metadata and dependencies are in pyproject.toml."""
 
 import hashlib
+import os
 import platform
 import sys
 
@@ -28,7 +29,18 @@ def cpu_kernels():
         flags.append("-march=x86-64-v3")
     extension = CppExtension("powernorm_fairseq.norms.kernels._C", [KERNELS], extra_compile_args=flags,
                              extra_link_args=["-fopenmp"])
-    return {"build_ext": BuildExtension}, [extension]
+
+    class Build(BuildExtension):
+        """Compiles into build/kernels of the source tree, also for an editable
+        install (which would use a temporary directory): ninja then recompiles
+        only when the source, a header or the command changed, and a second
+        install of the same source, editable or not, only links."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            self.build_temp = os.path.join("build", "kernels")
+
+    return {"build_ext": Build}, [extension]
 
 
 commands, extensions = cpu_kernels()
