@@ -345,7 +345,7 @@ struct BackwardPass {
   // One row through group scaling: each group's dL/dxs into buf and the
   // group's sum of dL/dxs * xs in the same loop, then back through the scaling,
   // the group still in cache: dL/dx = r (dL/dxs - xs mean(dL/dxs xs)).
-  template <bool kSums, bool kReal>
+  template <bool kSums, bool kReal, bool kMean, bool kA>
   void grouped_row(int64_t n, A* __restrict__ s, A* __restrict__ buf) const {
     const T* __restrict__ xr = xp(n);
     const T* __restrict__ gr = gp + n * C;
@@ -361,13 +361,13 @@ struct BackwardPass {
       A dot = 0;
 #pragma omp simd reduction(+ : dot)
       for (int64_t c = lo; c < hi; ++c) {
-        const A xs = val(xr[c]) * r, xh = (xs - mp[c]) * ip[c], gc = val(gr[c]);
+        const A xs = val(xr[c]) * r, xh = (kMean ? xs - mp[c] : xs) * ip[c], gc = val(gr[c]);
         if constexpr (kSums) {
           s0[c] += gc * xh;
           s1[c] += gc;
           s2[c] += xh * xh;
         }
-        const A d = gc * wp[c] - m * (ap[c] + bp[c] * xh);
+        const A d = gc * wp[c] - m * (kA ? ap[c] + bp[c] * xh : bp[c] * xh);
         gv[c] = d;
         dot += d * xs;
       }
@@ -409,8 +409,8 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
         constexpr bool kReal = decltype(is_real)::value;
         A *s = stage.data(), *b = buf.data();
         if (!want_gx) pass.template row<false, true, kReal, kM, kA>(n, s);
-        else if (G > 0) want_sums ? pass.template grouped_row<true, kReal>(n, s, b)
-                                  : pass.template grouped_row<false, kReal>(n, s, b);
+        else if (G > 0) want_sums ? pass.template grouped_row<true, kReal, kM, kA>(n, s, b)
+                                  : pass.template grouped_row<false, kReal, kM, kA>(n, s, b);
         else if (want_sums) pass.template row<true, true, kReal, kM, kA>(n, s);
         else pass.template row<true, false, kReal, kM, kA>(n, s);
         if (want_sums && ++rows % kFlush == 0) flush(stage, dst);
