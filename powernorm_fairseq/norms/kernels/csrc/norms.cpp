@@ -22,7 +22,6 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 
@@ -99,20 +98,27 @@ struct RowsOf {
 
 int64_t rows_in(const Tensor& x) { return x.dim() == 3 ? x.size(0) * x.size(1) : x.size(0); }
 
+// The values of a floating tensor as doubles, read where they lie (no tensor
+// made: the small per-channel conversions of a call cost more than its kernel
+// on small layers)
+std::vector<double> doubles(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  std::vector<double> out(c.numel());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "doubles", [&] {
+    const scalar_t* p = c.data_ptr<scalar_t>();
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(p[i]);
+  });
+  return out;
+}
+
 // a per-channel vector as A values (zeros where absent)
 template <typename A>
 std::vector<A> channels(const Tensor& t, int64_t C, double times = 1.0) {
   std::vector<A> out(C, A(0));
   if (t.numel() == 0) return out;
-  const Tensor d = t.to(at::kDouble).contiguous();
-  const double* p = d.data_ptr<double>();
-  for (int64_t c = 0; c < C; ++c) out[c] = A(p[c] * times);
+  const std::vector<double> d = doubles(t);
+  for (int64_t c = 0; c < C; ++c) out[c] = A(d[c] * times);
   return out;
-}
-
-std::vector<double> doubles(const Tensor& t) {
-  const Tensor d = t.to(at::kDouble).contiguous();
-  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
 
 // v as a value of dtype would hold it (float32 or float64)
@@ -120,10 +126,14 @@ double round_to(double v, at::ScalarType dtype) {
   return dtype == at::kDouble ? v : double(static_cast<float>(v));
 }
 
+// a new tensor of dtype holding v, rounded as Tensor.to rounds
 Tensor from(const std::vector<double>& v, at::ScalarType dtype) {
-  // a copy, also where dtype is double: the tensor must not alias v
-  return at::from_blob(const_cast<double*>(v.data()), {static_cast<int64_t>(v.size())}, at::kDouble)
-      .to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  Tensor out = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(dtype));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "from", [&] {
+    scalar_t* p = out.data_ptr<scalar_t>();
+    for (size_t i = 0; i < v.size(); ++i) p[i] = static_cast<scalar_t>(v[i]);
+  });
+  return out;
 }
 
 // the statistics dtype of activations of type T
