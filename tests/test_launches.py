@@ -239,7 +239,7 @@ class _ActivationCopies(torch.utils._python_dispatch.TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.namespace == "powernorm":
             with self:
-                return ops.IMPLEMENTATIONS[func._schema.name.split("::")[-1]](*args, **(kwargs or {}))
+                return ops.implementation(func)(*args, **(kwargs or {}))
         out = func(*args, **(kwargs or {}))
         name = func.__name__.split(".")[0]
         if name in self.COPIES and out.numel() == self.numel:

@@ -74,7 +74,7 @@ class _Mode(TorchDispatchMode):
             return func(*args, **kwargs)
         if func.namespace == "powernorm":  # see through to what the implementation launches
             with self:
-                return ops.IMPLEMENTATIONS[_name(func)](*args, **kwargs)
+                return ops.implementation(func)(*args, **kwargs)
         name = _name(func)
         if name in _WAITS or _crosses_devices(func, args):
             self.seen.waits.append(name)

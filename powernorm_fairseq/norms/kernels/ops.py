@@ -16,6 +16,11 @@ from .contract import CONTRACT, Mode, Update, schema
 IMPLEMENTATIONS = {}  # name -> the op's Python implementation (measure/launches.py sees through the op)
 
 
+def implementation(func):
+    """The Python implementation behind ``func``, an overload of torch.ops.powernorm.<name>."""
+    return IMPLEMENTATIONS[func._schema.name.split("::", 1)[-1]]
+
+
 def backend(name: str):
     from . import _MODULES
 

@@ -162,13 +162,13 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     if want_gx:
         m = torch.ones_like(keep) if correct_pads else keep
         a, b = _channels(A, C, xs), _channels(B, C, xs) * b_scale
+        d = gy * weight.to(xs) - m.to(xs) * (a + b * xh)
         gx, out = _into(x)
         if groups > 0:  # back through a group's scaling r: r (d - xs mean_group(d xs))
-            d = (gy * weight.to(xs) - m.to(xs) * (a + b * xh)) * inv_bwd.to(xs)
-            dg, sg = d.unflatten(-1, (groups, -1)), xs.unflatten(-1, (groups, -1))
+            dg, sg = (d * inv_bwd.to(xs)).unflatten(-1, (groups, -1)), xs.unflatten(-1, (groups, -1))
             torch.mul(r.unsqueeze(-1), dg - sg * (dg * sg).mean(-1, keepdim=True), out=out.unflatten(-1, (groups, -1)))
         else:
-            torch.mul(gy * weight.to(xs) - m.to(xs) * (a + b * xh), inv_bwd.to(xs), out=out)
+            torch.mul(d, inv_bwd.to(xs), out=out)
     if want_sums:
         xd, gd = xh.double(), gy.double()
         gxh, xh2 = gd * xd, xd * xd
