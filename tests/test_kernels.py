@@ -229,12 +229,13 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     resident at once. The sweep, over two steps of every mode, padded and not:
     C = 1000 (group scalings over 2, 4 and 8 heads, chunks of 500 to 125
     channels; 5 heads' 200 would take the blocks of 4's 250) and C = 200 over
-    8 heads (chunks of 25), in float16, float32, float64 and the --amp mix
-    (float16 activations, float32 parameters); and the widths of large models,
-    C = 4096, 8192 and 16384, with a whole-row group and groups of 128
-    channels, in float16, bfloat16 and float32 (rows and groups walked in
-    blocks), padded only (a padded variant is an unpadded one plus the mask's
-    load). The input is the model's, fairseq's transposed residual stream (a
+    8 heads (chunks of 25), in float16, float32 and the --amp mix (float16
+    activations, float32 parameters); and the widths of large models, C =
+    4096, 8192 and 16384, with a whole-row group and groups of 128 channels,
+    in float16, bfloat16 and float32 (rows and groups walked in blocks),
+    padded only (a padded variant is an unpadded one plus the mask's load).
+    Not float64: no training run uses it, and its kernels are held to the
+    plain path's numbers elsewhere, not to a GPU's registers. The input is the model's, fairseq's transposed residual stream (a
     contiguous one is the strided one without the row arithmetic). Only
     distinct specialisations are compiled: the wide row kernels
     are one variant for every width, the groups one per group width."""
@@ -242,12 +243,10 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     from powernorm_fairseq.measure import sm90
 
     T, Bn = 91, 9  # 819 rows: not a multiple of 16
-    half, f32, f64 = (torch.float16,) * 2, (torch.float32,) * 2, (torch.float64,) * 2
-    amp = (torch.float16, torch.float32)
+    half, f32, amp = (torch.float16,) * 2, (torch.float32,) * 2, (torch.float16, torch.float32)
     both = (False, True)
-    sweep = [(1000, kind, options, (half, f32, f64, amp), both)
-             for kind, options in sweep_kinds(1000, groups=(2, 4, 8))]
-    sweep += [(200, kind, options, (half, f32, f64, amp), both) for kind, options in sweep_kinds(200, groups=(8,))]
+    sweep = [(1000, kind, options, (half, f32, amp), both) for kind, options in sweep_kinds(1000, groups=(2, 4, 8))]
+    sweep += [(200, kind, options, (half, f32, amp), both) for kind, options in sweep_kinds(200, groups=(8,))]
     for C in (4096, 8192, 16384):
         sweep += [(C, kind, options, (half, (torch.bfloat16,) * 2, f32), (True,))
                   for kind, options in sweep_kinds(C, groups=(1, C // 128))]
