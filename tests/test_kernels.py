@@ -235,10 +235,11 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     in float16, bfloat16 and float32 (rows and groups walked in blocks),
     padded only (a padded variant is an unpadded one plus the mask's load).
     Not float64: no training run uses it, and its kernels are held to the
-    plain path's numbers elsewhere, not to a GPU's registers. The input is the model's, fairseq's transposed residual stream (a
-    contiguous one is the strided one without the row arithmetic). Only
-    distinct specialisations are compiled: the wide row kernels
-    are one variant for every width, the groups one per group width."""
+    plain path's numbers elsewhere, not to a GPU's registers. The input is
+    the model's, fairseq's transposed residual stream (a contiguous one is
+    the strided one without the row arithmetic). Only distinct
+    specialisations are compiled: the wide row kernels are one variant for
+    every width, the groups one per group width."""
     backend_or_fail("triton")
     from powernorm_fairseq.measure import sm90
 

@@ -4,7 +4,9 @@ import json
 import os
 import random
 import re
+import shlex
 import subprocess
+import sys
 import tarfile
 
 import pytest
@@ -19,8 +21,8 @@ WORDS_DE = "Das Haus ist groß und der Baum steht im Garten neben dem alten Auto
 WORDS_EN = "The house is big and the tree stands in the garden next to the old car".split()
 
 
-def sh(*args, check=True):
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
+def sh(*args, check=True, path=()):
+    env = {**os.environ, "PATH": ":".join(map(str, [*path, BIN, os.environ["PATH"]])), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run(["bash", *map(str, args)], cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"{args[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -372,15 +374,32 @@ def test_train_script_options(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_every_config_is_a_valid_row():
+def test_every_config_is_a_valid_row(tmp_path):
+    """Each row through its script's --dry-run. The scripts check --norm
+    against the registry with one ``python -c`` (an import of torch, seconds
+    per row): a ``python`` first on PATH gives that query the registry's answer
+    as this process reads it, and runs the real interpreter for anything else."""
+    from powernorm_fairseq.norms import NORM_TYPES
+
+    query = re.search(r'python -c "([^"]+)"', (ROOT / "scripts" / "lib.sh").read_text()).group(1)
+    assert "NORM_TYPES" in query
+    shim = tmp_path / "python"
+    names, python = shlex.quote(" ".join(NORM_TYPES)), shlex.quote(sys.executable)
+    shim.write_text(f"#!/usr/bin/env bash\nif [[ $# == 2 && $1 == -c && $2 == {shlex.quote(query)} ]]; then\n"
+                    f"  echo {names}\nelse\n  exec {python} \"$@\"\nfi\n")
+    shim.chmod(0o755)
     configs = sorted((ROOT / "configs").glob("*.sh"))
     assert len(configs) >= 13
     for cfg in configs:
         text = cfg.read_text()
         assert text.startswith("# "), f"{cfg.name} lacks its one-line reason"
         script = "scripts/train-lm.sh" if cfg.name.startswith("lm-") else "scripts/train.sh"
-        dry = sh(script, "--config", cfg, "--dry-run", "--gpus", "1")
+        dry = sh(script, "--config", cfg, "--dry-run", "--gpus", "1", path=[tmp_path])
         assert "fairseq-train" in dry.stdout
+    bad = tmp_path / "bad.sh"  # and a row the registry refuses, through the same shim
+    bad.write_text(configs[0].read_text() + "NORM=layer\n")
+    refused = sh("scripts/train.sh", "--config", bad, "--dry-run", "--gpus", "1", check=False, path=[tmp_path])
+    assert refused.returncode == 2 and "--norm must be one of {ln,bn,pn," in refused.stderr
 
 
 def make_lm_archives(directory):
