@@ -21,8 +21,10 @@ allow_fairseq_checkpoints()  # torch.load(weights_only=True) of the checkpoints 
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `import support`, `import reference`
 
-from support import (ROOT, TINY_LM, USER_DIR, Command, cli, make_lm_data, make_toy_data, once,  # noqa: E402
-                     train_args)
+from support import (ROOT, TINY_LM, USER_DIR, Command, cli, interpreter, make_lm_data, make_toy_data,  # noqa: E402
+                     once, train_args)
+
+interpreter.install()  # without the interpreter's repeated patching (support/interpreter.py)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import signal
 import subprocess
 
 import pytest
-from support import BIN, Command, cli, lm_corpus, toy_corpus
+from support import BIN, Command, cli, interpreter, lm_corpus, toy_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -69,3 +69,43 @@ def test_the_toy_data_is_binarized_with_one_dictionary(toy_data):
     for split in ("train", "valid", "test"):
         for lang in ("de", "en"):
             assert (toy_data / f"{split}.de-en.{lang}.bin").stat().st_size > 0
+
+
+def test_the_interpreter_computes_the_same_without_its_repeated_patching():
+    """support/interpreter.py skips Triton's second patching of the language
+    for a kernel's own helpers: the kernels' outputs, gradients and running
+    statistics are bit for bit those of Triton's own interpreter, and the
+    skip happens (about a third of the interpreter's time here)."""
+    import torch
+    from triton.runtime import interpreter as triton_interpreter
+
+    from powernorm_fairseq.norms import build_norm, kernels
+
+    def run():
+        torch.manual_seed(0)
+        norm = build_norm("pn", 16, warmup_updates=1, layer_scale=True, groups=2).train()
+        out = []
+        with kernels.use("triton"):
+            for _ in range(2):  # the warmup step, then one with the running statistics
+                x = torch.randn(5, 3, 16, requires_grad=True)
+                pad = torch.zeros(3, 5, dtype=torch.bool)
+                pad[1, 3:] = True
+                y = norm(x, pad)
+                y.backward(torch.randn_like(y))
+                out += [y.detach(), x.grad, *(p.grad.clone() for p in norm.parameters()), *norm.buffers()]
+        return out
+
+    patched = []
+    original = triton_interpreter._patch_lang
+    triton_interpreter._patch_lang = lambda fn: patched.append(fn) or original(fn)
+    try:
+        assert interpreter.install()  # installed by conftest.py
+        quick, quick_patches = run(), len(patched)
+        interpreter.uninstall()
+        patched.clear()
+        own, own_patches = run(), len(patched)
+    finally:
+        interpreter.install()
+        triton_interpreter._patch_lang = original
+    assert len(quick) == len(own) and all(torch.equal(a, b) for a, b in zip(quick, own))
+    assert 0 < quick_patches < own_patches / 2, (quick_patches, own_patches)
