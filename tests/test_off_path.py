@@ -115,7 +115,10 @@ class Counting:
         return gm.forward
 
 
-@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64, torch.float32], ids=["bool", "int", "float"])
+# the 0/1 masks in the full suite only: a compile takes a second, and the fast tier keeps one per kind
+@pytest.mark.parametrize("mask_dtype", [pytest.param(torch.bool, id="bool"),
+                                        pytest.param(torch.int64, marks=pytest.mark.slow, id="int"),
+                                        pytest.param(torch.float32, marks=pytest.mark.slow, id="float")])
 @pytest.mark.parametrize("kind", NORM_TYPES)
 def test_twenty_compiled_steps_compile_once_per_phase(kind, mask_dtype):
     torch._dynamo.reset()
