@@ -6,10 +6,10 @@ module, and restores it at the end. Each call of a ``@triton.jit`` helper
 inside the kernel (``InterpretedFunction.__call__``) patches it again, and
 never restores that. A helper of the kernel's own module finds every builtin
 already patched, so its call only scans the modules again: in this suite,
-about 40% of the interpreter's time. :func:`install` skips that second patch
-for helpers whose module is the running kernel's; any other call is Triton's
-own. The kernels' numbers are checked against the plain path with and without
-it (``tests/test_support.py``).
+a third or more of the interpreter's time. :func:`install` skips that second
+patch for helpers whose module is the running kernel's; any other call is
+Triton's own. ``tests/test_support.py`` checks that the kernels compute the
+same, bit for bit, with and without it.
 """
 
 import contextlib
