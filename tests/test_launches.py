@@ -6,8 +6,11 @@ The Triton kernels run under Triton's interpreter here; what is counted is
 what a GPU would be sent: each kernel call and every other op that computes.
 """
 
+import contextlib
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from support import backend_or_fail
 from powernorm_fairseq.measure import launches
@@ -223,6 +226,58 @@ def test_every_custom_op_passes_opcheck(backend):
     assert set(calls) == {f"powernorm::{name}" for name in ops.IMPLEMENTATIONS}
     for func, args, kwargs in calls.values():
         torch.library.opcheck(func, args, kwargs)
+
+
+class _Watching(TorchDispatchMode):
+    """A dispatch mode that passes every op on as it is, counting the plugin's."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += func.namespace == "powernorm"
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", ["plain", "cpu", pytest.param("triton", marks=pytest.mark.slow)])
+def test_a_direct_call_computes_what_the_op_computes(backend):
+    """In plain eager mode the norms call each op's implementation without
+    the dispatcher's round trip (``ops.CALLS``); under a dispatch mode every
+    call is the op's, which the mode sees. Both give the same outputs'
+    gradients and running statistics, bit for bit, over steps that cross
+    PN's warmup (every op, in each of its uses)."""
+    backend_or_fail(backend)
+    x, pad, grad = data()
+    for kind, options in (("pn", {"warmup_updates": 2, "layer_scale": True, "groups": 4}), ("bn", {}),
+                          ("scalenorm", {}), ("rmsnorm", {})):
+        runs = []
+        for mode in (None, _Watching()):
+            norm = build_norm(kind, C, **options).train()
+            seen = []
+            with kernels.use(backend), mode or contextlib.nullcontext():
+                for _ in range(3):
+                    step(norm, x, pad, grad)
+                    seen += [t.clone() for t in (x.grad, *(p.grad for p in norm.parameters()), *norm.buffers())]
+            runs.append(seen)
+            assert mode is None or mode.ops >= 6, (kind, mode.ops)
+        assert all(torch.equal(a, b) for a, b in zip(*runs)), kind
+
+
+def test_the_ops_are_called_directly_only_where_nothing_observes_them():
+    x = torch.ones(2)
+    assert not ops._observed(dict(x=x, w=torch.nn.Parameter(x), k=1))
+    observers = [_Watching(), torch.device("cpu"), torch.profiler.profile(), launches.counting()]
+    for observer in observers:
+        with observer:
+            assert ops._observed(dict(x=x)), observer
+    assert torch.func.vmap(lambda t: t * ops._observed(dict(x=t)))(torch.ones(2, 2)).sum() == 4
+    assert torch.compile(lambda t: t * ops._observed(dict(x=t)), backend="eager", fullgraph=True)(x).sum() == 2
+    assert ops._observed(dict(x=torch.nn.Buffer(x).as_subclass(_Subclass)))
+
+
+class _Subclass(torch.Tensor):
+    pass
 
 
 class _ActivationCopies(torch.utils._python_dispatch.TorchDispatchMode):

@@ -4,8 +4,11 @@ torch.compile cannot trace into a C++ extension or a Triton launch, and would
 break its graph at each; as ops with fake-tensor implementations (the shapes
 and dtypes of their outputs) they go into the graph whole. The first argument
 names the backend (``cpu`` or ``triton``); absent tensors are empty ones. The
-autograd of the norms is ``functions.py``'s, which calls these ops.
+autograd of the norms is ``functions.py``'s, which calls these ops through
+:data:`CALLS`.
 """
+
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor
@@ -14,6 +17,8 @@ from ..clock import CLOCKS
 from .contract import CONTRACT, Mode, Update, schema
 
 IMPLEMENTATIONS = {}  # name -> the op's Python implementation (measure/launches.py sees through the op)
+#: ``CALLS.<name>(impl=..., <the contract's arguments by keyword>)``: each op as the norms call it (:func:`_caller`)
+CALLS = SimpleNamespace()
 
 
 def implementation(func):
@@ -110,6 +115,38 @@ def _define(name: str):
     _LIBRARY.define(name + schema(name, "str impl, ", ", int clock" if steps is not None else ""))
     _LIBRARY.impl(name, run, "CompositeExplicitAutograd")
     torch.library.register_fake(f"powernorm::{name}", fake, lib=_LIBRARY)
+    setattr(CALLS, name, _caller(name, run, names + (("clock",) if steps is not None else ())))
+
+
+_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def _observed(args) -> bool:
+    """Whether something may watch or transform the ops a call dispatches:
+    torch.compile and torch.export, a dispatch or function mode (FakeTensor,
+    functionalization, FlopCounterMode, the launch counter), functorch, the
+    JIT tracer, the profiler, or a tensor subclass among the arguments."""
+    return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+            or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()
+            or torch.jit.is_tracing() or torch._C._autograd._profiler_enabled()
+            or any(type(a) not in _PLAIN_TYPES for a in args.values() if isinstance(a, Tensor)))
+
+
+def _caller(name: str, run, order: tuple):
+    """Op ``name`` called by keyword. Where nothing observes the call, its
+    implementation ``run`` is called at once, with the arguments in the
+    schema's ``order``: the dispatcher's round trip into a Python op costs
+    about 30 us a call on a CPU (more than a small layer's kernel) and does
+    nothing else there. Otherwise the call is the op's."""
+    op = getattr(torch.ops.powernorm, name)
+
+    def call(impl: str, **args):
+        if _observed(args):
+            return op(impl=impl, **args)
+        return run(impl, *[args[n] for n in order])
+
+    call.__name__ = name
+    return call
 
 
 for _name in CONTRACT:
