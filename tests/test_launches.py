@@ -240,7 +240,8 @@ class _Watching(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("backend", ["plain", "cpu", pytest.param("triton", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", [pytest.param("plain", marks=pytest.mark.slow), "cpu",
+                                     pytest.param("triton", marks=pytest.mark.slow)])
 def test_a_direct_call_computes_what_the_op_computes(backend):
     """In plain eager mode the norms call each op's implementation without
     the dispatcher's round trip (``ops.CALLS``); under a dispatch mode every
