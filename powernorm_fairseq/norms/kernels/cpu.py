@@ -175,6 +175,7 @@ def _venv_tools_on_path():
         os.environ["PATH"] = path
 
 
+@torch.compiler.assume_constant_result  # traced, the load runs at once (it reads files) and its answer is a constant
 def available() -> bool:
     return load() is not None
 
