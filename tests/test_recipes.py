@@ -4,14 +4,12 @@ import json
 import os
 import random
 import re
-import shlex
 import subprocess
-import sys
 import tarfile
 
 import pytest
 
-from support import BIN, ROOT, TINY, cli, once, processes_mentioning
+from support import BIN, ROOT, TINY, cli, norm_query, once, processes_mentioning, stand_ins
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +25,14 @@ def sh(*args, check=True, path=()):
     if check and proc.returncode != 0:
         raise AssertionError(f"{args[0]} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
+
+
+def recipe(*args, check=True):
+    """:func:`sh` with the stand-ins first on PATH (``support.commands.stand_ins``):
+    the recipe's fairseq commands, sacremoses and powernorm-average run in
+    forks of the fork server, and the registry query is answered at once. The
+    tests that signal a recipe, or check its options, run it as it is."""
+    return sh(*args, check=check, path=[stand_ins()])
 
 
 def sentence(rng, n):
@@ -74,7 +80,7 @@ def make_archive(path, n_train=300, dirty=False):
 def iwslt(tmp_path_factory):
     """The tiny archive prepared once for the session (its tests only read it)."""
     def prepare(tmp):
-        sh("data-prep/prepare-iwslt14.sh", "--archive", make_archive(tmp / "de-en.tgz"), "--out", tmp / "prepared")
+        recipe("data-prep/prepare-iwslt14.sh", "--archive", make_archive(tmp / "de-en.tgz"), "--out", tmp / "prepared")
 
     tmp = once(tmp_path_factory, "iwslt", prepare)
     return tmp / "de-en.tgz", tmp / "prepared", None
@@ -117,7 +123,7 @@ def test_iwslt14_preparation_outputs(iwslt):
 def test_iwslt14_empty_lines_and_invalid_utf8(tmp_path):
     archive = make_archive(tmp_path / "de-en.tgz", dirty=True)
     out = tmp_path / "prepared"
-    proc = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out)
+    proc = recipe("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out)
     assert "train.tags.raw.de: 1 line(s) with invalid UTF-8, bytes replaced by U+FFFD" in proc.stderr
     cleaned = lines(out / "tmp" / "train.tags.de")
     assert len(cleaned) == 300 + 3 + 3 + 1  # the empty side and the empty pair are dropped by cleaning
@@ -137,7 +143,7 @@ def test_iwslt14_disk_full_leaves_nothing_that_passes_for_done(tmp_path):
     assert not (out / "bin" / ".done").exists()
     assert not [p for p in out.rglob("*") if p.is_file() and p.stat().st_size >= 20 * 1024
                 and not p.name.endswith(".tmp")], "a file at the size limit was kept as complete"
-    sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out)
+    recipe("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out)
     assert (out / "bin" / ".done").exists()
     assert len(lines(out / "tmp" / "test.en")) == 20
 
@@ -207,7 +213,7 @@ def make_wmt_archives(directory):
 def test_wmt14_preparation(tmp_path):
     archives = make_wmt_archives(tmp_path / "archives")
     out = tmp_path / "wmt"
-    sh("data-prep/prepare-wmt14en2de.sh", "--archive-dir", archives, "--out", out)
+    recipe("data-prep/prepare-wmt14en2de.sh", "--archive-dir", archives, "--out", out)
     tok = lines(out / "tmp" / "train.tok.en")
     assert len(tok) == 3 * 61
     assert "A state @-@ of @-@ the @-@ art house ." in tok  # Moses -a splits hyphens
@@ -221,7 +227,8 @@ def test_wmt14_preparation(tmp_path):
     assert len(lines(out / "tmp" / "bpe" / "test.en")) == 9
     assert (out / "bin" / ".done").exists()
     (archives / "dev.tgz").unlink()
-    proc = sh("data-prep/prepare-wmt14en2de.sh", "--archive-dir", archives, "--out", tmp_path / "again", check=False)
+    proc = recipe("data-prep/prepare-wmt14en2de.sh", "--archive-dir", archives, "--out", tmp_path / "again",
+                  check=False)
     assert proc.returncode != 0 and f"missing archive: {archives}/dev.tgz" in proc.stderr
 
 
@@ -248,25 +255,25 @@ def test_train_average_evaluate(iwslt, tmp_path):
     save = tmp_path / "run"
     flags = ["--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0", "--save-dir", save]
     fairseq_flags = [*TINY, "--warmup-updates", "4", "--max-tokens", "1000", "--tensorboard-logdir", ""]
-    quiet = sh("scripts/train.sh", *flags, "--", *fairseq_flags, "--max-epoch", "3")
+    quiet = recipe("scripts/train.sh", *flags, "--", *fairseq_flags, "--max-epoch", "3")
     assert (save / "checkpoint3.pt").exists() and "done training" in (save / "train.log").read_text()
     log = (save / "train.log").read_text()
     assert console_epochs(quiet.stderr) == epoch_records(log) and sorted(epoch_records(log)) == [1, 2, 3]
     assert "PowerNormTransformerEncoder(" in log and "PowerNormTransformerEncoder(" not in quiet.stderr + quiet.stdout
     assert f"log: {save / 'train.log'}" in quiet.stderr and "| INFO |" not in quiet.stderr + quiet.stdout
-    more = sh("scripts/train.sh", *flags, "--", *fairseq_flags, "--max-epoch", "4", "--log-format", "json")
+    more = recipe("scripts/train.sh", *flags, "--", *fairseq_flags, "--max-epoch", "4", "--log-format", "json")
     assert "resumed from" in more.stderr and "(epoch 4, " in more.stderr
     assert console_epochs(more.stderr) == {4: epoch_records((save / "train.log").read_text())[4]}
-    verbose = sh("scripts/train.sh", *flags, "--verbose", "--", *fairseq_flags, "--max-epoch", "4")
+    verbose = recipe("scripts/train.sh", *flags, "--verbose", "--", *fairseq_flags, "--max-epoch", "4")
     assert "| INFO | fairseq_cli.train |" in verbose.stdout and "done training" in verbose.stdout
     log_before, command_before = (save / "train.log").read_bytes(), (save / "command.txt").read_text()
-    bad = sh("scripts/train.sh", *flags, "--seed", "2", "--", *fairseq_flags, "--pn-eps", "-1", check=False)
+    bad = recipe("scripts/train.sh", *flags, "--seed", "2", "--", *fairseq_flags, "--pn-eps", "-1", check=False)
     assert bad.returncode != 0 and bad.stderr.splitlines()[-1].startswith("fairseq-train: error: ")
     assert "--pn-eps" in bad.stderr.splitlines()[-1] and "failed" not in bad.stderr
     # refused: nothing written into the run's directory
     assert (save / "train.log").read_bytes() == log_before and (save / "command.txt").read_text() == command_before
     assert "--seed 1" in command_before
-    proc = sh("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
+    proc = recipe("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
               "--average", "2", "--cpu")
     assert "| INFO |" not in proc.stderr and "Translated 20 sentences" in (save / "generate.log").read_text()
     assert (save / "averaged_last_2.pt").exists()
@@ -283,7 +290,7 @@ def test_sentencepiece_prepare_train_evaluate_interactive(iwslt, tmp_path):
     tokenized text the BLEU definitions score."""
     archive, bpe_out, _ = iwslt
     out = tmp_path / "spm"
-    sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, "--bpe", "sentencepiece",
+    recipe("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, "--bpe", "sentencepiece",
        "--bpe-size", "60")
     model = out / "bin" / "spm.model"
     assert model.exists() and (out / "bin" / ".done").exists()
@@ -297,10 +304,10 @@ def test_sentencepiece_prepare_train_evaluate_interactive(iwslt, tmp_path):
     assert lines(out / "tmp" / "test.en") == lines(bpe_out / "tmp" / "test.en")  # the same tokenized text
 
     save = tmp_path / "run"
-    sh("scripts/train.sh", "--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0",
+    recipe("scripts/train.sh", "--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0",
        "--save-dir", save, "--", *TINY, "--max-epoch", "2", "--warmup-updates", "4", "--max-tokens", "1000",
        "--tensorboard-logdir", "")
-    sh("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
+    recipe("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
        "--average", "1", "--cpu")
     generated = (save / "generate-test-checkpoint_last.txt").read_text(encoding="utf-8")
     hyps = [l for l in generated.splitlines() if l.startswith(("H-", "T-"))]
@@ -321,10 +328,10 @@ def test_sentencepiece_prepare_train_evaluate_interactive(iwslt, tmp_path):
     assert source and "\u2581" in source[0]  # the input was encoded with the model
     assert [l for l in proc.stdout.splitlines() if l.startswith("D-") and "\u2581" not in l]
 
-    bad = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, "--bpe", "wordpiece", check=False)
+    bad = recipe("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, "--bpe", "wordpiece", check=False)
     assert bad.returncode != 0 and bad.stderr.strip().endswith(
         "--bpe must be one of {subword-nmt,sentencepiece}, got 'wordpiece'")
-    other = sh("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, check=False)
+    other = recipe("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, check=False)
     assert other.returncode != 0 and "prepared with --bpe sentencepiece; add --force" in other.stderr
 
 
@@ -338,12 +345,12 @@ def test_quickstart_preparation_with_either_subword_tool(tmp_path):
         (src / f"{split}.en").write_text("".join(en + "\n" for _, en in pairs))
     for method, beside in (("subword-nmt", "bpe.codes"), ("sentencepiece", "spm.model")):
         out = tmp_path / method
-        sh("data-prep/prepare-quickstart.sh", "--src-dir", src, "--out", out, "--bpe", method, "--bpe-size", "40")
+        recipe("data-prep/prepare-quickstart.sh", "--src-dir", src, "--out", out, "--bpe", method, "--bpe-size", "40")
         assert (out / "bin" / ".done").exists() and (out / "bin" / beside).exists()
         assert len(lines(out / "tmp" / "test.en")) == 10
     # the README's fairseq-interactive line on raw, untokenized text, with the codes kept beside the data
     data, save = tmp_path / "subword-nmt" / "bin", tmp_path / "run"
-    sh("scripts/train.sh", "--dataset", "quickstart", "--data", data, "--norm", "pn", "--gpus", "0",
+    recipe("scripts/train.sh", "--dataset", "quickstart", "--data", data, "--norm", "pn", "--gpus", "0",
        "--save-dir", save, "--", *TINY, "--max-epoch", "1", "--tensorboard-logdir", "")
     proc = cli("fairseq-interactive", data, "--user-dir", ROOT / "powernorm_fairseq", "--path",
                save / "checkpoint_last.pt", "-s", "de", "-t", "en", "--tokenizer", "moses", "--bpe", "subword_nmt",
@@ -352,7 +359,7 @@ def test_quickstart_preparation_with_either_subword_tool(tmp_path):
     source = [line for line in proc.stdout.splitlines() if line.startswith("S-")]
     assert source and source[0].split("\t")[1].endswith(" .")  # Moses split the full stop off
     assert [line for line in proc.stdout.splitlines() if line.startswith("D-") and "@@" not in line]
-    bad = sh("data-prep/prepare-quickstart.sh", "--src-dir", src, "--out", tmp_path / "x", "--bpe-merges", "0",
+    bad = recipe("data-prep/prepare-quickstart.sh", "--src-dir", src, "--out", tmp_path / "x", "--bpe-merges", "0",
              check=False)
     assert bad.returncode != 0 and bad.stderr.strip().endswith("--bpe-size must be a positive integer, got '0'")
 
@@ -377,17 +384,10 @@ def test_train_script_options(tmp_path):
 def test_every_config_is_a_valid_row(tmp_path):
     """Each row through its script's --dry-run. The scripts check --norm
     against the registry with one ``python -c`` (an import of torch, seconds
-    per row): a ``python`` first on PATH gives that query the registry's answer
+    per row): the stand-ins' ``python`` gives that query the registry's answer
     as this process reads it, and runs the real interpreter for anything else."""
-    from powernorm_fairseq.norms import NORM_TYPES
-
-    query = re.search(r'python -c "([^"]+)"', (ROOT / "scripts" / "lib.sh").read_text()).group(1)
-    assert "NORM_TYPES" in query
-    shim = tmp_path / "python"
-    names, python = shlex.quote(" ".join(NORM_TYPES)), shlex.quote(sys.executable)
-    shim.write_text(f"#!/usr/bin/env bash\nif [[ $# == 2 && $1 == -c && $2 == {shlex.quote(query)} ]]; then\n"
-                    f"  echo {names}\nelse\n  exec {python} \"$@\"\nfi\n")
-    shim.chmod(0o755)
+    assert "NORM_TYPES" in norm_query()
+    stand_ins(tmp_path)
     configs = sorted((ROOT / "configs").glob("*.sh"))
     assert len(configs) >= 13
     for cfg in configs:
@@ -427,39 +427,39 @@ def test_language_model_recipes_prepare_train_and_evaluate(tmp_path):
     ptb_archive, wiki_archive = make_lm_archives(tmp_path)
     for dataset, archive in (("ptb", ptb_archive), ("wikitext103", wiki_archive)):
         out = tmp_path / dataset
-        sh("data-prep/prepare-lm.sh", "--dataset", dataset, "--archive", archive, "--out", out)
+        recipe("data-prep/prepare-lm.sh", "--dataset", dataset, "--archive", archive, "--out", out)
         assert (out / "bin" / ".done").exists() and (out / "bin" / "dict.txt").exists()
         member = "ptb-src/simple-examples/data/ptb.test.txt" if dataset == "ptb" else None
         if member:
             assert (out / "tmp" / "test.txt").read_text() == (tmp_path / member).read_text()
-        again = sh("data-prep/prepare-lm.sh", "--dataset", dataset, "--archive", archive, "--out", out)
+        again = recipe("data-prep/prepare-lm.sh", "--dataset", dataset, "--archive", archive, "--out", out)
         assert "already prepared" in again.stderr
-    wrong = sh("data-prep/prepare-lm.sh", "--dataset", "wikitext103", "--archive", ptb_archive,
+    wrong = recipe("data-prep/prepare-lm.sh", "--dataset", "wikitext103", "--archive", ptb_archive,
                "--out", tmp_path / "wrong", check=False)
     assert wrong.returncode != 0 and "has no member wikitext-103/wiki.train.tokens" in wrong.stderr.splitlines()[-1]
     assert not (tmp_path / "wrong" / "bin").exists()
     (tmp_path / "junk.zip").write_bytes(b"not an archive")
-    junk = sh("data-prep/prepare-lm.sh", "--dataset", "ptb", "--archive", tmp_path / "junk.zip",
+    junk = recipe("data-prep/prepare-lm.sh", "--dataset", "ptb", "--archive", tmp_path / "junk.zip",
               "--out", tmp_path / "junk", check=False)
     assert junk.returncode != 0 and "corrupt or unreadable archive" in junk.stderr.splitlines()[-1]
-    bad = sh("data-prep/prepare-lm.sh", "--dataset", "ptb3", check=False)
+    bad = recipe("data-prep/prepare-lm.sh", "--dataset", "ptb3", check=False)
     assert "--dataset must be one of {ptb,wikitext103}, got 'ptb3'" in bad.stderr.splitlines()[-1]
 
     save = tmp_path / "run"
     tiny = ["--decoder-layers", "2", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
             "--decoder-attention-heads", "4", "--tokens-per-sample", "32", "--max-tokens", "256",
             "--max-update", "60", "--warmup-updates", "5", "--lr", "0.005", "--dropout", "0.1"]
-    sh("scripts/train-lm.sh", "--config", "configs/lm-ptb-pn.sh", "--data", tmp_path / "ptb" / "bin",
+    recipe("scripts/train-lm.sh", "--config", "configs/lm-ptb-pn.sh", "--data", tmp_path / "ptb" / "bin",
        "--gpus", "0", "--save-dir", save, "--", *tiny)
     assert "--norm-type pn" in (save / "command.txt").read_text()
-    proc = sh("scripts/evaluate-lm.sh", "--save-dir", save, "--data", tmp_path / "ptb" / "bin", "--cpu")
+    proc = recipe("scripts/evaluate-lm.sh", "--save-dir", save, "--data", tmp_path / "ptb" / "bin", "--cpu")
     result = json.loads((save / "perplexity-test.json").read_text())
     test_tokens = sum(len(line.split()) + 1 for line in lines(tmp_path / "ptb" / "tmp" / "test.txt"))
     assert result["tokens"] == test_tokens and result["context_window"] == 24
     assert result["perplexity"] == pytest.approx(2 ** result["loss_base2"], abs=0.006)  # fairseq rounds to 0.01
     assert result["perplexity"] < len(lines(tmp_path / "ptb" / "bin" / "dict.txt")) / 2
     assert f"perplexity {result['perplexity']:.2f}" in proc.stdout
-    too_long = sh("scripts/evaluate-lm.sh", "--save-dir", save, "--data", tmp_path / "ptb" / "bin",
+    too_long = recipe("scripts/evaluate-lm.sh", "--save-dir", save, "--data", tmp_path / "ptb" / "bin",
                   "--context-window", "32", check=False)
     assert too_long.returncode == 2 and "--context-window must be an integer in [0, 32)" in too_long.stderr
 

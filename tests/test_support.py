@@ -5,9 +5,13 @@ corpora are what the tests take them to be."""
 import os
 import signal
 import subprocess
+import time
 
 import pytest
-from support import BIN, Command, cli, interpreter, lm_corpus, toy_corpus
+from support import (BIN, Command, cli, commands, interpreter, lm_corpus, norm_query, processes_mentioning, stand_ins,
+                     toy_corpus)
+
+from powernorm_fairseq.norms import NORM_TYPES
 
 pytestmark = pytest.mark.slow
 
@@ -26,6 +30,21 @@ def test_a_forked_command_is_the_fresh_one(args, tmp_path):
     assert forked.returncode == (0 if args[1] == "markdown" else 2)
 
 
+def test_a_forked_fairseq_command_logs_where_a_fresh_one_does(tmp_path):
+    """Importing fairseq gives the root logger a handler on stderr, so
+    fairseq_cli's logging goes there, not to the stdout its own basicConfig
+    names; the fork server imported fairseq before the fork, and a fork keeps
+    that handler, on the command's stderr."""
+    runs = []
+    for name, run in (("forked", cli), ("fresh", fresh)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.txt").write_text("a b c\nb c d\n")
+        proc = run("fairseq-preprocess", "--only-source", "--trainpref", "train.txt", "--destdir", "bin",
+                   "--workers", "1", cwd=tmp_path / name, env={"PYTHONWARNINGS": "ignore"})
+        runs.append((proc.returncode, proc.stdout, proc.stderr))
+    assert runs[0] == runs[1] and "INFO:fairseq_cli.preprocess:Wrote preprocessed data to bin" in runs[0][2]
+
+
 def test_a_forked_command_takes_its_directory_and_environment(tmp_path):
     log = "S-0\tdas ist ein haus\nT-0\tthis is a house\nH-0\t-0.1\tthis is a house\n"
     (tmp_path / "gen.out").write_text(log)
@@ -35,6 +54,31 @@ def test_a_forked_command_takes_its_directory_and_environment(tmp_path):
     assert bad.returncode == 2 and "missing.out" in bad.stderr
     narrow, wide = (cli("powernorm-flags", "--help", env={"COLUMNS": c}).stdout for c in ("40", "200"))
     assert narrow != wide and narrow == fresh("powernorm-flags", "--help", cwd=tmp_path, env={"COLUMNS": "40"}).stdout
+
+
+def test_a_stand_in_is_the_console_script_it_stands_in_for(tmp_path):
+    """A recipe's stand-in (support.commands.stand_ins) runs its command in a
+    fork with the caller's streams, directory and environment, exits with its
+    status, passes a signal on, and ends by it; its ``python`` answers the
+    registry query of scripts/lib.sh and runs anything else."""
+    path = f"{stand_ins(tmp_path / 'bin')}:{BIN}:{os.environ['PATH']}"
+    (tmp_path / "gen.out").write_text("H-0\t-0.1\tthis is a house\n")
+    sh = "cd {0} && sacremoses -q -l en tokenize < gen.out > tok.out; echo $? $PWD; sacremoses -l en bad-command"
+    proc = subprocess.run(["bash", "-c", sh.format(tmp_path)], capture_output=True, text=True,
+                          env={**os.environ, "PATH": path})
+    assert proc.stdout == f"0 {tmp_path}\n" and proc.returncode == 2 and "No such command" in proc.stderr
+    assert (tmp_path / "tok.out").read_text() == "H-0 -0.1 this is a house\n"
+    answer = subprocess.run(["bash", "-c", f'python -c "{norm_query()}"; python -c "print(6 * 7)"'], text=True,
+                            capture_output=True, env={**os.environ, "PATH": path})
+    assert answer.stdout.split("\n")[:2] == [" ".join(NORM_TYPES), "42"]
+    server = processes_mentioning(commands._fork_server("torch"))  # the fork server, then its forks too
+    waiting = subprocess.Popen(["bash", "-c", "exec sacremoses -l en tokenize"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PATH": path})
+    while len(processes_mentioning(commands._fork_server("torch"))) < len(server) + 2:  # its watcher and command
+        time.sleep(0.05)
+    waiting.send_signal(signal.SIGTERM)
+    assert waiting.wait(timeout=60) == -signal.SIGTERM
+    assert waiting.stdout.read() == ""  # and the command has ended: no one holds its stdout open
 
 
 def test_a_signal_ends_a_forked_command_as_it_ends_a_process(tmp_path):

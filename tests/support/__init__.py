@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from .commands import BIN, ROOT, Command, cli, processes_mentioning
+from .commands import BIN, ROOT, Command, cli, norm_query, processes_mentioning, stand_ins
 from .toy import (TINY, TINY_LM, USER_DIR, build_model, lm_corpus, losses, make_lm_data, make_toy_data, preprocess,
                   sample, toy_corpus, train_args)
 
@@ -46,5 +46,5 @@ def backend_or_fail(name):
 
 __all__ = ["BIN", "ROOT", "TINY", "TINY_LM", "USER_DIR", "Command", "backend_or_fail", "build_model", "cli",
            "lm_corpus", "losses",
-           "make_lm_data", "make_toy_data", "once", "preprocess", "processes_mentioning", "sample", "toy_corpus",
-           "train_args"]
+           "make_lm_data", "make_toy_data", "norm_query", "once", "preprocess", "processes_mentioning", "sample",
+           "stand_ins", "toy_corpus", "train_args"]

@@ -32,14 +32,14 @@ class Command:
     (``forkserver.py``): a process of its own, with the parts of
     ``subprocess.Popen`` the tests use."""
 
-    def __init__(self, tool, args, cwd=ROOT, env=None, stdin=None, stdout=None, stderr=None):
+    def __init__(self, tool, args, cwd=ROOT, env=None, stdin=None, stdout=None, stderr=None, server=None):
         import socket
 
         self.args = [str(BIN / tool), *map(str, args)]
         self.returncode = None
         request = json.dumps({"tool": tool, "argv": self.args, "cwd": str(cwd),
                               "env": {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}}).encode()
-        streams = [stdin or subprocess.DEVNULL, stdout, stderr]
+        streams = [subprocess.DEVNULL if stdin is None else stdin, stdout, stderr]
         self.stdout = None  # with stdout=subprocess.PIPE: the read end, as text
         with contextlib.ExitStack() as opened:
             fds = []
@@ -54,7 +54,7 @@ class Command:
                     stream = opened.enter_context(open(os.devnull, "rb" if i == 0 else "wb"))
                 fds.append(stream if isinstance(stream, int) else stream.fileno())
             self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._conn.connect(_fork_server("fairseq" if tool.startswith("fairseq-") else "torch"))
+            self._conn.connect(server or _fork_server(_server_of(tool)))
             socket.send_fds(self._conn, [len(request).to_bytes(8, "big")], fds)
             self._conn.sendall(request)
         self._buffer = b""
@@ -95,6 +95,10 @@ class Command:
         import signal
 
         self.send_signal(signal.SIGKILL)
+
+
+def _server_of(tool):
+    return "fairseq" if tool.startswith("fairseq-") else "torch"
 
 
 _servers = {}
@@ -140,3 +144,78 @@ def cli(tool, *args, check=True, cwd=ROOT, timeout=600, input=None, env=None):
     if check and proc.returncode != 0:
         raise AssertionError(f"{tool} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc
+
+
+#: the console scripts the recipes call that a stand-in runs in a fork (each imports torch, or is called
+#: many times); the scripts the recipes signal or kill run as they are (tests pass no stand-ins there)
+STAND_IN_TOOLS = ("fairseq-preprocess", "fairseq-train", "fairseq-generate", "fairseq-interactive", "fairseq-eval-lm",
+                  "powernorm-average", "sacremoses")
+
+
+def norm_query():
+    """The registry query of scripts/lib.sh's check_norm (its one ``python -c``)."""
+    import re
+
+    return re.search(r'python -c "([^"]+)"', (ROOT / "scripts" / "lib.sh").read_text()).group(1)
+
+
+_stand_ins = None
+
+
+def stand_ins(directory=None):
+    """A directory of stand-ins for a recipe run, to put first on its PATH
+    (``directory``, or once per process one beside the fork servers'
+    sockets): each tool of STAND_IN_TOOLS runs as that console script in a
+    fork of the fork server (:func:`stand_in`), and ``python`` answers
+    check_norm's registry query with the registry as this process reads it
+    (a query that changed in lib.sh reaches the real interpreter: slower,
+    never wrong), and runs the real interpreter for anything else."""
+    import shlex
+
+    from powernorm_fairseq.norms import NORM_TYPES
+
+    global _stand_ins
+    if directory is None:
+        if _stand_ins is None:
+            _stand_ins = stand_ins(Path(SOCKETS) / "stand-ins")
+        return _stand_ins
+    directory.mkdir(parents=True, exist_ok=True)
+    for tool in STAND_IN_TOOLS:
+        path = directory / tool
+        path.write_text(f"#!{sys.executable}\nimport importlib.util, sys\n"
+                        f"spec = importlib.util.spec_from_file_location('commands', {str(Path(__file__))!r})\n"
+                        "commands = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(commands)\n"
+                        f"commands.stand_in({tool!r}, sys.argv[1:], {_fork_server(_server_of(tool))!r})\n")
+        path.chmod(0o755)
+    python, names = shlex.quote(sys.executable), shlex.quote(" ".join(NORM_TYPES))
+    shim = directory / "python"
+    shim.write_text(f"#!/usr/bin/env bash\nif [[ $# == 2 && $1 == -c && $2 == {shlex.quote(norm_query())} ]]; then\n"
+                    f"  echo {names}\nelse\n  exec {python} \"$@\"\nfi\n")
+    shim.chmod(0o755)
+    return directory
+
+
+def stand_in(tool, args, server):
+    """Be console script ``tool``: run it in a fork of the fork server at
+    socket ``server`` with this process's standard streams, directory and
+    environment, pass on SIGTERM, SIGINT and SIGHUP, and end as it ends
+    (its exit status, or its signal)."""
+    import signal
+
+    started, arrived = [], []  # a signal that comes while the command starts is passed on once it runs
+
+    def forward(number, _):
+        arrived.append(number)
+        for command in started:
+            command.send_signal(number)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    command = Command(tool, args, cwd=os.getcwd(), env=dict(os.environ), stdin=0, stdout=1, stderr=2, server=server)
+    started.append(command)
+    for number in arrived:
+        command.send_signal(number)
+    code = command.wait()
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)

@@ -61,6 +61,49 @@ def _stream(fd, mode, unbuffered):
                             line_buffering=fd == 2 or raw.isatty(), write_through=unbuffered)
 
 
+_IMPORTED = ([], logging.WARNING)  # the root logger's handlers and level after the server's imports
+
+
+def _fresh_logging(streams):
+    """The root logger as a fresh process of the command has it. Importing
+    fairseq configures it (a basicConfig in one of its model modules), and
+    in a fresh process that holds unless the command's own basicConfig runs
+    before its first import of fairseq (fairseq_cli.train's does; generate's
+    and preprocess's run after). Here fairseq was imported before the fork:
+    the root starts bare, and whichever comes first decides, the command's
+    first import of fairseq (the configuration the server's imports made,
+    its handlers moved to the command's streams, ``streams``: server's id ->
+    command's) or its first basicConfig (its own)."""
+    for handler in logging.root.handlers[:]:
+        logging.root.removeHandler(handler)
+    logging.root.setLevel(logging.WARNING)
+    handlers, level = _IMPORTED
+    if not handlers:
+        return
+    import builtins
+
+    original_import, original_config = builtins.__import__, logging.basicConfig
+
+    def first_event():
+        builtins.__import__, logging.basicConfig = original_import, original_config
+
+    def importing(name, globals=None, locals=None, fromlist=(), depth=0):
+        if depth == 0 and (name == "fairseq" or name.startswith("fairseq.")):
+            first_event()
+            for handler in handlers:
+                if isinstance(handler, logging.StreamHandler) and id(handler.stream) in streams:
+                    handler.setStream(streams[id(handler.stream)])
+                logging.root.addHandler(handler)
+            logging.root.setLevel(level)
+        return original_import(name, globals, locals, fromlist, depth)
+
+    def basic_config(**kwargs):
+        first_event()
+        return original_config(**kwargs)
+
+    builtins.__import__, logging.basicConfig = importing, basic_config
+
+
 def _become(request, fds):
     """In the command's process: take its descriptors, directory, environment
     and signals, and return its console script's entry point."""
@@ -78,12 +121,11 @@ def _become(request, fds):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as at an interpreter's start
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    servers = (sys.__stdout__, sys.__stderr__)
     sys.stdin = sys.__stdin__ = _stream(0, "r", unbuffered)
     sys.stdout = sys.__stdout__ = _stream(1, "w", unbuffered)
     sys.stderr = sys.__stderr__ = _stream(2, "w", unbuffered)
-    for handler in logging.root.handlers[:]:  # as a fresh interpreter has it: fairseq_cli configures it
-        logging.root.removeHandler(handler)
-    logging.root.setLevel(logging.WARNING)
+    _fresh_logging({id(server): mine for server, mine in zip(servers, (sys.stdout, sys.stderr))})
     sys.argv = list(request["argv"])
     (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == request["tool"]]
     return script.load()
@@ -92,8 +134,10 @@ def _become(request, fds):
 def serve(path, modules):
     """Import ``modules``, then accept commands on ``path`` forever; return
     only in a command's process, with the entry point it is to run."""
+    global _IMPORTED
     for module in modules:  # the imports every command shares
         importlib.import_module(module)
+    _IMPORTED = (list(logging.root.handlers), logging.root.level)
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
