@@ -274,7 +274,7 @@ def test_train_average_evaluate(iwslt, tmp_path):
     assert (save / "train.log").read_bytes() == log_before and (save / "command.txt").read_text() == command_before
     assert "--seed 1" in command_before
     proc = recipe("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
-              "--average", "2", "--cpu")
+                 "--average", "2", "--cpu")
     assert "| INFO |" not in proc.stderr and "Translated 20 sentences" in (save / "generate.log").read_text()
     assert (save / "averaged_last_2.pt").exists()
     result = json.loads((save / "bleu-test.json").read_text())
@@ -291,7 +291,7 @@ def test_sentencepiece_prepare_train_evaluate_interactive(iwslt, tmp_path):
     archive, bpe_out, _ = iwslt
     out = tmp_path / "spm"
     recipe("data-prep/prepare-iwslt14.sh", "--archive", archive, "--out", out, "--bpe", "sentencepiece",
-       "--bpe-size", "60")
+          "--bpe-size", "60")
     model = out / "bin" / "spm.model"
     assert model.exists() and (out / "bin" / ".done").exists()
     import sentencepiece as spm
@@ -305,10 +305,10 @@ def test_sentencepiece_prepare_train_evaluate_interactive(iwslt, tmp_path):
 
     save = tmp_path / "run"
     recipe("scripts/train.sh", "--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0",
-       "--save-dir", save, "--", *TINY, "--max-epoch", "2", "--warmup-updates", "4", "--max-tokens", "1000",
-       "--tensorboard-logdir", "")
+          "--save-dir", save, "--", *TINY, "--max-epoch", "2", "--warmup-updates", "4", "--max-tokens", "1000",
+          "--tensorboard-logdir", "")
     recipe("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
-       "--average", "1", "--cpu")
+          "--average", "1", "--cpu")
     generated = (save / "generate-test-checkpoint_last.txt").read_text(encoding="utf-8")
     hyps = [l for l in generated.splitlines() if l.startswith(("H-", "T-"))]
     assert len(hyps) == 40 and not [l for l in hyps if "\u2581" in l]
@@ -351,7 +351,7 @@ def test_quickstart_preparation_with_either_subword_tool(tmp_path):
     # the README's fairseq-interactive line on raw, untokenized text, with the codes kept beside the data
     data, save = tmp_path / "subword-nmt" / "bin", tmp_path / "run"
     recipe("scripts/train.sh", "--dataset", "quickstart", "--data", data, "--norm", "pn", "--gpus", "0",
-       "--save-dir", save, "--", *TINY, "--max-epoch", "1", "--tensorboard-logdir", "")
+          "--save-dir", save, "--", *TINY, "--max-epoch", "1", "--tensorboard-logdir", "")
     proc = cli("fairseq-interactive", data, "--user-dir", ROOT / "powernorm_fairseq", "--path",
                save / "checkpoint_last.pt", "-s", "de", "-t", "en", "--tokenizer", "moses", "--bpe", "subword_nmt",
                "--bpe-codes", data / "bpe.codes", "--cpu", input="Das Haus ist groß.\n", check=False)
@@ -360,7 +360,7 @@ def test_quickstart_preparation_with_either_subword_tool(tmp_path):
     assert source and source[0].split("\t")[1].endswith(" .")  # Moses split the full stop off
     assert [line for line in proc.stdout.splitlines() if line.startswith("D-") and "@@" not in line]
     bad = recipe("data-prep/prepare-quickstart.sh", "--src-dir", src, "--out", tmp_path / "x", "--bpe-merges", "0",
-             check=False)
+                check=False)
     assert bad.returncode != 0 and bad.stderr.strip().endswith("--bpe-size must be a positive integer, got '0'")
 
 
@@ -435,12 +435,12 @@ def test_language_model_recipes_prepare_train_and_evaluate(tmp_path):
         again = recipe("data-prep/prepare-lm.sh", "--dataset", dataset, "--archive", archive, "--out", out)
         assert "already prepared" in again.stderr
     wrong = recipe("data-prep/prepare-lm.sh", "--dataset", "wikitext103", "--archive", ptb_archive,
-               "--out", tmp_path / "wrong", check=False)
+                  "--out", tmp_path / "wrong", check=False)
     assert wrong.returncode != 0 and "has no member wikitext-103/wiki.train.tokens" in wrong.stderr.splitlines()[-1]
     assert not (tmp_path / "wrong" / "bin").exists()
     (tmp_path / "junk.zip").write_bytes(b"not an archive")
     junk = recipe("data-prep/prepare-lm.sh", "--dataset", "ptb", "--archive", tmp_path / "junk.zip",
-              "--out", tmp_path / "junk", check=False)
+                 "--out", tmp_path / "junk", check=False)
     assert junk.returncode != 0 and "corrupt or unreadable archive" in junk.stderr.splitlines()[-1]
     bad = recipe("data-prep/prepare-lm.sh", "--dataset", "ptb3", check=False)
     assert "--dataset must be one of {ptb,wikitext103}, got 'ptb3'" in bad.stderr.splitlines()[-1]
@@ -450,7 +450,7 @@ def test_language_model_recipes_prepare_train_and_evaluate(tmp_path):
             "--decoder-attention-heads", "4", "--tokens-per-sample", "32", "--max-tokens", "256",
             "--max-update", "60", "--warmup-updates", "5", "--lr", "0.005", "--dropout", "0.1"]
     recipe("scripts/train-lm.sh", "--config", "configs/lm-ptb-pn.sh", "--data", tmp_path / "ptb" / "bin",
-       "--gpus", "0", "--save-dir", save, "--", *tiny)
+          "--gpus", "0", "--save-dir", save, "--", *tiny)
     assert "--norm-type pn" in (save / "command.txt").read_text()
     proc = recipe("scripts/evaluate-lm.sh", "--save-dir", save, "--data", tmp_path / "ptb" / "bin", "--cpu")
     result = json.loads((save / "perplexity-test.json").read_text())
@@ -460,7 +460,7 @@ def test_language_model_recipes_prepare_train_and_evaluate(tmp_path):
     assert result["perplexity"] < len(lines(tmp_path / "ptb" / "bin" / "dict.txt")) / 2
     assert f"perplexity {result['perplexity']:.2f}" in proc.stdout
     too_long = recipe("scripts/evaluate-lm.sh", "--save-dir", save, "--data", tmp_path / "ptb" / "bin",
-                  "--context-window", "32", check=False)
+                     "--context-window", "32", check=False)
     assert too_long.returncode == 2 and "--context-window must be an integer in [0, 32)" in too_long.stderr
 
 

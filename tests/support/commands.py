@@ -205,9 +205,10 @@ def stand_in(tool, args, server):
     started, arrived = [], []  # a signal that comes while the command starts is passed on once it runs
 
     def forward(number, _):
-        arrived.append(number)
-        for command in started:
-            command.send_signal(number)
+        if started:
+            started[0].send_signal(number)
+        else:
+            arrived.append(number)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     command = Command(tool, args, cwd=os.getcwd(), env=dict(os.environ), stdin=0, stdout=1, stderr=2, server=server)
