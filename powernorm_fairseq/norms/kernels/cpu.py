@@ -175,9 +175,14 @@ def _venv_tools_on_path():
         os.environ["PATH"] = path
 
 
-@torch.compiler.assume_constant_result  # traced, the load runs at once (it reads files) and its answer is a constant
 def available() -> bool:
     return load() is not None
+
+
+# a constant to torch.compile: traced, the load runs at once (it reads files). What
+# torch.compiler.assume_constant_result(available) sets, without importing dynamo
+# (seconds) in every process that imports the norms
+available._dynamo_marked_constant = True
 
 
 def takes(x: torch.Tensor) -> bool:
