@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from support import BIN, ROOT, Command, cli, processes_mentioning, train_args
+from support import BIN, ROOT, Command, cli, processes_mentioning, stand_ins, train_args
 
 pytestmark = pytest.mark.slow
 
@@ -79,8 +79,11 @@ def one_line_error(proc, path, tool):
     assert re.match(rf"({re.escape(tool)}|fairseq-[a-z-]+): error:", last) and str(path) in last, last
 
 
-def sh(*args, env=None, **kw):
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore", **(env or {})}
+def sh(*args, env=None, forked=False, **kw):
+    """A recipe; ``forked``: with the stand-ins first on its PATH (its fairseq
+    commands forked from the fork server, as in test_recipes.py)."""
+    first = f"{stand_ins()}:" if forked else ""
+    env = {**os.environ, "PATH": f"{first}{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore", **(env or {})}
     return subprocess.run(["bash", *map(str, args)], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=600, **kw)
 
@@ -130,9 +133,9 @@ def test_every_command_that_loads_a_checkpoint_refuses_code(toy_data, lm_data, t
         "powernorm-analyze": cli("powernorm-analyze", "--checkpoints", bad, "--out", tmp_path / "analysis",
                                  check=False, env=env),
         "evaluate.sh": sh("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", toy_data, "--save-dir", save,
-                          "--average", "1", "--cpu", env=env),
+                          "--average", "1", "--cpu", env=env, forked=True),
         "evaluate-lm.sh": sh("scripts/evaluate-lm.sh", "--data", lm_data, "--save-dir", save,
-                             "--checkpoint", "checkpoint_last.pt", "--cpu", env=env),
+                             "--checkpoint", "checkpoint_last.pt", "--cpu", env=env, forked=True),
     }
     for tool, proc in runs.items():
         one_line_error(proc, bad, tool.split()[0])
@@ -469,7 +472,7 @@ def test_evaluating_a_read_only_save_directory_is_refused_in_one_line(toy_data, 
         pytest.skip("a read-only bind mount needs root")
     try:
         for script in ("evaluate.sh", "evaluate-lm.sh"):
-            proc = sh(f"scripts/{script}", "--data", toy_data, "--save-dir", save, "--cpu")
+            proc = sh(f"scripts/{script}", "--data", toy_data, "--save-dir", save, "--cpu", forked=True)
             one_line_error(proc, f"--save-dir: cannot write into '{save}'", script)
     finally:
         subprocess.run(["umount", str(save)], check=True)
@@ -725,10 +728,10 @@ def test_evaluate_sh_writes_nothing_through_a_link(toy_data, trained, tmp_path):
     victim.write_text("mine\n")
     flags = ["--dataset", "iwslt14", "--data", toy_data, "--save-dir", save, "--average", "1", "--cpu"]
     (save / "generate.log").symlink_to(victim)
-    proc = sh("scripts/evaluate.sh", *flags)
+    proc = sh("scripts/evaluate.sh", *flags, forked=True)
     one_line_error(proc, f"{save / 'generate.log'} is a symbolic link", "evaluate.sh")
     (save / "generate.log").unlink()
     (save / "generate-test-checkpoint_last.txt.tmp").symlink_to(victim)
-    proc = sh("scripts/evaluate.sh", *flags)
+    proc = sh("scripts/evaluate.sh", *flags, forked=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert victim.read_text() == "mine\n" and (save / "generate-test-checkpoint_last.txt").read_text().count("H-")
