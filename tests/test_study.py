@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from support import BIN, ROOT, build_model, once
-from test_recipes import sh
+from test_recipes import recipe, sh
 from powernorm_fairseq.norms import NORM_TYPES
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ GRID = ["--task", "classification", "--lrs", *LRS, "--depths", "1", "--widths", 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     """The offline demo set, prepared by the recipe."""
-    return once(tmp_path_factory, "sentiment-demo", lambda root: sh(
+    return once(tmp_path_factory, "sentiment-demo", lambda root: recipe(
         "data-prep/prepare-phrasebank.sh", "--demo", "300", "--out", root, "--bpe-size", "200")) / "bin"
 
 
@@ -69,17 +69,17 @@ def test_phrasebank_format_encoding_and_malformed_lines(tmp_path):
              "Sales in Jyv\xe4skyl\xe4 fell .@negative".encode("iso-8859-1")] * 10
     src = tmp_path / "Sentences_AllAgree.txt"
     src.write_bytes(b"\r\n".join(lines + [b"no label here"]) + b"\r\n")
-    bad = sh("data-prep/prepare-phrasebank.sh", "--src", src, "--out", tmp_path / "a", check=False)
+    bad = recipe("data-prep/prepare-phrasebank.sh", "--src", src, "--out", tmp_path / "a", check=False)
     assert bad.returncode != 0
     assert f"1 malformed line(s) in {src} (phrasebank, iso-8859-1): {src}:31" in bad.stderr
     assert not (tmp_path / "a" / "bin").exists()
-    ok = sh("data-prep/prepare-phrasebank.sh", "--src", src, "--out", tmp_path / "b", "--skip-malformed",
-            "--valid-fraction", "0.34", "--bpe-size", "20")
+    ok = recipe("data-prep/prepare-phrasebank.sh", "--src", src, "--out", tmp_path / "b", "--skip-malformed",
+                "--valid-fraction", "0.34", "--bpe-size", "20")
     assert "dropped 1 malformed line(s)" in ok.stderr and "27 exact duplicate(s)" in ok.stderr
     text = (tmp_path / "b" / "raw" / "train.txt").read_text(encoding="utf-8") + \
         (tmp_path / "b" / "raw" / "valid.txt").read_text(encoding="utf-8")
     assert "Sales in Jyväskylä fell ." in text and "The company is based in Espoo@Helsinki ." in text
-    usage = sh("data-prep/prepare-phrasebank.sh", "--demo", "10", "--valid-fraction", "1.5", check=False)
+    usage = recipe("data-prep/prepare-phrasebank.sh", "--demo", "10", "--valid-fraction", "1.5", check=False)
     assert usage.returncode != 0 and usage.stderr.strip().endswith("--valid-fraction must be a number in [0, 1), "
                                                                    "got '1.5'")
 
