@@ -21,6 +21,7 @@ for a signal, as ``subprocess`` reports it) once it has ended.
     python tests/forkserver.py SOCKET MODULE...   # prints "ready" when it accepts
 """
 
+import gc
 import importlib
 import io
 import json
@@ -138,6 +139,10 @@ def serve(path, modules):
     for module in modules:  # the imports every command shares
         importlib.import_module(module)
     _IMPORTED = (list(logging.root.handlers), logging.root.level)
+    # the imports' objects out of the cyclic collector's reach, as gc.freeze's
+    # documentation advises a server that forks: a command's collections, its
+    # last one at exit included, walk only its own objects (exit took ~1.9 s)
+    gc.freeze()
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
