@@ -91,10 +91,11 @@ def test_backends_match_the_plain_path_in_float32(backend, kind, options):
 
 WIDE = [("scalenorm", {}), ("rmsnorm", {}), ("pn", {"warmup_updates": 1, "layer_scale": True}),
         ("bn", {"layer_scale": True, "groups": 2})]
+WIDE_IDS = ["scalenorm", "rmsnorm", "pn-scaled", "bn-2-groups"]
 
 
 @pytest.mark.slow  # the fast tier keeps the kernels' common widths
-@pytest.mark.parametrize("kind, options", WIDE, ids=["scalenorm", "rmsnorm", "pn-scaled", "bn-2-groups"])
+@pytest.mark.parametrize("kind, options", WIDE, ids=WIDE_IDS)
 def test_triton_walks_wide_rows_and_groups_in_blocks_as_the_plain_path_computes_them(kind, options):
     """Rows wider than gpu.WIDEST_ROW and groups wider than gpu.WIDEST_GROUP
     (2304 channels: one whole-row group, or two of 1152) are walked in blocks of
@@ -133,17 +134,20 @@ def test_half_precision_is_within_the_plain_paths_own_error(kind, options, dtype
 @pytest.mark.skipif(not torch.cuda.is_available() or gpu.interpreting(),
                     reason="the compiled kernels on a GPU: run `TRITON_INTERPRET=0 pytest -k cuda` on a GPU machine")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("kind, options", KINDS, ids=IDS)
-def test_triton_on_cuda_matches_the_plain_path(kind, options, dtype):
-    """The same checks as above with the kernels compiled for the GPU."""
+@pytest.mark.parametrize("kind, options, shape", [(k, o, (T, B, C)) for k, o in KINDS]
+                         + [(k, o, (9, 5, 16384)) for k, o in WIDE],
+                         ids=IDS + [f"{i}-16384" for i in WIDE_IDS])
+def test_triton_on_cuda_matches_the_plain_path(kind, options, shape, dtype):
+    """The same checks as above with the kernels compiled for the GPU, and
+    the widest rows and groups (C = 16384, walked in blocks of columns)."""
     backend_or_fail("triton")
-    fast = steps(kind, options, "triton", dtype, device="cuda")
-    plain = steps(kind, options, "plain", dtype, device="cuda")
+    fast = steps(kind, options, "triton", dtype, device="cuda", shape=shape)
+    plain = steps(kind, options, "plain", dtype, device="cuda", shape=shape)
     if dtype == torch.float32:
         for a, b in zip(fast, plain):
             assert all(scaled_error(u, v) < 1e-5 for u, v in zip(a, b))
         return
-    exact = steps(kind, options, "plain", torch.float64, device="cuda")
+    exact = steps(kind, options, "plain", torch.float64, device="cuda", shape=shape)
     unit = torch.finfo(dtype).eps
     for e, f, p in zip(exact, fast, plain):
         for u, v, w in zip(e, f, p):
