@@ -426,10 +426,15 @@ def test_a_run_waiting_for_another_build_says_so_and_then_proceeds(jit_build):
 
 
 @pytest.mark.slow
-def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs_plain(jit_build):
+def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs_plain(tmp_path, monkeypatch):
+    """In an extensions directory of its own: the build it waits for is the hanging one, not jit_build's."""
     import fcntl
 
-    env, build, _ = jit_build
+    from powernorm_fairseq.norms.kernels import cpu
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    env, build = {**JIT, "TORCH_EXTENSIONS_DIR": str(tmp_path)}, cpu.build_directory()
+    build.mkdir(parents=True)
     norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm\n"
                 "print(build_norm('bn', 8).train()(torch.randn(3, 2, 8)).shape)\n")
     with open(build / "powernorm-build.flock", "a") as held:
