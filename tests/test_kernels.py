@@ -230,15 +230,15 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     """Every kernel variant a training run launches, compiled for an H100
     (sm_90) through triton's own specialisation: none spills, and each one's
     registers let the programs per multiprocessor that its grid launches be
-    resident at once. The sweep, over two steps of every mode, padded and not:
-    C = 1000 (group scalings over 2, 4 and 8 heads, chunks of 500 to 125
-    channels; 5 heads' 200 would take the blocks of 4's 250) and C = 200 over
-    8 heads (chunks of 25), in float16, float32 and the --amp mix (float16
-    activations, float32 parameters); and the widths of large models, C =
-    4096, 8192 and 16384, with a whole-row group and groups of 128 channels,
-    in float16, bfloat16 and float32 (rows and groups walked in blocks),
-    padded only (a padded variant is an unpadded one plus the mask's load).
-    Not float64: no training run uses it, and its kernels are held to the
+    resident at once. The sweep, over two steps of every mode with padding
+    (a padded variant is the unpadded one plus the mask's load and its
+    registers): C = 1000 (group scalings over 2, 4 and 8 heads, chunks of 500
+    to 125 channels; 5 heads' 200 would take the blocks of 4's 250) and C =
+    200 over 8 heads (chunks of 25), in float16, float32 and the --amp mix
+    (float16 activations, float32 parameters); and the widths of large
+    models, C = 4096, 8192 and 16384, with a whole-row group and groups of
+    128 channels, in float16, bfloat16 and float32 (rows and groups walked
+    in blocks). Not float64: no training run uses it, and its kernels are held to the
     plain path's numbers elsewhere, not to a GPU's registers. The input is
     the model's, fairseq's transposed residual stream (a contiguous one is
     the strided one without the row arithmetic). Only distinct
@@ -249,22 +249,20 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
 
     T, Bn = 91, 9  # 819 rows: not a multiple of 16
     half, f32, amp = (torch.float16,) * 2, (torch.float32,) * 2, (torch.float16, torch.float32)
-    both = (False, True)
-    sweep = [(1000, kind, options, (half, f32, amp), both) for kind, options in sweep_kinds(1000, groups=(2, 4, 8))]
-    sweep += [(200, kind, options, (half, f32, amp), both) for kind, options in sweep_kinds(200, groups=(8,))]
+    sweep = [(1000, kind, options, (half, f32, amp)) for kind, options in sweep_kinds(1000, groups=(2, 4, 8))]
+    sweep += [(200, kind, options, (half, f32, amp)) for kind, options in sweep_kinds(200, groups=(8,))]
     for C in (4096, 8192, 16384):
-        sweep += [(C, kind, options, (half, (torch.bfloat16,) * 2, f32), (True,))
+        sweep += [(C, kind, options, (half, (torch.bfloat16,) * 2, f32))
                   for kind, options in sweep_kinds(C, groups=(1, C // 128))]
+    pad = torch.zeros(Bn, T, dtype=torch.bool)
+    pad[1, T - 3:] = True
     with sm90.recording(run=False) as launched, kernels.use("triton"):
-        for C, kind, options, dtypes, paddings in sweep:
+        for C, kind, options, dtypes in sweep:
             for dtype, model_dtype in dtypes:
-                for padded in paddings:
-                    norm = build_norm(kind, C, **options).to(model_dtype).train()
-                    pad = torch.zeros(Bn, T, dtype=torch.bool)
-                    pad[1, T - 3:] = True
-                    for _ in range(2):  # fairseq's residual stream: a (B, T, C) tensor seen as (T, B, C)
-                        x = torch.empty(Bn, T, C, dtype=dtype).transpose(0, 1).requires_grad_(True)
-                        norm(x, pad if padded else None).backward(torch.empty_like(x))
+                norm = build_norm(kind, C, **options).to(model_dtype).train()
+                for _ in range(2):  # fairseq's residual stream: a (B, T, C) tensor seen as (T, B, C)
+                    x = torch.empty(Bn, T, C, dtype=dtype).transpose(0, 1).requires_grad_(True)
+                    norm(x, pad).backward(torch.empty_like(x))
     built = sm90.build_in_fresh_process(sm90.distinct(launched))
     assert {b["kernel"] for b in built} == {
         "_channel_forward", "_finish_stats", "_channel_backward", "_finish_backward", "_scalenorm_forward",
