@@ -45,6 +45,38 @@ def test_a_forked_fairseq_command_logs_where_a_fresh_one_does(tmp_path):
     assert runs[0] == runs[1] and "INFO:fairseq_cli.preprocess:Wrote preprocessed data to bin" in runs[0][2]
 
 
+ENDINGS = {
+    "returns-none": "return None",
+    "returns-3": "return 3",
+    "exit-message": "raise SystemExit('no such file: x')",
+    "exception": "raise ValueError('bad value')",
+    "interrupt": "raise KeyboardInterrupt",
+    "atexit-and-thread": ("import atexit, threading, time\n"
+                          "    atexit.register(print, 'at exit', flush=False)\n"
+                          "    threading.Thread(target=lambda: (time.sleep(0.2), print('thread', end=''))).start()\n"
+                          "    print('partial line', end='')\n    return 0"),
+}
+
+
+@pytest.mark.parametrize("ending", ENDINGS.values(), ids=ENDINGS.keys())
+def test_a_forked_command_ends_as_the_interpreter_ends(ending, tmp_path):
+    """The fork server's ending (support/forkserver.py), against a fresh
+    interpreter's own ``sys.exit(main())``: exit status or signal, the
+    standard streams, atexit callbacks and threads; a traceback's last line."""
+    script = tmp_path / "command.py"
+    script.write_text(f"import sys\n\ndef main():\n    print('started', file=sys.stderr)\n    {ending}\n\n"
+                      "if __name__ == '__main__':\n    sys.exit(main())\n")
+    server = commands.Path(commands.__file__).with_name("forkserver.py")
+    ended = (f"import runpy, sys\nsys.path.insert(0, {str(server.parent)!r})\nimport forkserver\n"
+             f"forkserver.exit_as_the_interpreter(runpy.run_path({str(script)!r}, run_name='command')['main'])\n")
+    runs = [subprocess.run([commands.sys.executable, *argv], capture_output=True, text=True, timeout=60)
+            for argv in ([str(script)], ["-c", ended])]
+    (fresh, forked) = [(r.returncode, r.stdout, r.stderr.strip().splitlines()[-1]) for r in runs]
+    assert forked == fresh
+    assert fresh[0] == {"returns-3": 3, "exit-message": 1, "exception": 1, "interrupt": -signal.SIGINT}.get(
+        next(k for k, v in ENDINGS.items() if v == ending), 0)
+
+
 def test_a_forked_command_takes_its_directory_and_environment(tmp_path):
     log = "S-0\tdas ist ein haus\nT-0\tthis is a house\nH-0\t-0.1\tthis is a house\n"
     (tmp_path / "gen.out").write_text(log)

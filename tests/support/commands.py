@@ -107,13 +107,15 @@ SOCKETS = None  # the directory of the fork servers' sockets: the session's temp
 
 def _fork_server(modules):
     """The socket of this session's fork server that has imported ``modules``
-    ("fairseq": torch and fairseq, for fairseq's commands; "torch": torch
-    alone, for the plugin's tools), started on first use."""
+    ("fairseq": torch and fairseq for fairseq's commands, and torch._dynamo,
+    which torch.optim imports as a training builds its optimizer, 3 s of
+    every fairseq-train; "torch": torch alone, for the plugin's tools),
+    started on first use."""
     if modules not in _servers:
         import atexit
 
         path = os.path.join(SOCKETS, f"{modules}.socket")
-        imports = ["torch", "fairseq"] if modules == "fairseq" else ["torch"]
+        imports = ["torch", "fairseq", "torch._dynamo"] if modules == "fairseq" else ["torch"]
         proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py")), path, *imports],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONWARNINGS": "ignore"})

@@ -9,8 +9,9 @@ behaviour depends on whether it is loaded). Each command is then a fork of it th
 as the script itself does, ``sys.exit(main())`` at the top level of
 ``__main__``, in a process of its own: its own pid, file descriptors,
 environment, working directory, signal dispositions, exit status, excepthook
-and interpreter exit. The plugin is never imported here; a command imports it
-through ``--user-dir`` as a fresh process would.
+and interpreter exit (:func:`exit_as_the_interpreter`). The plugin is never
+imported here; a command imports it through ``--user-dir`` as a fresh process
+would.
 
 One connection per command. The client sends an 8-byte length and a JSON
 request ``{"tool", "argv", "cwd", "env"}``, with its stdin, stdout and stderr
@@ -177,6 +178,45 @@ def serve(path, modules):
             os.close(fd)
 
 
+def exit_as_the_interpreter(main):
+    """End as ``sys.exit(main())`` at the top of ``__main__`` ends a fresh
+    interpreter, up to what a command can observe (CPython's Py_FinalizeEx):
+    the exit status of a SystemExit, or an uncaught exception through
+    sys.excepthook and status 1 (KeyboardInterrupt: death by SIGINT, after
+    the clean-up); then the non-daemon threads joined, the atexit callbacks
+    (logging's shutdown and weakref finalizers among them) and the standard
+    streams flushed (status 120 where that fails). Then ``os._exit``: the
+    rest of finalization tears down every module, and in a fork that writes
+    to every inherited object's page, 0.45 s of each command here."""
+    import atexit
+    import threading
+
+    interrupted = False
+    try:
+        raise SystemExit(main())
+    except SystemExit as end:
+        code = end.code
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException as error:  # noqa: BLE001 (what the interpreter itself reports)
+        interrupted = isinstance(error, KeyboardInterrupt)
+        sys.excepthook(type(error), error, error.__traceback__)
+        code = 1
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            code = 120
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(code & 0xFF)
+
+
 if __name__ == "__main__":
-    main = serve(sys.argv[1], sys.argv[2:])
-    sys.exit(main())  # as a console script ends: the interpreter's own exit
+    exit_as_the_interpreter(serve(sys.argv[1], sys.argv[2:]))
