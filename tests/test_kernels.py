@@ -6,7 +6,6 @@ conftest.py); ``test_triton_kernels_compile_for_a_gpu`` compiles every kernel
 as it was launched for an H100 (sm_90), which needs no GPU.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from support import ROOT, backend_or_fail, once
+from support import ROOT, backend_or_fail
 from powernorm_fairseq.norms import build_norm, kernels
 from powernorm_fairseq.norms.kernels import gpu
 
@@ -365,51 +364,32 @@ def test_installed_kernels_of_another_source_are_not_used(monkeypatch, caplog):
     assert cpu.installed() is None
 
 
-@pytest.fixture(scope="module")
-def jit_build(tmp_path_factory):
-    """A build on first use in an extensions directory of its own, begun with
-    the ``lock`` that a killed build leaves (torch's loader would wait for it
-    forever): (the environment that uses it, its build directory, the first
-    run's output). Built once per session."""
-    def make(root):
-        env = {**JIT, "TORCH_EXTENSIONS_DIR": str(root / "torch_extensions")}
-        where = subprocess.run([sys.executable, "-c", "from powernorm_fairseq.norms.kernels import cpu\n"
-                                "print(cpu.build_directory())"], capture_output=True, text=True, env=env, check=True)
-        build = Path(where.stdout.strip())
-        build.mkdir(parents=True)
-        (build / "lock").touch()
-        norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm, kernels\n"
-                    "x = torch.randn(3, 2, 8)\n"
-                    "build_norm('pn', 8).train()(x).sum().backward()\n"
-                    "print(kernels.describe(x))\n")
-        proc = subprocess.run([sys.executable, "-c", norm_run], capture_output=True, text=True, env=env, timeout=900)
-        (root / "build").write_text(str(build))
-        (root / "run.json").write_text(json.dumps([proc.returncode, proc.stdout, proc.stderr]))
-
-    backend_or_fail("cpu")
-    root = once(tmp_path_factory, "jit-build", make)
-    build = Path((root / "build").read_text())
-    env = {**JIT, "TORCH_EXTENSIONS_DIR": str(root / "torch_extensions")}
-    return env, build, json.loads((root / "run.json").read_text())
-
-
 @pytest.mark.slow
-def test_a_stale_lock_in_a_fresh_extensions_directory_and_the_norm_still_runs(jit_build):
-    """A build killed before its first success: nothing built yet, torch's
-    ``lock`` left. The next run removes it, builds, and the norm runs on the kernels."""
-    env, build, (code, out, err) = jit_build
-    assert code == 0, err[-2000:]
-    assert str(build).startswith(env["TORCH_EXTENSIONS_DIR"])
-    assert "left by a kernel build that was interrupted" in err and not (build / "lock").exists()
-    assert out.strip().splitlines()[-1] == "cpu", err[-2000:]  # built, and used
-
-
-@pytest.mark.slow
-def test_a_run_waiting_for_another_build_says_so_and_then_proceeds(jit_build):
+def test_a_stale_lock_is_cleared_and_a_run_waits_for_another_build(tmp_path, monkeypatch):
+    """In a fresh extensions directory: a build killed before its first
+    success left torch's ``lock`` (torch's loader would wait for it forever);
+    the next run removes it, builds, and the norm runs on the kernels. Then a
+    run that finds another process building says so, waits, and proceeds once
+    the build is done. (One test: the second needs the first's build.)"""
     import fcntl
     import time
 
-    env, build, _ = jit_build
+    from powernorm_fairseq.norms.kernels import cpu
+
+    backend_or_fail("cpu")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    env, build = {**JIT, "TORCH_EXTENSIONS_DIR": str(tmp_path)}, cpu.build_directory()
+    build.mkdir(parents=True)
+    (build / "lock").touch()
+    norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm, kernels\n"
+                "x = torch.randn(3, 2, 8)\n"
+                "build_norm('pn', 8).train()(x).sum().backward()\n"
+                "print(kernels.describe(x))\n")
+    first = subprocess.run([sys.executable, "-c", norm_run], capture_output=True, text=True, env=env, timeout=900)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "left by a kernel build that was interrupted" in first.stderr and not (build / "lock").exists()
+    assert first.stdout.strip().splitlines()[-1] == "cpu", first.stderr[-2000:]  # built, and used
+
     with open(build / "powernorm-build.flock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another process "building"
         proc = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -425,7 +405,7 @@ def test_a_run_waiting_for_another_build_says_so_and_then_proceeds(jit_build):
 
 @pytest.mark.slow
 def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs_plain(tmp_path, monkeypatch):
-    """In an extensions directory of its own: the build it waits for is the hanging one, not jit_build's."""
+    """In an extensions directory of its own, where only the hanging build is under way."""
     import fcntl
 
     from powernorm_fairseq.norms.kernels import cpu
