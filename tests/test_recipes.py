@@ -31,7 +31,7 @@ def recipe(*args, check=True):
     """:func:`sh` with the stand-ins first on PATH (``support.commands.stand_ins``):
     the recipe's fairseq commands, sacremoses and powernorm-average run in
     forks of the fork server, and the registry query is answered at once. The
-    tests that signal a recipe, or check its options, run it as it is."""
+    tests that signal a recipe, or check its options' effects, run it as it is."""
     return sh(*args, check=check, path=[stand_ins()])
 
 
@@ -479,7 +479,7 @@ def test_language_model_train_script_options():
     (["--seed", "-1"], "--seed must be a non-negative integer, got '-1'"),
 ])
 def test_train_scripts_refuse_bad_run_options(script, flags, message):
-    bad = sh(f"scripts/{script}", *flags, "--dry-run", check=False)
+    bad = recipe(f"scripts/{script}", *flags, "--dry-run", check=False)
     assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == f"{script}: error: {message}"
 
 
