@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from matplotlib import image
 
 from support import Command, cli, once, train_args
 from powernorm_fairseq.cli.analyze import (
@@ -103,6 +102,8 @@ def read_csv(path):
 
 
 def test_analyze_writes_every_plot_and_table(runs, toy_data, tmp_path):
+    from matplotlib import image
+
     ablation = tmp_path / "figure5.csv"
     ablation.write_text("norm,stat_batch_tokens,update_freq,bleu,sacrebleu,checkpoints_averaged\n"
                         "bn,512,8,30.1,29.5,5\nbn,4096,1,34.4,34.0,5\npn,512,8,35.2,34.9,5\npn,4096,1,35.9,35.5,5\n")
