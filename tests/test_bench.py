@@ -67,6 +67,7 @@ def test_gpu_benchmark_refuses_a_machine_without_cuda(tmp_path):
     assert not (tmp_path / "results-cuda.json").exists()
 
 
+@pytest.mark.slow  # matplotlib's import and six plots: 1.7 s
 def test_gpu_report_marks_each_target_met_or_missed(tmp_path):
     """The GPU tables and plots from results in the documented JSON shape."""
     sys.path.insert(0, str(ROOT / "bench"))
