@@ -364,6 +364,17 @@ def test_installed_kernels_of_another_source_are_not_used(monkeypatch, caplog):
     assert cpu.installed() is None
 
 
+def fresh_build_directory(root, monkeypatch):
+    """(a JIT environment with its extensions directory under ``root``, the
+    kernels' build directory there, made), for this process and its children."""
+    from powernorm_fairseq.norms.kernels import cpu
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
+    build = cpu.build_directory()
+    build.mkdir(parents=True)
+    return {**JIT, "TORCH_EXTENSIONS_DIR": str(root)}, build
+
+
 @pytest.mark.slow
 def test_a_stale_lock_is_cleared_and_a_run_waits_for_another_build(tmp_path, monkeypatch):
     """In a fresh extensions directory: a build killed before its first
@@ -374,12 +385,8 @@ def test_a_stale_lock_is_cleared_and_a_run_waits_for_another_build(tmp_path, mon
     import fcntl
     import time
 
-    from powernorm_fairseq.norms.kernels import cpu
-
     backend_or_fail("cpu")
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    env, build = {**JIT, "TORCH_EXTENSIONS_DIR": str(tmp_path)}, cpu.build_directory()
-    build.mkdir(parents=True)
+    env, build = fresh_build_directory(tmp_path, monkeypatch)
     (build / "lock").touch()
     norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm, kernels\n"
                 "x = torch.randn(3, 2, 8)\n"
@@ -408,11 +415,7 @@ def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs
     """In an extensions directory of its own, where only the hanging build is under way."""
     import fcntl
 
-    from powernorm_fairseq.norms.kernels import cpu
-
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    env, build = {**JIT, "TORCH_EXTENSIONS_DIR": str(tmp_path)}, cpu.build_directory()
-    build.mkdir(parents=True)
+    env, build = fresh_build_directory(tmp_path, monkeypatch)
     norm_run = ("import torch\nfrom powernorm_fairseq.norms import build_norm\n"
                 "print(build_norm('bn', 8).train()(torch.randn(3, 2, 8)).shape)\n")
     with open(build / "powernorm-build.flock", "a") as held:
