@@ -4,6 +4,15 @@
 # so an interrupted run resumes and never leaves a half-written file behind.
 
 WORKERS=${WORKERS:-$(nproc 2>/dev/null || echo 2)}
+# workers_for FILE...: the processes a step over the FILEs (lines in all) runs
+# in: one below 20,000 lines, where starting a pool costs more than it saves
+# (sacremoses on 3,000 lines: 0.8 s in one process, 1.7 s in two; at 26,000
+# lines the pool gains under 5%, as it does in fairseq-preprocess), else WORKERS
+workers_for() {
+  local lines
+  lines=$(cat -- "$@" 2>/dev/null | wc -l)
+  if (( lines < 20000 )); then echo 1; else echo "$WORKERS"; fi
+}
 # whole (a signal ends every process of the preparation and removes its
 # temporary files), temporary and tied
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
@@ -92,11 +101,12 @@ tokenize() {
   local lang=$1 in=$2 out=$3 lower=${4:-}
   [[ -s "$out" ]] && return 0
   utf8_clean "$in" "$out.utf8"
+  local workers; workers=$(workers_for "$in")
   if [[ -n "$lower" ]]; then
     run_step "$out" bash -c 'sacremoses -q -l "$0" -j "$1" tokenize -x < "$2" | python -c "import sys
-for line in sys.stdin: sys.stdout.write(line.lower())"' "$lang" "$WORKERS" "$out.utf8"
+for line in sys.stdin: sys.stdout.write(line.lower())"' "$lang" "$workers" "$out.utf8"
   else
-    run_step "$out" bash -c 'sacremoses -q -l "$0" -j "$1" tokenize -x < "$2"' "$lang" "$WORKERS" "$out.utf8"
+    run_step "$out" bash -c 'sacremoses -q -l "$0" -j "$1" tokenize -x < "$2"' "$lang" "$workers" "$out.utf8"
   fi
   rm -f "$out.utf8"
 }
@@ -170,7 +180,7 @@ PY
 apply_subwords() {
   local method=$1 model=$2 in=$3 out=$4
   if [[ "$method" == subword-nmt ]]; then
-    run_step "$out" subword-nmt apply-bpe -c "$model" --num-workers "$WORKERS" --input "$in"
+    run_step "$out" subword-nmt apply-bpe -c "$model" --num-workers "$(workers_for "$in")" --input "$in"
     return
   fi
   run_step "$out" python -c 'import sys
@@ -216,10 +226,16 @@ preprocess() {
   temporary "$dest.tmp"
   local log; log="$(dirname "$dest")/preprocess.log"
   log "  fairseq-preprocess log: $log"
+  local arg prev="" pref="" src="" tgt="" workers
+  for arg in "$@"; do  # the training files: PREFIX.SRC and PREFIX.TGT, or PREFIX alone (--only-source)
+    case "$prev" in --trainpref) pref=$arg ;; --source-lang) src=.$arg ;; --target-lang) tgt=.$arg ;; esac
+    prev=$arg
+  done
+  if [[ -n "$src" ]]; then workers=$(workers_for "$pref$src" "$pref$tgt"); else workers=$(workers_for "$pref"); fi
   if [[ -n "${VERBOSE:-}" ]]; then
-    tied fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" 2>&1 | tied tee -a "$log" >&2
+    tied fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$workers" 2>&1 | tied tee -a "$log" >&2
   else
-    tied fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$WORKERS" >> "$log" 2>&1
+    tied fairseq-preprocess "$@" --destdir "$dest.tmp" --workers "$workers" >> "$log" 2>&1
   fi || { rm -rf "$dest.tmp"; tail -n 5 "$log" >&2; die "fairseq-preprocess failed (log: $log)"; }
   local file
   for file in "${BESIDE[@]+"${BESIDE[@]}"}"; do

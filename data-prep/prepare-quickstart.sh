@@ -43,7 +43,7 @@ if [[ -z "$FORCE" ]] && prepared "$OUT" "$BPE"; then
 fi
 mkdir -p "$OUT/tmp" "$OUT/raw"
 
-log "tokenizing (sacremoses, $WORKERS workers)"
+log "tokenizing (sacremoses)"
 for split in train valid test; do
   for lang in de en; do
     run_step "$OUT/raw/$split.$lang" cat "$SRC_DIR/$split.$lang"
