@@ -8,6 +8,7 @@ autograd of the norms is ``functions.py``'s, which calls these ops through
 :data:`CALLS`.
 """
 
+import operator
 from types import SimpleNamespace
 
 import torch
@@ -27,9 +28,14 @@ def implementation(func):
 
 
 def backend(name: str):
-    from . import _MODULES
+    if not _BACKENDS:  # kernels/__init__.py imports this module: its table is read on first use
+        from . import _MODULES
 
-    return _MODULES[name]
+        _BACKENDS.update(_MODULES)
+    return _BACKENDS[name]
+
+
+_BACKENDS = {}
 
 
 #: ops defined through a Library: a call costs what a built-in op's does (torch.library.custom_op's
@@ -118,7 +124,9 @@ def _define(name: str):
     setattr(CALLS, name, _caller(name, run, names + (("clock",) if steps is not None else ())))
 
 
-_PLAIN_TYPES = (Tensor, torch.nn.Parameter)
+#: the types of the arguments of a call nothing observes: plain tensors and parameters, and the
+#: contract's scalars (a tensor subclass, or anything else, takes the op's way)
+_PLAIN_TYPES = frozenset((Tensor, torch.nn.Parameter, bool, int, float, str, Update, Mode))
 
 
 def _observed(args) -> bool:
@@ -129,7 +137,7 @@ def _observed(args) -> bool:
     return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()
             or torch.jit.is_tracing() or torch._C._autograd._profiler_enabled()
-            or any(type(a) not in _PLAIN_TYPES for a in args.values() if isinstance(a, Tensor)))
+            or not _PLAIN_TYPES.issuperset(map(type, args.values())))
 
 
 def _caller(name: str, run, order: tuple):
@@ -139,11 +147,12 @@ def _caller(name: str, run, order: tuple):
     about 30 us a call on a CPU (more than a small layer's kernel) and does
     nothing else there. Otherwise the call is the op's."""
     op = getattr(torch.ops.powernorm, name)
+    in_order = operator.itemgetter(*order)
 
     def call(impl: str, **args):
         if _observed(args):
             return op(impl=impl, **args)
-        return run(impl, *[args[n] for n in order])
+        return run(impl, *in_order(args))
 
     call.__name__ = name
     return call
