@@ -5,6 +5,7 @@ corpora are what the tests take them to be."""
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -186,3 +187,23 @@ def test_the_interpreter_computes_the_same_without_its_repeated_patching():
         triton_interpreter._patch_lang = original
     assert len(quick) == len(own) and all(torch.equal(a, b) for a, b in zip(quick, own))
     assert 0 < quick_patches < own_patches / 2, (quick_patches, own_patches)
+
+
+def test_a_helpers_first_call_into_another_module_patches_it_in_a_fresh_process():
+    """In a process where no kernel ran before, a kernel helper's call of a
+    Triton library function (RMSNorm's wide-row sum calls ``tl.zeros`` first)
+    patches that library's module as Triton does: the skip is the helper's
+    own patch only. (Earlier launches leave modules patched, so only a fresh
+    process can show it.)"""
+    from pathlib import Path
+
+    from powernorm_fairseq.norms.kernels import gpu
+
+    C = 2 * gpu.WIDEST_ROW  # walked in blocks
+    code = ("import sys, torch\nsys.path.insert(0, sys.argv[1])\nfrom support import interpreter\n"
+            "assert interpreter.install()\nfrom powernorm_fairseq.norms import build_norm, kernels\n"
+            "with kernels.use('triton'):\n"
+            f"    print(build_norm('rmsnorm', {C}).train()(torch.ones(2, 1, {C})).sum().item())\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=120)
+    assert proc.returncode == 0 and float(proc.stdout) == pytest.approx(2 * C, rel=1e-4), proc.stderr[-2000:]

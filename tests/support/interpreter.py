@@ -54,7 +54,13 @@ def install() -> bool:
             if _LAUNCHED:
                 _LAUNCHED[-1].add(seen)
             return call(self, *args, **kwargs)
-        patch, interpreter._patch_lang = interpreter._patch_lang, _patched_already
+        patch = interpreter._patch_lang
+
+        def skipped_once(fn):  # this call's own patch; the calls it makes patch as Triton does
+            interpreter._patch_lang = patch
+            return contextlib.nullcontext()
+
+        interpreter._patch_lang = skipped_once
         try:
             return call(self, *args, **kwargs)
         finally:
@@ -83,7 +89,3 @@ def _modules(namespace):
 
         _MODULES[key] = frozenset(id(v) for v in namespace.values() if v is tl or v is tl.core)
     return _MODULES[key]
-
-
-def _patched_already(fn):
-    return contextlib.nullcontext()
