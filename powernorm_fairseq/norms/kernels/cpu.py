@@ -27,6 +27,8 @@ NAME = "cpu"
 DTYPES = (torch.bfloat16, torch.float32, torch.float64)  # float16 inputs are upcast by the caller
 
 _SOURCE = Path(__file__).parent / "csrc" / "norms.cpp"
+#: the compiler's flags for a build on first use: one for this machine's CPU
+JIT_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 def build_wait() -> int:
     """How long a process waits for another one's build of the kernels
     (``POWERNORM_BUILD_WAIT``, seconds; a build takes about a minute)."""
@@ -60,7 +62,7 @@ def load():
             module = load_extension(
                 name="powernorm_fairseq_kernels",
                 sources=[str(_SOURCE)],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_cflags=JIT_CFLAGS,
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build),
                 verbose=False,
@@ -116,7 +118,7 @@ def installed():
 
 def build_directory() -> Path:
     """Where torch's loader builds and caches the kernels: under its own root,
-    one directory per source and environment, so that two checkouts (or two
+    one directory per source, environment and flags, so that two checkouts (or two
     virtual environments) on one machine never build into, or load from, each
     other's directory. (With one directory, torch's loader sees another
     environment's include paths in the build file and rebuilds, each in turn.)"""
@@ -125,7 +127,8 @@ def build_directory() -> Path:
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     flavour = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
     source = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
-    environment = hashlib.sha256(f"{sys.prefix}\n{_SOURCE}\n{torch.__version__}".encode()).hexdigest()[:8]
+    environment = hashlib.sha256(f"{sys.prefix}\n{_SOURCE}\n{torch.__version__}\n{' '.join(JIT_CFLAGS)}".encode())
+    environment = environment.hexdigest()[:8]
     return (Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}"
             / f"powernorm_fairseq_kernels-{source}-{environment}")
 
