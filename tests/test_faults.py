@@ -390,7 +390,7 @@ def test_kills_at_random_moments_lose_nothing_complete(toy_data, tmp_path):
     rng = random.Random(7)
     save = tmp_path / "run"
     flags = ("--save-interval-updates", "2", "--keep-interval-updates", "3")
-    argv = train_args(toy_data, save, *flags, max_update=200)
+    argv = train_args(toy_data, save, *flags, max_update=120)
     env = {"PYTHONUNBUFFERED": "1"}  # every log line out before the kill
     saves = re.compile(r"Saved checkpoint .*\(epoch \d+ @ (\d+) updates")
     loaded = re.compile(r"Loaded checkpoint .* @ (\d+) updates\)")
@@ -418,7 +418,7 @@ def test_kills_at_random_moments_lose_nothing_complete(toy_data, tmp_path):
     assert int(loaded.search(log).group(1)) == complete
     assert not [p.name for p in save.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".checkpoint")]
     state = torch.load(save / "checkpoint_last.pt", weights_only=True)
-    assert state["optimizer_history"][-1]["num_updates"] == 200
+    assert state["optimizer_history"][-1]["num_updates"] == 120
 
 
 def test_a_run_on_a_missing_data_directory_leaves_no_save_directory(tmp_path):
