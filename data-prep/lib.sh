@@ -10,7 +10,7 @@ WORKERS=${WORKERS:-$(nproc 2>/dev/null || echo 2)}
 # lines the pool gains under 5%, as it does in fairseq-preprocess), else WORKERS
 workers_for() {
   local lines
-  lines=$(cat -- "$@" 2>/dev/null | wc -l)
+  lines=$(cat -- "$@" 2>/dev/null | wc -l || true)  # a missing file counts for nothing
   if (( lines < 20000 )); then echo 1; else echo "$WORKERS"; fi
 }
 # whole (a signal ends every process of the preparation and removes its
