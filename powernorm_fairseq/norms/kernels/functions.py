@@ -70,7 +70,8 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     updates copies of the running statistics."""
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
-    x2, mask, back = rows(xk, pad_mask)
+    x2 = rows(xk)
+    mask = x2.new_empty(0, dtype=torch.bool) if pad_mask is None else pad_mask.contiguous()
     if replay:
         mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
     step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate,
@@ -78,7 +79,7 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     # absent tensors as distinct empty ones (dynamo takes no input twice)
     y, inv = FusedChannelNorm.apply(x2, mask, weight, bias, _none(x2, mean_buf), second_buf, _none(x2, steps),
                                     _none(x2, nu), _none(x2, given_mean), _none(x2, given_inv), step)
-    return back(y).to(x.dtype), inv
+    return _as(y, x), inv
 
 
 class FusedChannelNorm(torch.autograd.Function):
@@ -122,7 +123,7 @@ class FusedChannelNorm(torch.autograd.Function):
         ctx.step, ctx.nu = s, nu  # nu: a buffer the backward updates, not a saved value
         ctx.mark_non_differentiable(inv)
         ctx.set_materialize_grads(False)  # inv's gradient is never used: no zeros made for it
-        return y, inv
+        return y.view_as(x), inv
 
     @staticmethod
     def backward(ctx, grad_y, _):
@@ -144,7 +145,7 @@ class FusedChannelNorm(torch.autograd.Function):
                                      B=nu if s.mode != Mode.FIXED else None, b_scale=s.rate if reference else 1.0,
                                      correct_pads=reference)
             grad_w, grad_b, _, _ = _backward_terms(s, part, weight, n, n_all, nu, x.numel() // x.size(-1))
-        return grad_x.view(x.shape), None, grad_w, grad_b, None, None, None, None, None, None, None
+        return grad_x.view_as(x), None, grad_w, grad_b, None, None, None, None, None, None, None
 
 
 def _none(like: Tensor, t) -> Tensor:
@@ -261,16 +262,19 @@ def _synced_terms(s: Step, part, weight, n, n_all, nu, exact: bool):
     return sums[0].to(weight.dtype, copy=True), sums[1].to(weight.dtype, copy=True), A, B
 
 
-def rows(x: Tensor, pad_mask=None):
+def rows(x: Tensor) -> Tensor:
     """x (T, B, C) as every backend takes it: where it lies, at any row strides
     (fairseq's residual stream is the transposed view of a (B, T, C) tensor),
-    copied only if its channels are not adjacent; the padding mask as the
-    kernels take it, a contiguous (B, T) bool tensor or empty for none; and
-    the function that gives their (N, C) results, rows r = t * B + b, in x's
-    shape."""
-    T, B, C = x.shape
-    mask = x.new_empty(0, dtype=torch.bool) if pad_mask is None else pad_mask.contiguous()
-    return x if x.stride(2) == 1 else x.contiguous(), mask, lambda y: y.view(T, B, C)
+    copied only if its channels are not adjacent. The backends' (N, C)
+    results, rows r = t * B + b, are given back in x's shape by the autograd
+    functions (a view made there is not one autograd records); the padding
+    mask goes to them as a contiguous (B, T) bool tensor, or empty for none."""
+    return x if x.stride(2) == 1 else x.contiguous()
+
+
+def _as(y: Tensor, x: Tensor) -> Tensor:
+    """y in x's dtype (a cast only where they differ: even a no-op ``to`` is an autograd call)."""
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 def row_norm(fused, x: Tensor, gain: Tensor, eps: float) -> Tensor:
@@ -278,8 +282,7 @@ def row_norm(fused, x: Tensor, gain: Tensor, eps: float) -> Tensor:
     FusedRMSNorm) over the rows of x (T, B, C), on the backend that takes x,
     in a dtype that backend reads; y in x's dtype."""
     k = select(x)
-    x2, _, back = rows(x if x.dtype in k.DTYPES else upcast(x))
-    return back(fused.apply(x2, gain, eps, k.NAME)).to(x.dtype)
+    return _as(fused.apply(rows(x if x.dtype in k.DTYPES else upcast(x)), gain, eps, k.NAME), x)
 
 
 class FusedScaleNorm(torch.autograd.Function):
@@ -290,7 +293,7 @@ class FusedScaleNorm(torch.autograd.Function):
         y, norms = P.scalenorm_forward(impl=backend, x=x, scale=scale, eps=eps)
         ctx.save_for_backward(x, norms, scale)
         ctx.eps, ctx.backend = eps, backend
-        return y
+        return y.view_as(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -298,7 +301,7 @@ class FusedScaleNorm(torch.autograd.Function):
         x, norms, scale = ctx.saved_tensors
         grad_x, grad_scale = P.scalenorm_backward(impl=ctx.backend, x=x, norms=norms, grad_y=grad_y.contiguous(),
                                                   scale=scale, eps=ctx.eps)
-        return grad_x.view(x.shape), grad_scale, None, None
+        return grad_x.view_as(x), grad_scale, None, None
 
 
 class FusedRMSNorm(torch.autograd.Function):
@@ -309,7 +312,7 @@ class FusedRMSNorm(torch.autograd.Function):
         y, rstd = P.rmsnorm_forward(impl=backend, x=x, weight=weight, eps=eps)
         ctx.save_for_backward(x, rstd, weight)
         ctx.backend = backend
-        return y
+        return y.view_as(x)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -317,4 +320,4 @@ class FusedRMSNorm(torch.autograd.Function):
         x, rstd, weight = ctx.saved_tensors
         grad_x, grad_weight = P.rmsnorm_backward(impl=ctx.backend, x=x, rstd=rstd, grad_y=grad_y.contiguous(),
                                                  weight=weight)
-        return grad_x.view(x.shape), grad_weight, None, None
+        return grad_x.view_as(x), grad_weight, None, None

@@ -8,7 +8,8 @@
 // Activations are bfloat16, float32 or float64, with float math for bfloat16
 // (the callers upcast float16 ones). Every kernel makes one pass over its
 // inputs: a row is read once, its group scaling (the released code's) is done
-// per group while the group is in cache, and the per-channel sums a norm needs
+// per group while the group is in cache (the forward sums a row's squares in
+// the loops over the row before it), and the per-channel sums a norm needs
 // are accumulated on the way, per thread, and flushed into doubles every few
 // rows.
 // The math is documented beside the Python callers in
@@ -192,8 +193,8 @@ void with_facts(bool a, bool b, Body body) {
   else b ? body(std::false_type{}, std::true_type{}) : body(std::false_type{}, std::false_type{});
 }
 
-// The forward's pass (contract "forward") over row n: its group scales r,
-// then per group and channel y = (x * r - mean) * mul + bias and (kStats: a
+// The forward's pass (contract "forward") over row n: with its group scales
+// r, per group and channel y = (x * r - mean) * mul + bias and (kStats: a
 // real row) the sums of d = x * r - shift and d^2. A group's scale multiplies
 // the raw row in each loop, so no scaled copy is written.
 template <typename T>
@@ -206,19 +207,23 @@ struct ForwardPass {
   T* yp;    // (N, C) y, or null
   const A *mul, *add, *sub, *shift;
 
-  // kCenter: the sums are centred (s1 and the shift; else s2 = sum xs^2); kMean: y subtracts a mean
-  template <bool kY, bool kStats, bool kCenter, bool kMean>
-  void row(int64_t n, A* __restrict__ s1, A* __restrict__ s2, A* r) const {
+  // kCenter: the sums are centred (s1 and the shift; else s2 = sum xs^2); kMean: y subtracts a mean.
+  // kGrouped: r holds row n's group scales, and the same loops sum the squares
+  // of row `next`'s groups, whose scales go into rn: each row's scales come
+  // from the pass over the row before it, not from a reduction of their own
+  // that the row's work would wait for.
+  template <bool kY, bool kStats, bool kCenter, bool kMean, bool kGrouped>
+  void row(int64_t n, int64_t next, A* __restrict__ s1, A* __restrict__ s2, const A* r, A* rn) const {
     const T* __restrict__ xr = xp(n);
+    const T* __restrict__ xn = kGrouped ? xp(next) : nullptr;
     T* __restrict__ yr = kY ? yp + n * C : nullptr;
     const A *__restrict__ mp = mul, *__restrict__ ap = add, *__restrict__ bp = sub, *__restrict__ kp = shift;
-    if (G > 0) {
-      group_scales(xr, Cg, G, gs_eps, r);
+    if constexpr (kGrouped)
       for (int64_t g = 0; g < G; ++g) sp[n * G + g] = r[g];
-    }
     for (int64_t g = 0; g < groups; ++g) {
-      const A rg = G > 0 ? r[g] : A(1);
-#pragma omp simd
+      const A rg = kGrouped ? r[g] : A(1);
+      A ss = 0;
+#pragma omp simd reduction(+ : ss)
       for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
         const A v = val(xr[c]) * rg;
         if constexpr (kStats && kCenter) {
@@ -229,7 +234,9 @@ struct ForwardPass {
           s2[c] += v * v;
         }
         if constexpr (kY) yr[c] = put<T>((kMean ? v - bp[c] : v) * mp[c] + ap[c]);
+        if constexpr (kGrouped) ss += val(xn[c]) * val(xn[c]);
       }
+      if constexpr (kGrouped) rn[g] = A(1.0 / std::sqrt(double(ss) / Cg + gs_eps));
     }
   }
 };
@@ -272,19 +279,25 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   Sums<A> sums(want_stats ? 2 * C : 0);
   with_facts(center, mean.numel() > 0, [&](auto centred, auto has_mean) {
     constexpr bool kC = decltype(centred)::value, kM = decltype(has_mean)::value;
-    at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-      std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(groups);
-      A *s1 = stage.data(), *s2 = s1 + (want_stats ? C : 0);
-      double* dst = want_stats ? sums.local() : nullptr;
-      int64_t rows = 0;
-      each_row(begin, end, real, [&](int64_t n, auto is_real) {
-        constexpr bool kReal = decltype(is_real)::value;
-        if (want_y && want_stats) pass.template row<true, kReal, kC, kM>(n, s1, s2, r.data());
-        else if (want_y) pass.template row<true, false, kC, kM>(n, s1, s2, r.data());
-        else pass.template row<false, kReal, kC, kM>(n, s1, s2, r.data());
-        if (want_stats && kReal && ++rows % kFlush == 0) flush(stage, dst);
+    with_facts(G > 0, false, [&](auto grouped, auto) {
+      constexpr bool kG = decltype(grouped)::value;
+      at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+        std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(groups), rn(groups);
+        A *s1 = stage.data(), *s2 = s1 + (want_stats ? C : 0);
+        double* dst = want_stats ? sums.local() : nullptr;
+        int64_t rows = 0;
+        if (kG) group_scales(xp(begin), Cg, G, gs_eps, r.data());
+        each_row(begin, end, real, [&](int64_t n, auto is_real) {
+          constexpr bool kReal = decltype(is_real)::value;
+          const int64_t next = std::min(n + 1, end - 1);
+          if (want_y && want_stats) pass.template row<true, kReal, kC, kM, kG>(n, next, s1, s2, r.data(), rn.data());
+          else if (want_y) pass.template row<true, false, kC, kM, kG>(n, next, s1, s2, r.data(), rn.data());
+          else pass.template row<false, kReal, kC, kM, kG>(n, next, s1, s2, r.data(), rn.data());
+          if (kG) r.swap(rn);
+          if (want_stats && kReal && ++rows % kFlush == 0) flush(stage, dst);
+        });
+        if (want_stats) flush(stage, dst);
       });
-      if (want_stats) flush(stage, dst);
     });
   });
   Tensor part = at::empty({0}, x.options().dtype(at::kDouble));
