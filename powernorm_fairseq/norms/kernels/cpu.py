@@ -127,8 +127,8 @@ def build_directory() -> Path:
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     flavour = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
     source = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
-    environment = hashlib.sha256(f"{sys.prefix}\n{_SOURCE}\n{torch.__version__}\n{' '.join(JIT_CFLAGS)}".encode())
-    environment = environment.hexdigest()[:8]
+    built = f"{sys.prefix}\n{_SOURCE}\n{torch.__version__}\n{' '.join(JIT_CFLAGS)}"
+    environment = hashlib.sha256(built.encode()).hexdigest()[:8]
     return (Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}"
             / f"powernorm_fairseq_kernels-{source}-{environment}")
 

@@ -168,13 +168,18 @@ inline A reduce(int64_t n, F f) {
   return s;
 }
 
+// a group's scale, 1 / rms, from the sum of its Cg squares
+template <typename A>
+inline A group_scale(A squares, int64_t Cg, double eps) {
+  return A(1.0 / std::sqrt(double(squares) / Cg + eps));
+}
+
 // 1 / rms of each of G groups of a row (eps gs_eps), into r
 template <typename T, typename A>
 void group_scales(const T* xr, int64_t Cg, int64_t G, double eps, A* r) {
   for (int64_t g = 0; g < G; ++g) {
     const T* __restrict__ xg = xr + g * Cg;
-    const A ms = reduce<A>(Cg, [&](int64_t j) { return val(xg[j]) * val(xg[j]); });
-    r[g] = A(1.0 / std::sqrt(double(ms) / Cg + eps));
+    r[g] = group_scale(reduce<A>(Cg, [&](int64_t j) { return val(xg[j]) * val(xg[j]); }), Cg, eps);
   }
 }
 
@@ -185,12 +190,17 @@ void each_row(int64_t begin, int64_t end, const Real& real, Body body) {
   for (int64_t n = begin; n < end; ++n) real(n) ? body(n, std::true_type{}) : body(n, std::false_type{});
 }
 
-// body(a, b) with two facts of the call known at compile time (std::true_type or std::false_type each),
+// body(a) with a fact of the call known at compile time (std::true_type or std::false_type),
 // so that a loop does no work that a zero would cancel
 template <typename Body>
+void with_fact(bool a, Body body) {
+  a ? body(std::true_type{}) : body(std::false_type{});
+}
+
+// body(a, b) with two such facts
+template <typename Body>
 void with_facts(bool a, bool b, Body body) {
-  if (a) b ? body(std::true_type{}, std::true_type{}) : body(std::true_type{}, std::false_type{});
-  else b ? body(std::false_type{}, std::true_type{}) : body(std::false_type{}, std::false_type{});
+  with_fact(a, [&](auto fa) { with_fact(b, [&](auto fb) { body(fa, fb); }); });
 }
 
 // The forward's pass (contract "forward") over row n: with its group scales
@@ -236,7 +246,7 @@ struct ForwardPass {
         if constexpr (kY) yr[c] = put<T>((kMean ? v - bp[c] : v) * mp[c] + ap[c]);
         if constexpr (kGrouped) ss += val(xn[c]) * val(xn[c]);
       }
-      if constexpr (kGrouped) rn[g] = A(1.0 / std::sqrt(double(ss) / Cg + gs_eps));
+      if constexpr (kGrouped) rn[g] = group_scale(ss, Cg, gs_eps);
     }
   }
 };
@@ -279,7 +289,7 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
   Sums<A> sums(want_stats ? 2 * C : 0);
   with_facts(center, mean.numel() > 0, [&](auto centred, auto has_mean) {
     constexpr bool kC = decltype(centred)::value, kM = decltype(has_mean)::value;
-    with_facts(G > 0, false, [&](auto grouped, auto) {
+    with_fact(G > 0, [&](auto grouped) {
       constexpr bool kG = decltype(grouped)::value;
       at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
         std::vector<A> stage(want_stats ? 2 * C : 0, A(0)), r(groups), rn(groups);
