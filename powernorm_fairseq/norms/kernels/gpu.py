@@ -120,6 +120,13 @@ def _layout(x, groups, kernel, tall=False):
     return cw, block_c, chunks, block_n, per_prog, triton.cdiv(N, per_prog)
 
 
+def _constant_width(cw: int, block_c: int) -> int:
+    """The chunk width as the channel kernels' constexpr CW: a group that fits
+    one block is compiled for its width; a wider one (WIDE) takes its width as
+    the run-time argument ``cw``, so that one variant serves every wide group."""
+    return cw if block_c >= cw else 0
+
+
 def parts(x, groups, kernel, tall):
     """(rows, dtype) of the per-program statistics ``forward`` and ``backward``
     return (``tall``: a statistics-only pass): a row per program, and the
@@ -215,10 +222,10 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     _launch(_channel_forward, (progs + int(want_stats), chunks),
             x, m, _or(mean, dev), _or(inv, dev), _or(weight, dev), _or(bias, dev), _or(y, dev), _or(scale, dev),
             _or(part, dev),
-            N, C, *geometry, nb, nt, per_prog, gs_eps, inv_eps,
+            N, C, *geometry, nb, nt, per_prog, cw, gs_eps, inv_eps,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), INV_RUNNING=inv_eps >= 0, GROUPED=groups > 0,
             WANT_Y=want_y, WANT_STATS=want_stats, CENTER=center, F64=acc == torch.float64, WIDE=block_c < cw,
-            BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS,
+            BLOCK_N=block_n, BLOCK_C=block_c, CW=_constant_width(cw, block_c), num_warps=WARPS,
             maxnreg=registers("_channel_forward", acc == torch.float64))
     return y, scale, part
 
@@ -260,10 +267,11 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     dots = torch.empty(N, groups, dtype=acc, device=dev) if wide and want_gx else _nothing(dev)
     _launch(_channel_backward, (progs + int(want_sums), chunks),  # the ticket row as in forward
             x, m, _or(scale, dev), grad_y, weight, _or(mean, dev), inv_fwd, _or(inv_bwd, dev), _or(A, dev),
-            _or(B, dev), _or(gx, dev), _or(part, dev), dots, N, C, *geometry, nb, nt, per_prog, b_scale,
+            _or(B, dev), _or(gx, dev), _or(part, dev), dots, N, C, *geometry, nb, nt, per_prog, cw, b_scale,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), HAS_A=not _empty(A), HAS_B=not _empty(B),
             GROUPED=groups > 0, CORRECT_PADS=correct_pads, WANT_GX=want_gx, WANT_SUMS=want_sums,
-            F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=cw, num_warps=WARPS,
+            F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=_constant_width(cw, block_c),
+            num_warps=WARPS,
             maxnreg=registers("_channel_backward", acc == torch.float64))
     return gx, part
 
@@ -438,19 +446,20 @@ if triton is not None:
         return 1.0 / tl.sqrt(sum_sq / n + eps)
 
     @triton.jit
-    def _group_scales(X, XB, XST, XSB, SCALE, start, per_prog, N, C, chunk, gs_eps,
-                      F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
-        """SCALE[row, chunk] = 1 / sqrt(mean(x^2) + eps) over the chunk's CW columns, block by block."""
+    def _group_scales(X, XB, XST, XSB, SCALE, start, per_prog, N, C, chunk, gs_eps, width,
+                      F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        """SCALE[row, chunk] = 1 / sqrt(mean(x^2) + eps) over the chunk's ``width`` columns, block by block."""
         offs = tl.arange(0, BLOCK_C)
         for r0 in range(0, per_prog, BLOCK_N):
             rows = start + r0 + tl.arange(0, BLOCK_N)
             rmask = rows < N
             ss = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
-            for s0 in range(0, CW, BLOCK_C):
-                cols = chunk * CW + s0 + offs
-                x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, (s0 + offs < CW) & (cols < C), BLOCK_N, F64)[4]
+            for s0 in range(0, width, BLOCK_C):
+                cols = chunk * width + s0 + offs
+                x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, (s0 + offs < width) & (cols < C), BLOCK_N,
+                              F64)[4]
                 ss += tl.sum(x * x, axis=1)
-            tl.store(_at_group(SCALE, rows, chunk), _inv_rms(ss, CW, gs_eps), mask=rmask)
+            tl.store(_at_group(SCALE, rows, chunk), _inv_rms(ss, width, gs_eps), mask=rmask)
 
     @triton.jit
     def _group_scale(SCALE, rows, rmask, x, chunk, gs_eps, F64: tl.constexpr, WIDE: tl.constexpr,
@@ -463,7 +472,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_forward(X, MASK, MEAN, INV, W, Bias, Y, SCALE, PART,
-                         N, C, XB, XST, XSB, nb, nt, per_prog, gs_eps, inv_eps,
+                         N, C, XB, XST, XSB, nb, nt, per_prog, cw, gs_eps, inv_eps,
                          HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, INV_RUNNING: tl.constexpr,
                          GROUPED: tl.constexpr, WANT_Y: tl.constexpr, WANT_STATS: tl.constexpr,
                          CENTER: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
@@ -472,11 +481,15 @@ if triton is not None:
         chunk = tl.program_id(1)
         offs = tl.arange(0, BLOCK_C)
         start = pid_n * per_prog
+        if WIDE:  # the chunk's width: run-time for a wide group, else the constexpr (gpu._constant_width)
+            width = cw
+        else:
+            width = CW
         if WIDE:
-            _group_scales(X, XB, XST, XSB, SCALE, start, per_prog, N, C, chunk, gs_eps, F64, BLOCK_N, BLOCK_C, CW)
-        for s0 in range(0, CW, BLOCK_C):  # one block unless WIDE
-            cols = chunk * CW + s0 + offs
-            cmask = (s0 + offs < CW) & (cols < C)
+            _group_scales(X, XB, XST, XSB, SCALE, start, per_prog, N, C, chunk, gs_eps, width, F64, BLOCK_N, BLOCK_C)
+        for s0 in range(0, width, BLOCK_C):  # one block unless WIDE
+            cols = chunk * width + s0 + offs
+            cmask = (s0 + offs < width) & (cols < C)
             zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
             mul = zero
             add = zero
@@ -654,7 +667,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_backward(X, MASK, SCALE, GY, W, MEAN, INVF, INVB, A, Bc, GX, PART, DOTS,
-                          N, C, XB, XST, XSB, nb, nt, per_prog, b_scale,
+                          N, C, XB, XST, XSB, nb, nt, per_prog, cw, b_scale,
                           HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_A: tl.constexpr,
                           HAS_B: tl.constexpr, GROUPED: tl.constexpr, CORRECT_PADS: tl.constexpr,
                           WANT_GX: tl.constexpr, WANT_SUMS: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
@@ -663,24 +676,28 @@ if triton is not None:
         chunk = tl.program_id(1)
         offs = tl.arange(0, BLOCK_C)
         start = pid_n * per_prog
+        if WIDE:  # the chunk's width: run-time for a wide group, else the constexpr (gpu._constant_width)
+            width = cw
+        else:
+            width = CW
         if WIDE and WANT_GX:  # first pass: each row's mean(dxs * xs) over its group, block by block
             for r0 in range(0, per_prog, BLOCK_N):
                 rows = start + r0 + tl.arange(0, BLOCK_N)
                 rmask = rows < N
                 dot = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
-                for s0 in range(0, CW, BLOCK_C):
-                    cols = chunk * CW + s0 + offs
-                    cmask = (s0 + offs < CW) & (cols < C)
+                for s0 in range(0, width, BLOCK_C):
+                    cols = chunk * width + s0 + offs
+                    cmask = (s0 + offs < width) & (cols < C)
                     invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale,
                                                                    HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64, BLOCK_C)
                     _, _, m2, at, xs, xh, gy, keep, r = _backward_tile(
                         X, XB, XST, XSB, SCALE, GY, MASK, start + r0, N, C, nb, nt, cols, cmask, chunk, invf, shift,
                         HAS_MASK, GROUPED, F64, BLOCK_N)
                     dot += tl.sum(_gxs(gy, w, keep, rmask, a, b, xh, invb, CORRECT_PADS, F64) * xs, axis=1)
-                tl.store(_at_group(DOTS, rows, chunk), dot / CW, mask=rmask)
-        for s0 in range(0, CW, BLOCK_C):  # one block unless WIDE
-            cols = chunk * CW + s0 + offs
-            cmask = (s0 + offs < CW) & (cols < C)
+                tl.store(_at_group(DOTS, rows, chunk), dot / width, mask=rmask)
+        for s0 in range(0, width, BLOCK_C):  # one block unless WIDE
+            cols = chunk * width + s0 + offs
+            cmask = (s0 + offs < width) & (cols < C)
             invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale,
                                                            HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64, BLOCK_C)
             zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
