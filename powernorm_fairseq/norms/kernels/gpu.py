@@ -101,7 +101,10 @@ def _acc(x: torch.Tensor) -> torch.dtype:
 def _layout(x, groups, kernel, tall=False):
     """(chunk width, its power-of-two block, chunks, rows per step, rows per
     program, row programs). A group wider than ``WIDEST_GROUP`` is one chunk
-    walked in blocks of ``SUB_CHUNK`` columns."""
+    walked in blocks of ``SUB_CHUNK`` columns (``WIDE``: block < width); its
+    width goes to the kernels at run time (``cw``, the constexpr ``CW`` 0), so
+    that one variant serves every wide group, where a narrower group's
+    kernels are compiled for its width."""
     N, C = x.numel() // x.size(-1), x.size(-1)
     if groups > 0:
         cw = C // groups
@@ -118,13 +121,6 @@ def _layout(x, groups, kernel, tall=False):
                        max(triton.cdiv(_programs(x, kernel), chunks), triton.cdiv(N, MAX_ROWS))))
     per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
     return cw, block_c, chunks, block_n, per_prog, triton.cdiv(N, per_prog)
-
-
-def _constant_width(cw: int, block_c: int) -> int:
-    """The chunk width as the channel kernels' constexpr CW: a group that fits
-    one block is compiled for its width; a wider one (WIDE) takes its width as
-    the run-time argument ``cw``, so that one variant serves every wide group."""
-    return cw if block_c >= cw else 0
 
 
 def parts(x, groups, kernel, tall):
@@ -212,7 +208,7 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
     x, N, C, geometry = _rows(x)
     cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_forward", not want_y)
-    acc, dev = _acc(x), x.device
+    acc, dev, wide = _acc(x), x.device, block_c < cw
     y = x.new_empty(N, C) if want_y else x.new_empty(0)
     scale = torch.empty(N, groups, dtype=acc, device=dev) if groups > 0 else x.new_empty(0)
     part = torch.empty(progs + 1, 3, C, dtype=acc, device=dev) if want_stats else x.new_empty(0)
@@ -224,8 +220,8 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
             _or(part, dev),
             N, C, *geometry, nb, nt, per_prog, cw, gs_eps, inv_eps,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), INV_RUNNING=inv_eps >= 0, GROUPED=groups > 0,
-            WANT_Y=want_y, WANT_STATS=want_stats, CENTER=center, F64=acc == torch.float64, WIDE=block_c < cw,
-            BLOCK_N=block_n, BLOCK_C=block_c, CW=_constant_width(cw, block_c), num_warps=WARPS,
+            WANT_Y=want_y, WANT_STATS=want_stats, CENTER=center, F64=acc == torch.float64, WIDE=wide,
+            BLOCK_N=block_n, BLOCK_C=block_c, CW=0 if wide else cw, num_warps=WARPS,
             maxnreg=registers("_channel_forward", acc == torch.float64))
     return y, scale, part
 
@@ -270,7 +266,7 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
             _or(B, dev), _or(gx, dev), _or(part, dev), dots, N, C, *geometry, nb, nt, per_prog, cw, b_scale,
             HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), HAS_A=not _empty(A), HAS_B=not _empty(B),
             GROUPED=groups > 0, CORRECT_PADS=correct_pads, WANT_GX=want_gx, WANT_SUMS=want_sums,
-            F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=_constant_width(cw, block_c),
+            F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=0 if wide else cw,
             num_warps=WARPS,
             maxnreg=registers("_channel_backward", acc == torch.float64))
     return gx, part
@@ -481,7 +477,7 @@ if triton is not None:
         chunk = tl.program_id(1)
         offs = tl.arange(0, BLOCK_C)
         start = pid_n * per_prog
-        if WIDE:  # the chunk's width: run-time for a wide group, else the constexpr (gpu._constant_width)
+        if WIDE:  # the chunk's width: run-time for a wide group, else the constexpr (_layout)
             width = cw
         else:
             width = CW
@@ -676,7 +672,7 @@ if triton is not None:
         chunk = tl.program_id(1)
         offs = tl.arange(0, BLOCK_C)
         start = pid_n * per_prog
-        if WIDE:  # the chunk's width: run-time for a wide group, else the constexpr (gpu._constant_width)
+        if WIDE:  # the chunk's width: run-time for a wide group, else the constexpr (_layout)
             width = cw
         else:
             width = CW
