@@ -15,16 +15,23 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
 
-from powernorm_fairseq.common.checkpoints import allow_fairseq_checkpoints  # noqa: E402
-
-allow_fairseq_checkpoints()  # torch.load(weights_only=True) of the checkpoints tests write
-
 sys.path.insert(0, str(Path(__file__).parent))  # for `import support`, `import reference`
 
 from support import (ROOT, TINY_LM, USER_DIR, Command, cli, interpreter, make_lm_data, make_toy_data,  # noqa: E402
                      once, train_args)
 
-interpreter.install()  # without the interpreter's repeated patching (support/interpreter.py)
+
+def pytest_configure(config):
+    """Set up each process that runs tests: not xdist's controller, which runs
+    none (importing torch there would hold back the workers' start by 2 s)."""
+    if not hasattr(config, "workerinput") and config.getoption("tx", None) and not config.getoption("collectonly"):
+        return
+    from powernorm_fairseq.common.checkpoints import allow_fairseq_checkpoints
+    from powernorm_fairseq.norms.kernels import cpu
+
+    allow_fairseq_checkpoints()  # torch.load(weights_only=True) of the checkpoints tests write
+    interpreter.install()  # without the interpreter's repeated patching (support/interpreter.py)
+    cpu.available()  # the CPU kernels load, or build, before the first test, not inside the first that uses them
 
 
 @pytest.fixture(scope="session")
@@ -120,15 +127,6 @@ def _writes_stay_in_tmp(tmp_path_factory):
     yield
     new = sorted(untracked() - before)
     assert not new, f"the tests wrote into the checkout: {new}"
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _cpu_kernels_built():
-    """The CPU kernels compile (a process per source) before the first test
-    runs, not inside whichever fast test uses them first."""
-    from powernorm_fairseq.norms.kernels import cpu
-
-    cpu.available()
 
 
 @pytest.fixture(autouse=True)
