@@ -24,14 +24,16 @@ from support import (ROOT, TINY_LM, USER_DIR, Command, cli, interpreter, make_lm
 def pytest_configure(config):
     """Set up each process that runs tests: not xdist's controller, which runs
     none (importing torch there would hold back the workers' start by 2 s)."""
-    if not hasattr(config, "workerinput") and config.getoption("tx", None) and not config.getoption("collectonly"):
+    collecting = config.getoption("collectonly")
+    if not hasattr(config, "workerinput") and config.getoption("tx", None) and not collecting:
         return
     from powernorm_fairseq.common.checkpoints import allow_fairseq_checkpoints
     from powernorm_fairseq.norms.kernels import cpu
 
     allow_fairseq_checkpoints()  # torch.load(weights_only=True) of the checkpoints tests write
     interpreter.install()  # without the interpreter's repeated patching (support/interpreter.py)
-    cpu.available()  # the CPU kernels load, or build, before the first test, not inside the first that uses them
+    if not collecting:  # the CPU kernels load, or build, before the first test, not inside the first using them
+        cpu.available()
 
 
 @pytest.fixture(scope="session")
