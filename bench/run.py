@@ -409,17 +409,35 @@ def gpu_machine():
                 backend=kernels.describe(torch.empty(1, device="cuda")))
 
 
+def ran_on(results, sections, machine):
+    """Record the machine that measured each of ``sections``: a run of some
+    sections keeps the others' rows, which another machine may have measured."""
+    results.setdefault("machines", {}).update(dict.fromkeys(sections, machine))
+
+
+def _machine_line(results, section):
+    m = results.get("machines", {}).get(section)
+    if m is None:
+        return "Machine: not recorded."
+    if "device" in m:
+        return (f"Device: {m['device']}, torch {m['torch']}, triton {m['triton']}, CUDA {m['cuda']}, "
+                f"norms on the {m['backend']} backend, {m['date']}.")
+    return (f"Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), torch {m['torch']}, "
+            f"fused kernels {'on' if m['fused_kernels'] else 'OFF'}, {m['date']}.")
+
+
 def gpu_markdown(results):
-    out = [f"Device: {results['device']}, torch {results['torch']}, triton {results['triton']}, "
-           f"CUDA {results['cuda']}, norms on the {results['backend']} backend, {results['date']}.", ""]
+    out = []
     if results.get("layers"):
         out += ["### 1. Norm layer on the GPU, forward + backward, relative to `F.layer_norm`", "",
+                _machine_line(results, "layers"), "",
                 f"20% padding; median of interleaved pairs, each the mean of {GPU_CALLS} calls timed with CUDA "
                 f"events; copy bandwidth {results['copy_bandwidth_gb_s']} GB/s; bytes = 5 x tensor.", "",
                 *_layer_rows(results["layers"], 3, copy=False), ""]
     if results.get("train"):
         out += ["### 2. `fairseq-train --fp16` words/s and peak GPU memory, relative to stock "
                 "`transformer_iwslt_de_en` (pre-norm LN)", "",
+                _machine_line(results, "train"), "",
                 "Full-size model (6+6 layers, 512 dims); words/s is the median of the logged intervals over the "
                 "second half of each run; peak memory is `torch.cuda.max_memory_allocated`; runs interleaved in "
                 "shuffled order, median over rounds.", "",
@@ -451,7 +469,7 @@ def gpu_plots(results, out):
             ax.set_xticks(range(len(NORM_TYPES)), NORM_TYPES, rotation=60, fontsize=8)
             ax.set_title(f"{dtype}, {shape}")
         axes[0][0].set_ylabel("forward + backward time / LayerNorm (ratio)")
-        fig.suptitle(f"Norm layer cost on {results['device']}, 20% padding")
+        fig.suptitle(f"Norm layer cost on {results['machines']['layers']['device']}, 20% padding")
         _save(plt, fig, out / "layers-cuda.png")
     if results.get("train"):
         rows = results["train"]
@@ -521,18 +539,21 @@ def main_gpu(p, args, out):
                 "throughput (GPU quality runs are the recipes': scripts/train.sh and evaluate.sh)")
     previous = out / "results-cuda.json"
     results = json.loads(previous.read_text()) if previous.exists() else {}
-    results.update(gpu_machine())
+    for key in ("device", "torch", "triton", "cuda", "python", "date", "backend"):
+        results.pop(key, None)  # before each section named its own
     if "layers" in sections:
         shapes = [(64, 64, 512), (128, 128, 1024)]
         dtypes = [torch.float32, torch.float16, torch.bfloat16]
         rows, bw = bench_layers(shapes, max(30, args.reps), dtypes, device="cuda")
         results["layers"], results["copy_bandwidth_gb_s"] = rows, round(bw / 1e9, 1)
+        ran_on(results, ["layers"], gpu_machine())
     if "throughput" in sections:
         data = prepare(args.corpus, out / "work" / "data")
         sizes = [int(t) for t in args.gpu_tokens.split(",")]
         rows = bench_train_gpu(data / "bin", out / "work", ["stock-ln", "ln", "pn", "pn-v", "bn"],
                                sizes, args.updates or 500, args.rounds)
         results["train"] = merge_rows(results.get("train", []), rows, ("norm", "max_tokens"))
+        ran_on(results, ["train"], gpu_machine())
     (out / "results-cuda.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results-cuda.md").write_text(gpu_markdown(results) + "\n")
     gpu_plots(results, out)
@@ -573,12 +594,11 @@ def _percent(fraction) -> str:
 
 
 def markdown(results):
-    m = results["machine"]
-    out = [f"Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), "
-           f"torch {m['torch']}, fused kernels {'on' if m['fused_kernels'] else 'OFF'}, {m['date']}.", ""]
+    out = []
     if "layers" in results:
         bw = results["layers_bandwidth_gb_s"]
         out += ["### 1. Norm layer, forward + backward, relative to `F.layer_norm`", "",
+                _machine_line(results, "layers"), "",
                 "20% padding, median of interleaved pairs, glibc's allocator thresholds fixed (steady_allocator); "
                 f"memory bandwidth (large copy) {bw} GB/s; "
                 "bytes = 5 x tensor (read x, write y; read x and dy, write dx); 'of copy' is against "
@@ -586,6 +606,7 @@ def markdown(results):
                 *_layer_rows(results["layers"], 2, copy=True), ""]
     if "launches" in results:
         out += ["### 5. Launches, host waits, bytes and registers per training step of one layer", "",
+                _machine_line(results, "launches"), "",
                 f"Forward + backward, T x B x C = {results.get('launches_shape', '512x8x512')}, 20% padding, "
                 "float16 on the Triton path "
                 "(counted under Triton's interpreter: what a GPU would be sent; measure/launches.py), "
@@ -606,6 +627,7 @@ def markdown(results):
     if "throughput" in results:
         out += ["### 2 and 4. `fairseq-train` words/s and peak memory, relative to stock "
                 "`transformer_iwslt_de_en` (LN)", "",
+                _machine_line(results, "throughput"), "",
                 f"Model {results['dims']}, interleaved runs, median; peak memory is the process's peak RSS.", "",
                 "| variant | words/s | / stock LN | peak MiB | / stock LN |", "|---|---|---|---|---|"]
         for r in results["throughput"]:
@@ -616,6 +638,7 @@ def markdown(results):
     if "quality" in results:
         q = results["quality"]
         out += ["### 3. Translation quality at a fixed CPU budget", "",
+                _machine_line(results, "quality"), "",
                 f"Corpus {q['corpus']}, {q['minutes']} CPU minutes per run, seeds {q['seeds']}, "
                 f"last <= 3 epoch checkpoints averaged; mean +- standard deviation over seeds.", "",
                 "| encoder norm | sacreBLEU | tokenized BLEU (case-insens.) |", "|---|---|---|"]
@@ -722,7 +745,10 @@ def main(argv=None):
     # a run of some sections updates those in an existing results.json and keeps the others
     previous = out / "results.json"
     results = json.loads(previous.read_text()) if previous.exists() else {}
-    results.update(machine=machine(), dims="layers {} + {}, {} dims, FFN {}, {} heads".format(dims[0], *dims))
+    results.pop("machine", None)  # before each section named its own
+    ran_on(results, sections, machine())
+    if "throughput" in sections:  # the model of its rows
+        results["dims"] = "layers {} + {}, {} dims, FFN {}, {} heads".format(dims[0], *dims)
     if "layers" in sections:
         shapes = [(8, 4, 64)] if args.tiny else [(64, 64, 512), (128, 32, 1024)]
         rows, bw = bench_layers(shapes, 3 if args.tiny else args.reps, [torch.float32, torch.bfloat16])

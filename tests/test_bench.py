@@ -2,6 +2,7 @@
 (speed itself is measured by bench/run.py, never asserted in tests)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -38,7 +39,8 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     assert all(r["updates"] > 0 for r in results["quality"]["runs"])
     table = (tmp_path / "results.md").read_text()
     for heading in ("### 1. Norm layer", "### 2 and 4.", "### 3. Translation quality", "### 5. Launches"):
-        assert heading in table
+        assert f"{heading}" in table
+    assert table.count("\n\nMachine: ") == 4 == len(results["machines"])  # each section names its machine
     report = table + (tmp_path / "results.json").read_text()
     assert all(path not in report for path in (str(ROOT), str(corpus), str(tmp_path)))  # no machine's path
     for png in ("layers.png", "throughput_memory.png", "quality.png"):
@@ -59,8 +61,9 @@ def test_the_throughput_section_runs_every_norm_by_default():
 
 @pytest.mark.slow
 def test_gpu_benchmark_refuses_a_machine_without_cuda(tmp_path):
+    """On any machine: a GPU there is hidden from the run."""
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--device", "cuda", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].endswith("--device cuda: no CUDA device is visible "
                                                          "(torch.cuda.is_available() is False)")
@@ -69,7 +72,9 @@ def test_gpu_benchmark_refuses_a_machine_without_cuda(tmp_path):
 
 @pytest.mark.slow  # matplotlib's import and six plots: 1.7 s
 def test_gpu_report_marks_each_target_met_or_missed(tmp_path):
-    """The GPU tables and plots from results in the documented JSON shape."""
+    """The GPU tables and plots from results in the documented JSON shape,
+    each section under the device that measured it (a run of one section
+    keeps the other's rows)."""
     sys.path.insert(0, str(ROOT / "bench"))
     import run as bench
 
@@ -79,9 +84,14 @@ def test_gpu_report_marks_each_target_met_or_missed(tmp_path):
     train = [dict(norm=k, max_tokens=t, precision="fp16", updates=500, rounds=2, wps=9000.0, stock_wps=10000.0,
                   wps_ratio=0.9 if t == 4096 else 0.97, peak_mib=1000.0, stock_peak_mib=1000.0, mem_ratio=1.0)
              for k in ("ln", "pn") for t in (4096, 16384)]
-    results = dict(device="NVIDIA H100", torch="2.x", triton="3.x", cuda="12", python="3.12", date="today",
-                   backend="triton", layers=layers, train=train, copy_bandwidth_gb_s=3000.0)
+    results = dict(layers=layers, train=train, copy_bandwidth_gb_s=3000.0)
+    for section, device in (("layers", "NVIDIA H100"), ("train", "NVIDIA H200")):
+        bench.ran_on(results, [section], dict(device=device, torch="2.x", triton="3.x", cuda="12", python="3.12",
+                                              date="today", backend="triton"))
     table = bench.gpu_markdown(results)
+    devices = [line.split(",")[0] for line in table.splitlines() if line.startswith(("###", "Device:"))]
+    assert devices == ["### 1. Norm layer on the GPU", "Device: NVIDIA H100",
+                       "### 2. `fairseq-train --fp16` words/s and peak GPU memory", "Device: NVIDIA H200"]
     pn_rows = [line for line in table.splitlines() if line.startswith("| float") and "| pn |" in line]
     assert len(pn_rows) == 4 and all(line.endswith("<= 1.3 met |") for line in pn_rows)
     bn_rows = [line for line in table.splitlines() if "| bn |" in line]
