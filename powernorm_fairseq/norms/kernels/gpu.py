@@ -25,6 +25,7 @@ interpreter), which is how CI checks their numbers without a GPU.
 """
 
 import contextlib
+import functools
 import os
 import sys
 
@@ -86,12 +87,28 @@ def registers(kernel: str, float64: bool = False) -> int:
     return min(255, REGISTERS_PER_SM // (programs_per_sm(kernel, float64) * WARPS * WARP)) // 8 * 8
 
 
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _programs(x: torch.Tensor, kernel: str) -> int:
     """How many programs to spread rows over: as many per multiprocessor as are resident at once."""
     if x.is_cuda:
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        return programs_per_sm(kernel, x.dtype == torch.float64) * sms
+        return programs_per_sm(kernel, x.dtype == torch.float64) * _multiprocessors(x.device)
     return 4  # the interpreter runs programs one after another
+
+
+# The host's arithmetic of the launches, in plain Python: triton.cdiv and
+# triton.next_power_of_2 are wrappers for kernels that cost microseconds a
+# call on the host, about 18 of them a step of a PN layer.
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _pow2(n) -> int:
+    """The least power of two >= n (a width: a symbolic one is fixed here, as its kernel's block is)."""
+    return 1 << (int(n) - 1).bit_length()
 
 
 def _acc(x: torch.Tensor) -> torch.dtype:
@@ -109,18 +126,18 @@ def _layout(x, groups, kernel, tall=False):
     if groups > 0:
         cw = C // groups
     else:
-        cw = min(triton.next_power_of_2(C), 128)
-    block_c = triton.next_power_of_2(cw)
+        cw = min(_pow2(C), 128)
+    block_c = _pow2(cw)
     if block_c > WIDEST_GROUP:
         block_c = SUB_CHUNK
-    chunks = triton.cdiv(C, cw)
+    chunks = _cdiv(C, cw)
     # a pass that writes nothing row-sized (statistics only) holds fewer live
     # tiles and takes them twice as tall (some shorter ones spill on sm_90)
     block_n = max(1, min(32, (2 if tall else 1) * TILE // block_c))
-    progs = max(1, min(triton.cdiv(N, block_n),
-                       max(triton.cdiv(_programs(x, kernel), chunks), triton.cdiv(N, MAX_ROWS))))
-    per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
-    return cw, block_c, chunks, block_n, per_prog, triton.cdiv(N, per_prog)
+    progs = max(1, min(_cdiv(N, block_n),
+                       max(_cdiv(_programs(x, kernel), chunks), _cdiv(N, MAX_ROWS))))
+    per_prog = _cdiv(_cdiv(N, progs), block_n) * block_n
+    return cw, block_c, chunks, block_n, per_prog, _cdiv(N, per_prog)
 
 
 def parts(x, groups, kernel, tall):
@@ -233,7 +250,7 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
     P, _, C = part.shape
     P -= 1  # the last row: the arrival ticket
     dev, sd = part.device, second_buf.dtype
-    progs = triton.cdiv(C, _FINISH_BLOCK)
+    progs = _cdiv(C, _FINISH_BLOCK)
     mean = torch.empty(C if update == Update.BN else 0, dtype=sd, device=dev)
     inv, inv_batch = torch.empty(C, dtype=sd, device=dev), torch.empty(C, dtype=sd, device=dev)
     n = torch.empty(1, dtype=torch.float64, device=dev)
@@ -281,7 +298,7 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     P -= 1  # the last row: the arrival ticket
     dev = part.device
     sd = nu.dtype if not _empty(nu) else (torch.float64 if part.dtype == torch.float64 else torch.float32)
-    progs = triton.cdiv(C, _FINISH_BLOCK)
+    progs = _cdiv(C, _FINISH_BLOCK)
     grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
     exact = kind == Mode.EXACT
     A = torch.empty(C if exact and center else 0, dtype=sd, device=dev)
@@ -299,13 +316,13 @@ def _row_layout(x, kernel):
     """(columns per block, rows per step, rows per program, programs): a row
     wider than ``WIDEST_ROW`` is walked in blocks of ``SUB_CHUNK`` columns."""
     N, C = x.numel() // x.size(-1), x.size(-1)
-    block_c = triton.next_power_of_2(C)
+    block_c = _pow2(C)
     if block_c > WIDEST_ROW:
         block_c = SUB_CHUNK
     block_n = max(1, min(32, ROW_TILE // block_c))
-    progs = max(1, min(triton.cdiv(N, block_n), max(_programs(x, kernel), triton.cdiv(N, MAX_ROWS))))
-    per_prog = triton.cdiv(triton.cdiv(N, progs), block_n) * block_n
-    return block_c, block_n, per_prog, triton.cdiv(N, per_prog)
+    progs = max(1, min(_cdiv(N, block_n), max(_programs(x, kernel), _cdiv(N, MAX_ROWS))))
+    per_prog = _cdiv(_cdiv(N, progs), block_n) * block_n
+    return block_c, block_n, per_prog, _cdiv(N, per_prog)
 
 
 def _row_pass(kernel, rows, *tensors, scalars=()):
