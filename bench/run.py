@@ -469,7 +469,8 @@ def gpu_plots(results, out):
             ax.set_xticks(range(len(NORM_TYPES)), NORM_TYPES, rotation=60, fontsize=8)
             ax.set_title(f"{dtype}, {shape}")
         axes[0][0].set_ylabel("forward + backward time / LayerNorm (ratio)")
-        fig.suptitle(f"Norm layer cost on {results['machines']['layers']['device']}, 20% padding")
+        device = results.get("machines", {}).get("layers", {}).get("device", "a GPU not recorded")
+        fig.suptitle(f"Norm layer cost on {device}, 20% padding")
         _save(plt, fig, out / "layers-cuda.png")
     if results.get("train"):
         rows = results["train"]

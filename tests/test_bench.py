@@ -39,7 +39,7 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     assert all(r["updates"] > 0 for r in results["quality"]["runs"])
     table = (tmp_path / "results.md").read_text()
     for heading in ("### 1. Norm layer", "### 2 and 4.", "### 3. Translation quality", "### 5. Launches"):
-        assert f"{heading}" in table
+        assert heading in table
     assert table.count("\n\nMachine: ") == 4 == len(results["machines"])  # each section names its machine
     report = table + (tmp_path / "results.json").read_text()
     assert all(path not in report for path in (str(ROOT), str(corpus), str(tmp_path)))  # no machine's path
