@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from support import backend_or_fail
+from support import backend_or_fail, fast_for
 from powernorm_fairseq.measure import launches
 from powernorm_fairseq.norms import build_norm, kernels
 from powernorm_fairseq.norms.kernels import ops
@@ -60,6 +60,7 @@ def counted(norm, backend, steps_before=1):
     return seen
 
 
+@pytest.mark.slow  # the Triton path, in Triton's interpreter
 @pytest.mark.parametrize("kind, options, target", TARGETS, ids=IDS)
 def test_a_training_step_launches_at_most_the_target(kind, options, target):
     backend_or_fail("triton")
@@ -114,7 +115,7 @@ KINDS = ["ln", "bn", "pn", "pn-v", "scalenorm", "rmsnorm"]
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", fast_for(KINDS, ("pn",)))  # pn: its warmup and Algorithm 2
 def test_torch_compile_traces_every_norm_without_a_graph_break(kind, backend, monkeypatch):
     """Also as the process's first call of a norm, before the CPU kernels were
     loaded (the load reads files, which dynamo cannot trace)."""
@@ -131,7 +132,7 @@ def test_torch_compile_traces_every_norm_without_a_graph_break(kind, backend, mo
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
-@pytest.mark.parametrize("kind", ["bn", "pn"])
+@pytest.mark.parametrize("kind", fast_for(["bn", "pn"], ("pn",)))
 def test_a_compiled_layer_matches_the_eager_one(kind, backend):
     """Outputs, gradients and running statistics over steps across PN's warmup."""
     backend_or_fail(backend)

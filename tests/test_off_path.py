@@ -12,7 +12,7 @@ import torch
 import torch.utils.checkpoint as checkpoint
 
 import reference as ref
-from support import backend_or_fail
+from support import backend_or_fail, fast_for
 from powernorm_fairseq.norms import NORM_TYPES, build_norm, kernels, padding_mask
 from powernorm_fairseq.norms.base import Norm
 from powernorm_fairseq.norms.kernels import gpu
@@ -115,11 +115,12 @@ class Counting:
         return gm.forward
 
 
-# the 0/1 masks in the full suite only: a compile takes a second, and the fast tier keeps one per kind
+# a compile takes a second: the fast tier keeps the bool mask of pn (three phases) and bn (two), the
+# full suite every kind with each mask
 @pytest.mark.parametrize("mask_dtype", [pytest.param(torch.bool, id="bool"),
                                         pytest.param(torch.int64, marks=pytest.mark.slow, id="int"),
                                         pytest.param(torch.float32, marks=pytest.mark.slow, id="float")])
-@pytest.mark.parametrize("kind", NORM_TYPES)
+@pytest.mark.parametrize("kind", fast_for(NORM_TYPES, ("pn", "bn")))
 def test_twenty_compiled_steps_compile_once_per_phase(kind, mask_dtype):
     torch._dynamo.reset()
     options = {"warmup_updates": 3} if kind == "pn" else {}

@@ -32,6 +32,13 @@ def once(tmp_path_factory, name, make):
 
 
 
+def fast_for(values, fast):
+    """``values`` to parametrize a fast test by, each one outside ``fast`` in the
+    slow tier: where every case compiles (a second or more each), the fast
+    tier keeps the hardest one or two and the full suite runs them all."""
+    return [v if v in fast else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
 def backend_or_fail(name):
     """The kernels module of backend ``name``, failing (never skipping) when it is missing."""
     from powernorm_fairseq.norms import kernels
