@@ -2,7 +2,7 @@
 # Set up .venv (idempotent), lint the code (ruff) and run the test suite; other
 # arguments go to pytest.
 #   --fast     the fast tier only: the tests that run in pytest's own process
-#              (about a minute); without it, both tiers
+#              (half a minute); without it, both tiers
 #   -n N       N workers (default: one per CPU core, at most 4; pytest-xdist); -n 0: one process
 #   -h, --help this text
 set -euo pipefail
