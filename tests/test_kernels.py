@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from support import ROOT, backend_or_fail
+from support import ROOT, backend_or_fail, cli
 from powernorm_fairseq.norms import build_norm, kernels
 from powernorm_fairseq.norms.kernels import gpu
 
@@ -180,8 +180,11 @@ def test_dispatch_by_device_and_override():
 
 
 def _python(code, **env):
+    """``python -c code`` in a process of its own (a fork that has imported
+    torch alone: the plugin and triton import afresh), without this
+    process's backend settings, with ``env``."""
     base = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "POWERNORM_BACKEND")}
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**base, **env})
+    return cli("python", "-c", code, check=False, environ={**base, **env})
 
 
 @pytest.mark.slow
@@ -326,8 +329,7 @@ def test_the_kernels_pip_install_built_load_without_a_build(tmp_path):
            "from powernorm_fairseq.norms.kernels import cpu\n"
            "build_norm('pn', 8).train()(torch.randn(3, 2, 8)).sum().backward()\n"
            "print(kernels.describe(torch.randn(1)), cpu.load().__name__)\n")
-    proc = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(fresh)})
+    proc = _python(run, TORCH_EXTENSIONS_DIR=str(fresh))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["cpu", "powernorm_fairseq.norms.kernels._C"]
     assert not fresh.exists() or not any(fresh.rglob("*.so"))  # nothing built
@@ -427,8 +429,7 @@ def test_a_build_that_never_ends_is_waited_for_a_bounded_time_then_the_norm_runs
                 "print(build_norm('bn', 8).train()(torch.randn(3, 2, 8)).shape)\n")
     with open(build / "powernorm-build.flock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # a build that hangs
-        proc = subprocess.run([sys.executable, "-c", norm_run], capture_output=True, text=True, timeout=300,
-                              env={**env, "POWERNORM_BUILD_WAIT": "2"})
+        proc = cli("python", "-c", norm_run, check=False, timeout=300, environ={**env, "POWERNORM_BUILD_WAIT": "2"})
     assert proc.returncode == 0 and "torch.Size([3, 2, 8])" in proc.stdout, proc.stderr[-2000:]
     assert "at most 2 s" in proc.stderr
     assert "norms run on the plain PyTorch path (cpu kernels unavailable: TimeoutError" in proc.stderr

@@ -89,6 +89,26 @@ def test_a_forked_command_takes_its_directory_and_environment(tmp_path):
     assert narrow != wide and narrow == fresh("powernorm-flags", "--help", cwd=tmp_path, env={"COLUMNS": "40"}).stdout
 
 
+@pytest.mark.parametrize("code", [
+    "import os, sys\nprint(sys.argv, repr(sys.path[0]), os.environ.get('KEPT'), os.environ.get('DROPPED'))\n"
+    "print(__name__, file=sys.stderr)\nsys.exit(int(sys.argv[1]))",
+    "import sys\nprint('started')\nraise ValueError('bad value: ' + sys.argv[1])"], ids=["exit-3", "exception"])
+def test_a_forked_python_c_is_the_fresh_one(code, tmp_path, monkeypatch):
+    """``python -c`` in a fork (tool ``python``): its arguments, sys.path,
+    environment (the whole of it given: a variable of this process's left
+    out is absent), output and exit status, and a traceback's last line, as
+    a fresh interpreter's."""
+    monkeypatch.setenv("DROPPED", "dropped")
+    environ = {**{k: v for k, v in os.environ.items() if k != "DROPPED"}, "KEPT": "kept"}
+    forked = cli("python", "-c", code, "3", check=False, cwd=tmp_path, environ=environ)
+    started = subprocess.run([sys.executable, "-c", code, "3"], capture_output=True, text=True, cwd=tmp_path,
+                             env=environ)
+    assert (forked.returncode, forked.stdout) == (started.returncode, started.stdout)
+    assert forked.stderr.strip().splitlines()[-1] == started.stderr.strip().splitlines()[-1]
+    assert started.returncode == 3 and started.stdout == "['-c', '3'] '' kept None\n" or (
+        started.returncode == 1 and started.stdout == "started\n")
+
+
 def test_a_stand_in_is_the_console_script_it_stands_in_for(tmp_path):
     """A recipe's stand-in (support.commands.stand_ins) runs its command in a
     fork with the caller's streams, directory and environment, exits with its

@@ -32,13 +32,15 @@ class Command:
     (``forkserver.py``): a process of its own, with the parts of
     ``subprocess.Popen`` the tests use."""
 
-    def __init__(self, tool, args, cwd=ROOT, env=None, stdin=None, stdout=None, stderr=None, server=None):
+    def __init__(self, tool, args, cwd=ROOT, env=None, stdin=None, stdout=None, stderr=None, server=None,
+                 environ=None):
         import socket
 
         self.args = [str(BIN / tool), *map(str, args)]
         self.returncode = None
+        environ = {**os.environ, "PYTHONWARNINGS": "ignore"} if environ is None else environ  # the base, or all
         request = json.dumps({"tool": tool, "argv": self.args, "cwd": str(cwd),
-                              "env": {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}}).encode()
+                              "env": {**environ, **(env or {})}}).encode()
         streams = [subprocess.DEVNULL if stdin is None else stdin, stdout, stderr]
         self.stdout = None  # with stdout=subprocess.PIPE: the read end, as text
         with contextlib.ExitStack() as opened:
@@ -126,15 +128,17 @@ def _fork_server(modules):
     return _servers[modules]
 
 
-def cli(tool, *args, check=True, cwd=ROOT, timeout=600, input=None, env=None):
-    """Run a console script of this environment (fairseq's or the plugin's) in
-    a process of its own; return it as ``subprocess.run`` would."""
+def cli(tool, *args, check=True, cwd=ROOT, timeout=600, input=None, env=None, environ=None):
+    """Run a console script of this environment (fairseq's or the plugin's),
+    or ``python -c`` (tool ``python``), in a process of its own; return it
+    as ``subprocess.run`` would. ``environ``: its whole environment (else
+    this process's, with ``env`` over it)."""
     import tempfile
 
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         stdin.write((input or "").encode())
         stdin.seek(0)
-        command = Command(tool, args, cwd=cwd, env=env, stdin=stdin, stdout=out, stderr=err)
+        command = Command(tool, args, cwd=cwd, env=env, stdin=stdin, stdout=out, stderr=err, environ=environ)
         try:
             command.wait(timeout)
         except subprocess.TimeoutExpired:

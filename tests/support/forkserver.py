@@ -14,7 +14,7 @@ imported here; a command imports it through ``--user-dir`` as a fresh process
 would.
 
 One connection per command. The client sends an 8-byte length and a JSON
-request ``{"tool", "argv", "cwd", "env"}``, with its stdin, stdout and stderr
+request ``{"tool", "argv", "cwd", "env"}`` (tool ``python``: ``python -c``), with its stdin, stdout and stderr
 as three file descriptors (SCM_RIGHTS); the server answers with a line
 ``{"pid": ...}`` once the command runs, then ``{"returncode": ...}`` (negative
 for a signal, as ``subprocess`` reports it) once it has ended.
@@ -128,6 +128,10 @@ def _become(request, fds):
     sys.stdout = sys.__stdout__ = _stream(1, "w", unbuffered)
     sys.stderr = sys.__stderr__ = _stream(2, "w", unbuffered)
     _fresh_logging({id(server): mine for server, mine in zip(servers, (sys.stdout, sys.stderr))})
+    if request["tool"] == "python":  # ``python -c CODE [ARG...]``: the code as __main__, '' first on sys.path
+        code = request["argv"][2]
+        sys.argv, sys.path[0] = ["-c", *request["argv"][3:]], ""
+        return lambda: exec(compile(code, "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
     sys.argv = list(request["argv"])
     (script,) = [ep for ep in entry_points(group="console_scripts") if ep.name == request["tool"]]
     return script.load()
