@@ -14,10 +14,11 @@ imported here; a command imports it through ``--user-dir`` as a fresh process
 would.
 
 One connection per command. The client sends an 8-byte length and a JSON
-request ``{"tool", "argv", "cwd", "env"}`` (tool ``python``: ``python -c``), with its stdin, stdout and stderr
-as three file descriptors (SCM_RIGHTS); the server answers with a line
-``{"pid": ...}`` once the command runs, then ``{"returncode": ...}`` (negative
-for a signal, as ``subprocess`` reports it) once it has ended.
+request ``{"tool", "argv", "cwd", "env"}`` (tool ``python``: ``python -c``),
+with its stdin, stdout and stderr as three file descriptors (SCM_RIGHTS);
+the server answers with a line ``{"pid": ...}`` once the command runs, then
+``{"returncode": ...}`` (negative for a signal, as ``subprocess`` reports it)
+once it has ended.
 
     python tests/forkserver.py SOCKET MODULE...   # prints "ready" when it accepts
 """
