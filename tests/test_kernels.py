@@ -179,12 +179,12 @@ def test_dispatch_by_device_and_override():
             pass
 
 
-def _python(code, **env):
+def _python(code, timeout=600, **env):
     """``python -c code`` in a process of its own (a fork that has imported
     torch alone: the plugin and triton import afresh), without this
     process's backend settings, with ``env``."""
     base = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "POWERNORM_BACKEND")}
-    return cli("python", "-c", code, check=False, environ={**base, **env})
+    return cli("python", "-c", code, check=False, timeout=timeout, environ={**base, **env})
 
 
 @pytest.mark.slow
@@ -329,7 +329,7 @@ def test_the_kernels_pip_install_built_load_without_a_build(tmp_path):
            "from powernorm_fairseq.norms.kernels import cpu\n"
            "build_norm('pn', 8).train()(torch.randn(3, 2, 8)).sum().backward()\n"
            "print(kernels.describe(torch.randn(1)), cpu.load().__name__)\n")
-    proc = _python(run, TORCH_EXTENSIONS_DIR=str(fresh))
+    proc = _python(run, timeout=120, TORCH_EXTENSIONS_DIR=str(fresh))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["cpu", "powernorm_fairseq.norms.kernels._C"]
     assert not fresh.exists() or not any(fresh.rglob("*.so"))  # nothing built
