@@ -251,14 +251,16 @@ class _Watching(TorchDispatchMode):
                                      pytest.param("triton", marks=pytest.mark.slow)])
 def test_a_direct_call_computes_what_the_op_computes(backend):
     """In plain eager mode the norms call each op's implementation without
-    the dispatcher's round trip (``ops.CALLS``); under a dispatch mode every
-    call is the op's, which the mode sees. Both give the same outputs'
+    the dispatcher's round trip (``ops.CALLS``; on the CPU backend, BN, PN-V
+    and PN's whole step is one C++ autograd node); under a dispatch mode
+    every call is the op's, which the mode sees. Both give the same outputs'
     gradients and running statistics, bit for bit, over steps that cross
-    PN's warmup (every op, in each of its uses)."""
+    PN's warmup, in every backward mode (every op, in each of its uses)."""
     backend_or_fail(backend)
     x, pad, grad = data()
     for kind, options in (("pn", {"warmup_updates": 2, "layer_scale": True, "groups": 4}), ("bn", {}),
-                          ("scalenorm", {}), ("rmsnorm", {})):
+                          ("pn-v", {}), ("pn", {"warmup_updates": 2, "backward": "reference"}),
+                          ("pn", {"warmup_updates": 2, "causal": True}), ("scalenorm", {}), ("rmsnorm", {})):
         runs = []
         for mode in (None, _Watching()):
             norm = build_norm(kind, C, **options).train()
@@ -274,14 +276,14 @@ def test_a_direct_call_computes_what_the_op_computes(backend):
 
 def test_the_ops_are_called_directly_only_where_nothing_observes_them():
     x = torch.ones(2)
-    assert not ops._observed(dict(x=x, w=torch.nn.Parameter(x), k=1))
+    assert not ops.observed([x, torch.nn.Parameter(x), 1])
     observers = [_Watching(), torch.device("cpu"), torch.profiler.profile(), launches.counting()]
     for observer in observers:
         with observer:
-            assert ops._observed(dict(x=x)), observer
-    assert torch.func.vmap(lambda t: t * ops._observed(dict(x=t)))(torch.ones(2, 2)).sum() == 4
-    assert torch.compile(lambda t: t * ops._observed(dict(x=t)), backend="eager", fullgraph=True)(x).sum() == 2
-    assert ops._observed(dict(x=torch.nn.Buffer(x).as_subclass(_Subclass)))
+            assert ops.observed([x]), observer
+    assert torch.func.vmap(lambda t: t * ops.observed([t]))(torch.ones(2, 2)).sum() == 4
+    assert torch.compile(lambda t: t * ops.observed([t]), backend="eager", fullgraph=True)(x).sum() == 2
+    assert ops.observed([torch.nn.Buffer(x).as_subclass(_Subclass)])
 
 
 class _Subclass(torch.Tensor):

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from .. import sync as sync_mod
+from ..clock import CLOCKS
 from ..stats import GROUP_EPS, update_nu, upcast
 from . import ops  # registers torch.ops.powernorm
 from . import select
@@ -67,18 +68,32 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     :func:`kernels.select` gives it: (y in x's dtype, the inv it normalised
     with). ``replay``: activation checkpointing's recomputation, which gives
     the first forward's output again (with its ``given_*`` statistics) and
-    updates copies of the running statistics."""
+    updates copies of the running statistics.
+
+    On the CPU backend, where nothing observes the call (``ops.observed``)
+    and no workers synchronise, the step is one C++ autograd node
+    (``csrc/norms.cpp``, ChannelStep) that makes :class:`FusedChannelNorm`'s
+    calls: the same kernels in the same order, with one call from Python each
+    way instead of two or three (the host code between them took longer than
+    the kernels of a small layer)."""
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
     x2 = rows(xk)
-    mask = x2.new_empty(0, dtype=torch.bool) if pad_mask is None else pad_mask.contiguous()
+    mask = None if pad_mask is None else pad_mask.contiguous()
     if replay:
         mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
-    step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate,
-                sync if sync_mod.active(sync) else "none", -1 if replay else clock)
-    # absent tensors as distinct empty ones (dynamo takes no input twice)
-    y, inv = FusedChannelNorm.apply(x2, mask, weight, bias, _none(x2, mean_buf), second_buf, _none(x2, steps),
-                                    _none(x2, nu), _none(x2, given_mean), _none(x2, given_inv), step)
+    sync, clock = sync if sync_mod.active(sync) else "none", -1 if replay else clock
+    tensors = (x2, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv)
+    if k.NAME == "cpu" and sync == "none" and not ops.observed(tensors):
+        empty = x2.new_empty(0)  # for every absent tensor
+        y, inv = k.channel_step(*(empty if t is None else t for t in tensors), GROUP_EPS, groups, center, update,
+                                mode, momentum, eps, warmup, rate)
+        if clock >= 0:  # as the finish_stats op advances it (ops.py)
+            CLOCKS[clock].advance(steps)
+    else:  # absent tensors as distinct empty ones (dynamo takes no input twice)
+        step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock)
+        y, inv = FusedChannelNorm.apply(x2, _none(x2, mask, torch.bool), weight, bias,
+                                        *(_none(x2, t) for t in tensors[4:]), step)
     return _as(y, x), inv
 
 
@@ -148,8 +163,8 @@ class FusedChannelNorm(torch.autograd.Function):
         return grad_x.view_as(x), None, grad_w, grad_b, None, None, None, None, None, None, None
 
 
-def _none(like: Tensor, t) -> Tensor:
-    return like.new_empty(0) if t is None else t
+def _none(like: Tensor, t, dtype=None) -> Tensor:
+    return like.new_empty(0, dtype=dtype) if t is None else t
 
 
 def _forward(s: Step, x, mask, *, mean=None, inv=None, inv_eps=-1.0, weight=None, bias=None, want_y=True,

@@ -124,20 +124,21 @@ def _define(name: str):
     setattr(CALLS, name, _caller(name, run, names + (("clock",) if steps is not None else ())))
 
 
-#: the types of the arguments of a call nothing observes: plain tensors and parameters, and the
-#: contract's scalars (a tensor subclass, or anything else, takes the op's way)
-_PLAIN_TYPES = frozenset((Tensor, torch.nn.Parameter, bool, int, float, str, Update, Mode))
+#: the types of the arguments of a call nothing observes: plain tensors and parameters, the
+#: contract's scalars and None (a tensor subclass, or anything else, takes the op's way)
+_PLAIN_TYPES = frozenset((Tensor, torch.nn.Parameter, bool, int, float, str, Update, Mode, type(None)))
 
 
-def _observed(args) -> bool:
-    """Whether something may watch or transform the ops a call dispatches:
-    torch.compile and torch.export, a dispatch or function mode (FakeTensor,
-    functionalization, FlopCounterMode, the launch counter), functorch, the
-    JIT tracer, the profiler, or a tensor subclass among the arguments."""
+def observed(values) -> bool:
+    """Whether something may watch or transform the ops a call with arguments
+    ``values`` dispatches: torch.compile and torch.export, a dispatch or
+    function mode (FakeTensor, functionalization, FlopCounterMode, the launch
+    counter), functorch, the JIT tracer, the profiler, or a tensor subclass
+    among the arguments."""
     return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()
             or torch.jit.is_tracing() or torch._C._autograd._profiler_enabled()
-            or not _PLAIN_TYPES.issuperset(map(type, args.values())))
+            or not _PLAIN_TYPES.issuperset(map(type, values)))
 
 
 def _caller(name: str, run, order: tuple):
@@ -150,7 +151,7 @@ def _caller(name: str, run, order: tuple):
     in_order = operator.itemgetter(*order)
 
     def call(impl: str, **args):
-        if _observed(args):
+        if observed(args.values()):
             return op(impl=impl, **args)
         return run(impl, *in_order(args))
 

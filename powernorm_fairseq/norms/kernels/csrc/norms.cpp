@@ -25,6 +25,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <cstring>
@@ -738,6 +739,100 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
   return {out[0], out[1].to(weight.scalar_type())};
 }
 
+// The training step of BN, PN-V and PN as one autograd node: the calls of
+// functions.py's FusedChannelNorm, mode for mode (see it for the math), made
+// here so that an eager step on the CPU costs one call from Python each way.
+// (The host code between the kernels took longer than the kernels of a small
+// layer.) Not under --norm-sync, whose all-reduces run between the calls.
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// the contract's passes, under names that the node's own forward and backward do not hide
+constexpr auto run_forward = &forward;
+constexpr auto run_backward = &backward;
+
+struct ChannelStep : torch::autograd::Function<ChannelStep> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& mask, const Tensor& weight,
+                               const Tensor& bias, const Tensor& mean_buf, const Tensor& second_buf,
+                               const Tensor& steps, const Tensor& nu, const Tensor& given_mean,
+                               const Tensor& given_inv, double gs_eps, int64_t groups, bool center, int64_t update,
+                               int64_t mode, double momentum, double eps, int64_t warmup, double rate) {
+    const Tensor none = at::empty({0}, x.options());
+    Tensor y, scale, mean, inv, inv_batch, n;
+    const auto finish = [&](const Tensor& part) {
+      return finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
+    };
+    if (given_inv.numel()) {  // statistics fixed by the caller: one pass, which still sums the batch's
+      auto f = run_forward(x, mask, groups, gs_eps, given_mean, given_inv, -1.0, weight, bias, true, true, center);
+      y = f[0], scale = f[1];
+      auto s = finish(f[2]);
+      mean = given_mean, inv = given_inv, inv_batch = s[2], n = s[3];
+    } else if (update == PN || update == REFERENCE_RUN) {  // the running psi^2_{t-1}: one pass
+      auto f = run_forward(x, mask, groups, gs_eps, none, second_buf, eps, weight, bias, true, true, false);
+      y = f[0], scale = f[1];
+      auto s = finish(f[2]);
+      mean = s[0], inv = s[1], inv_batch = s[2], n = s[3];
+    } else {  // the batch's statistics, then normalising
+      auto s = finish(run_forward(x, mask, groups, gs_eps, none, none, -1.0, none, none, false, true, center)[2]);
+      mean = s[0], inv = s[1], inv_batch = s[2], n = s[3];
+      auto f = run_forward(x, mask, groups, gs_eps, mean, inv, -1.0, weight, bias, true, false, false);
+      y = f[0], scale = f[1];
+    }
+    ctx->save_for_backward({x, mask, scale, weight, mean, inv, inv_batch, n});
+    ctx->saved_data["nu"] = nu;  // a buffer the backward updates, not a saved value
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["center"] = center;
+    ctx->saved_data["mode"] = mode;
+    ctx->saved_data["rate"] = rate;
+    ctx->mark_non_differentiable({inv});
+    ctx->set_materialize_grads(false);
+    return {y.view(x.sizes()), inv};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(19);
+    const Tensor& grad_y = grads[0];
+    if (!grad_y.defined()) return out;
+    TORCH_CHECK(!(at::GradMode::is_enabled() && grad_y.requires_grad()),
+                "bn, pn-v and pn have no second derivative here (a backward with create_graph=True went through "
+                "one): use ln, layernorm-simple or none for double backward");
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &mask = saved[1], &scale = saved[2], &weight = saved[3], &mean = saved[4],
+                 &inv = saved[5], &inv_batch = saved[6], &n = saved[7];
+    const Tensor nu = ctx->saved_data["nu"].toTensor(), gy = grad_y.contiguous(), none = at::empty({0}, x.options());
+    const int64_t groups = ctx->saved_data["groups"].toInt(), mode = ctx->saved_data["mode"].toInt();
+    const bool center = ctx->saved_data["center"].toBool();
+    const double rate = ctx->saved_data["rate"].toDouble();
+    const int64_t rows = x.numel() / x.size(-1);
+    Tensor grad_x;
+    std::vector<Tensor> terms;
+    if (mode == EXACT) {  // the batch terms of Eq. 3 / Eq. 6 first, then the gradient
+      auto part = run_backward(x, mask, scale, gy, weight, mean, inv, none, none, none, 1.0, groups, false, false, true)[1];
+      terms = finish_backward(part, weight, n, nu, rate, EXACT, center, rows);
+      grad_x = run_backward(x, mask, scale, gy, weight, mean, inv, inv, terms[2], terms[3], 1.0, groups, false, true,
+                        false)[0];
+    } else {  // B = nu_{t-1}, the released code's (1 - alpha_bwd) nu, or none (FIXED)
+      const bool reference = mode == REFERENCE;
+      auto b = run_backward(x, mask, scale, gy, weight, mean, inv, reference ? inv_batch : inv, none,
+                        mode != FIXED ? nu : none, reference ? rate : 1.0, groups, reference, true, true);
+      grad_x = b[0];
+      terms = finish_backward(b[1], weight, n, nu, rate, mode == FIXED ? PAPER : mode, center, rows);
+    }
+    out[0] = grad_x.view(x.sizes()), out[2] = terms[0], out[3] = terms[1];
+    return out;
+  }
+};
+
+variable_list channel_step(const Tensor& x, const Tensor& mask, const Tensor& weight, const Tensor& bias,
+                           const Tensor& mean_buf, const Tensor& second_buf, const Tensor& steps, const Tensor& nu,
+                           const Tensor& given_mean, const Tensor& given_inv, double gs_eps, int64_t groups,
+                           bool center, int64_t update, int64_t mode, double momentum, double eps, int64_t warmup,
+                           double rate) {
+  TORCH_CHECK(mode >= EXACT && mode <= FIXED, "unknown mode ", mode, " (contract.py's Mode: 0 to 3)");
+  return ChannelStep::apply(x, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv, gs_eps,
+                            groups, center, update, mode, momentum, eps, warmup, rate);
+}
+
 }  // namespace
 
 #ifndef POWERNORM_SOURCE  // set by setup.py's build: which version of this file the module was built from
@@ -764,4 +859,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("eps"));
   m.def("rmsnorm_forward", &rmsnorm_forward, arg("x"), arg("weight"), arg("eps"));
   m.def("rmsnorm_backward", &rmsnorm_backward, arg("x"), arg("rstd"), arg("grad_y"), arg("weight"));
+  m.def("channel_step", &channel_step, arg("x"), arg("mask"), arg("weight"), arg("bias"), arg("mean_buf"),
+        arg("second_buf"), arg("steps"), arg("nu"), arg("given_mean"), arg("given_inv"), arg("gs_eps"),
+        arg("groups"), arg("center"), arg("update"), arg("mode"), arg("momentum"), arg("eps"), arg("warmup"),
+        arg("rate"));
 }
