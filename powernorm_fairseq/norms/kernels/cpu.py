@@ -210,5 +210,3 @@ def _entry_point(name):
 # The backend interface (contract.py) is the compiled module's own: the C++
 # kernels make the passes over the rows and the small per-channel epilogues.
 globals().update({name: _entry_point(name) for name in contract.CONTRACT})
-#: BN, PN-V and PN's eager training step as one autograd node of the compiled module (functions.channel_norm)
-channel_step = _entry_point("channel_step")
