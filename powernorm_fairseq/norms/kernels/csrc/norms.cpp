@@ -763,19 +763,23 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
       return finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
     };
     if (given_inv.numel()) {  // statistics fixed by the caller: one pass, which still sums the batch's
-      auto f = run_forward(x, mask, groups, gs_eps, given_mean, given_inv, -1.0, weight, bias, true, true, center);
+      auto f = run_forward(x, mask, groups, gs_eps, given_mean, given_inv, /*inv_eps=*/-1.0, weight, bias,
+                           /*want_y=*/true, /*want_stats=*/true, center);
       y = f[0], scale = f[1];
       auto s = finish(f[2]);
       mean = given_mean, inv = given_inv, inv_batch = s[2], n = s[3];
     } else if (update == PN || update == REFERENCE_RUN) {  // the running psi^2_{t-1}: one pass
-      auto f = run_forward(x, mask, groups, gs_eps, none, second_buf, eps, weight, bias, true, true, false);
+      auto f = run_forward(x, mask, groups, gs_eps, none, second_buf, /*inv_eps=*/eps, weight, bias,
+                           /*want_y=*/true, /*want_stats=*/true, /*center=*/false);
       y = f[0], scale = f[1];
       auto s = finish(f[2]);
       mean = s[0], inv = s[1], inv_batch = s[2], n = s[3];
     } else {  // the batch's statistics, then normalising
-      auto s = finish(run_forward(x, mask, groups, gs_eps, none, none, -1.0, none, none, false, true, center)[2]);
+      auto s = finish(run_forward(x, mask, groups, gs_eps, none, none, /*inv_eps=*/-1.0, none, none,
+                                  /*want_y=*/false, /*want_stats=*/true, center)[2]);
       mean = s[0], inv = s[1], inv_batch = s[2], n = s[3];
-      auto f = run_forward(x, mask, groups, gs_eps, mean, inv, -1.0, weight, bias, true, false, false);
+      auto f = run_forward(x, mask, groups, gs_eps, mean, inv, /*inv_eps=*/-1.0, weight, bias, /*want_y=*/true,
+                           /*want_stats=*/false, /*center=*/false);
       y = f[0], scale = f[1];
     }
     ctx->save_for_backward({x, mask, scale, weight, mean, inv, inv_batch, n});
@@ -807,14 +811,16 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     Tensor grad_x;
     std::vector<Tensor> terms;
     if (mode == EXACT) {  // the batch terms of Eq. 3 / Eq. 6 first, then the gradient
-      auto part = run_backward(x, mask, scale, gy, weight, mean, inv, none, none, none, 1.0, groups, false, false, true)[1];
+      auto part = run_backward(x, mask, scale, gy, weight, mean, inv, none, none, none, /*b_scale=*/1.0, groups,
+                               /*correct_pads=*/false, /*want_gx=*/false, /*want_sums=*/true)[1];
       terms = finish_backward(part, weight, n, nu, rate, EXACT, center, rows);
-      grad_x = run_backward(x, mask, scale, gy, weight, mean, inv, inv, terms[2], terms[3], 1.0, groups, false, true,
-                        false)[0];
+      grad_x = run_backward(x, mask, scale, gy, weight, mean, inv, inv, terms[2], terms[3], /*b_scale=*/1.0, groups,
+                            /*correct_pads=*/false, /*want_gx=*/true, /*want_sums=*/false)[0];
     } else {  // B = nu_{t-1}, the released code's (1 - alpha_bwd) nu, or none (FIXED)
       const bool reference = mode == REFERENCE;
       auto b = run_backward(x, mask, scale, gy, weight, mean, inv, reference ? inv_batch : inv, none,
-                        mode != FIXED ? nu : none, reference ? rate : 1.0, groups, reference, true, true);
+                            mode != FIXED ? nu : none, reference ? rate : 1.0, groups, /*correct_pads=*/reference,
+                            /*want_gx=*/true, /*want_sums=*/true);
       grad_x = b[0];
       terms = finish_backward(b[1], weight, n, nu, rate, mode == FIXED ? PAPER : mode, center, rows);
     }
