@@ -18,6 +18,14 @@ import weakref
 CLOCKS = weakref.WeakValueDictionary()
 
 
+def advance(key: int, steps) -> None:
+    """Advance clock ``key`` (-1: none) after a training forward committed its
+    step (``steps``: the device counter): the finish_stats op's, or the CPU's
+    autograd node's caller (``kernels/functions.py``)."""
+    if key >= 0:
+        CLOCKS[key].advance(steps)
+
+
 class Clock:
     def __init__(self, warmup: int):
         self.warmup = warmup

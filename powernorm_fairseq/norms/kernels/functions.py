@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .. import sync as sync_mod
-from ..clock import CLOCKS
+from .. import clock as clocks
 from ..stats import GROUP_EPS, update_nu, upcast
 from . import ops  # registers torch.ops.powernorm
 from . import select
@@ -88,8 +88,7 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
         empty = x2.new_empty(0)  # for every absent tensor
         y, inv = k.load().channel_step(*(empty if t is None else t for t in tensors), GROUP_EPS, groups, center,
                                        update, mode, momentum, eps, warmup, rate)
-        if clock >= 0:  # as the finish_stats op advances it (ops.py)
-            CLOCKS[clock].advance(steps)
+        clocks.advance(clock, steps)  # as the finish_stats op does (ops.py)
     else:  # absent tensors as distinct empty ones (dynamo takes no input twice)
         step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock)
         y, inv = FusedChannelNorm.apply(x2, _none(x2, mask, torch.bool), weight, bias,

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
-from ..clock import CLOCKS
+from .. import clock
 from .contract import CONTRACT, Mode, Update, schema
 
 IMPLEMENTATIONS = {}  # name -> the op's Python implementation (measure/launches.py sees through the op)
@@ -109,8 +109,8 @@ def _define(name: str):
 
     def run(impl, *args):  # the dispatcher passes every argument in the schema's order
         out = tuple(getattr(backend(impl), name)(*args[:len(names)]))
-        if steps is not None and args[-1] >= 0:
-            CLOCKS[args[-1]].advance(args[steps])
+        if steps is not None:
+            clock.advance(args[-1], args[steps])
         return out
 
     def fake(impl, *args):
