@@ -118,8 +118,8 @@ def test_half_precision_is_within_the_plain_paths_own_error(kind, options, dtype
     margin for rounding the other way: the C++ kernels read and write
     bfloat16 themselves and upcast float16. A shorter batch than the float32
     test's (60 rows, where Triton's interpreter runs half precision 2-3x
-    slower), with the same channels (column chunks and groups) and rows
-    still split among programs, the last block part-filled."""
+    slower) that the kernels launch on the same grids: the same column
+    chunks, groups and row programs, the last block part-filled."""
     backend_or_fail(backend)
     shape = (12, 5, C)
     exact = steps(kind, options, "plain", torch.float64, shape=shape)
