@@ -124,10 +124,11 @@ def test_a_stand_in_is_the_console_script_it_stands_in_for(tmp_path):
     answer = subprocess.run(["bash", "-c", f'python -c "{norm_query()}"; python -c "print(6 * 7)"'], text=True,
                             capture_output=True, env={**os.environ, "PATH": path})
     assert answer.stdout.split("\n")[:2] == [" ".join(NORM_TYPES), "42"]
-    server = processes_mentioning(commands._fork_server("torch"))  # the fork server, then its forks too
+    sacremoses = commands._fork_server(commands._server_of("sacremoses"))
+    server = processes_mentioning(sacremoses)  # the fork server, then its forks too
     waiting = subprocess.Popen(["bash", "-c", "exec sacremoses -l en tokenize"], stdin=subprocess.PIPE,
                                stdout=subprocess.PIPE, text=True, env={**os.environ, "PATH": path})
-    while len(processes_mentioning(commands._fork_server("torch"))) < len(server) + 2:  # its watcher and command
+    while len(processes_mentioning(sacremoses)) < len(server) + 2:  # its watcher and command
         time.sleep(0.05)
     waiting.send_signal(signal.SIGTERM)
     assert waiting.wait(timeout=60) == -signal.SIGTERM

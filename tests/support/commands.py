@@ -100,7 +100,11 @@ class Command:
 
 
 def _server_of(tool):
-    return "fairseq" if tool.startswith("fairseq-") else "torch"
+    return "fairseq" if tool.startswith("fairseq-") else tool if tool == "sacremoses" else "torch"
+
+
+#: what each fork server imports before it forks
+IMPORTS = {"fairseq": ["torch", "fairseq", "torch._dynamo"], "torch": ["torch"], "sacremoses": ["sacremoses.cli"]}
 
 
 _servers = {}
@@ -111,14 +115,15 @@ def _fork_server(modules):
     """The socket of this session's fork server that has imported ``modules``
     ("fairseq": torch and fairseq for fairseq's commands, and torch._dynamo,
     which torch.optim imports as a training builds its optimizer, 3 s of
-    every fairseq-train; "torch": torch alone, for the plugin's tools),
-    started on first use."""
+    every fairseq-train; "torch": torch alone, for the plugin's tools;
+    "sacremoses": its command line, whose import compiles the tokenizer's
+    patterns, 0.3-0.7 s of each of the recipes' many calls), started on first use."""
     if modules not in _servers:
         import atexit
 
         path = os.path.join(SOCKETS, f"{modules}.socket")
-        imports = ["torch", "fairseq", "torch._dynamo"] if modules == "fairseq" else ["torch"]
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py")), path, *imports],
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py")), path,
+                                 *IMPORTS[modules]],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
                                 env={**os.environ, "PYTHONWARNINGS": "ignore"})
         if proc.stdout.readline().strip() != "ready":

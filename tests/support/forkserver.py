@@ -5,7 +5,8 @@ fairseq imports (scikit-learn among them) before it reads a flag: the same
 seconds in every one of the suite's many runs. This server imports them once
 (torch and fairseq for fairseq's commands; torch alone for the plugin's
 tools, which import fairseq themselves where they need it, and whose
-behaviour depends on whether it is loaded). Each command is then a fork of it that runs the console script
+behaviour depends on whether it is loaded; sacremoses's command line for
+sacremoses). Each command is then a fork of it that runs the console script
 as the script itself does, ``sys.exit(main())`` at the top level of
 ``__main__``, in a process of its own: its own pid, file descriptors,
 environment, working directory, signal dispositions, exit status, excepthook
