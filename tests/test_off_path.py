@@ -12,8 +12,8 @@ import torch
 import torch.utils.checkpoint as checkpoint
 
 import reference as ref
-from support import backend_or_fail, fast_for
-from powernorm_fairseq.norms import NORM_TYPES, build_norm, kernels, padding_mask
+from support import backend_or_fail
+from powernorm_fairseq.norms import NORM_TYPES, RUNNING_STAT_TYPES, build_norm, kernels, padding_mask
 from powernorm_fairseq.norms.base import Norm
 from powernorm_fairseq.norms.kernels import gpu
 
@@ -116,11 +116,15 @@ class Counting:
 
 
 # a compile takes a second: the fast tier keeps the bool mask of pn (its three phases), the full
-# suite every kind with each mask
-@pytest.mark.parametrize("mask_dtype", [pytest.param(torch.bool, id="bool"),
-                                        pytest.param(torch.int64, marks=pytest.mark.slow, id="int"),
-                                        pytest.param(torch.float32, marks=pytest.mark.slow, id="float")])
-@pytest.mark.parametrize("kind", fast_for(NORM_TYPES, ("pn",)))
+# suite every kind with a bool mask, and the 0/1 masks (converted in Norm.forward, one code for every
+# kind) where the kind reads the mask: the kinds with running statistics
+COMPILED_MASKS = [pytest.param(kind, torch.bool, id=f"{kind}-bool", marks=() if kind == "pn" else pytest.mark.slow)
+                  for kind in NORM_TYPES]
+COMPILED_MASKS += [pytest.param(kind, dtype, id=f"{kind}-{name}", marks=pytest.mark.slow)
+                   for kind in RUNNING_STAT_TYPES for dtype, name in ((torch.int64, "int"), (torch.float32, "float"))]
+
+
+@pytest.mark.parametrize("kind, mask_dtype", COMPILED_MASKS)
 def test_twenty_compiled_steps_compile_once_per_phase(kind, mask_dtype):
     torch._dynamo.reset()
     options = {"warmup_updates": 3} if kind == "pn" else {}
