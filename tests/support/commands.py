@@ -100,7 +100,10 @@ class Command:
 
 
 def _server_of(tool):
-    return "fairseq" if tool.startswith("fairseq-") else tool if tool == "sacremoses" else "torch"
+    """The fork server (a key of IMPORTS) that runs console script ``tool``."""
+    if tool.startswith("fairseq-"):
+        return "fairseq"
+    return "sacremoses" if tool == "sacremoses" else "torch"
 
 
 #: what each fork server imports before it forks
