@@ -455,10 +455,11 @@ def test_adanorm_scale_and_rms_init():
         build_norm("groupnorm", C, groups=3)
 
 
+@pytest.mark.filterwarnings("error")
 @pytest.mark.parametrize("kind", NORM_TYPES)
 def test_an_empty_batch_gives_the_plain_paths_result(kind):
     """T = 0 (a batch of empty sentences) in training and eval: an empty
-    output and gradient, and the state the plain path leaves."""
+    output and gradient, the state the plain path leaves, and no warning."""
     for training in (True, False):
         torch.manual_seed(0)
         norm = build_norm(kind, C).double().train(training)

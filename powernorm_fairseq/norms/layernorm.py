@@ -129,6 +129,8 @@ class AdaNorm(Norm):
         return dict(scale=cfg.adanorm_scale)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
+        if x.numel() == 0:  # no tokens: nothing to normalise (std() over none warns)
+            return x.clone()
         xf = upcast(x)
         centred = xf - xf.mean(dim=-1, keepdim=True)
         y = centred / (xf.std(dim=-1, keepdim=True) + self.eps)
