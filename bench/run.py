@@ -289,6 +289,23 @@ def words_per_second(log, skip=1):
     return statistics.median(float(r.get("wps", r.get("train_wps"))) for r in rows)
 
 
+#: what a throughput run of PN measures: its Algorithm-2 phase, which is most of a
+#: training run. Runs this short would otherwise fall wholly in its warmup
+#: (``--pn-warmup-updates``, by default ``--warmup-updates``), where PN's forward
+#: uses the batch's statistics as pn-v's does: the pn-v row is that phase's cost.
+PN_STEADY = ["--pn-warmup-updates", 0]
+
+
+def throughput_flags(variant):
+    """fairseq-train flags of one throughput run beyond its model's."""
+    return PN_STEADY if variant == "pn" else []
+
+
+def _run_name(name, row):
+    """A throughput row's name, with the flags its run added (older rows record none)."""
+    return f"{name} (`{row['flags']}`)" if row.get("flags") else name
+
+
 def bench_throughput(data, work, variants, dims, updates, rounds):
     """Words/s and peak memory of fairseq-train per norm, interleaved with stock LN."""
     results = {v: {"wps": [], "peak_mib": []} for v in variants}
@@ -297,13 +314,15 @@ def bench_throughput(data, work, variants, dims, updates, rounds):
         random.Random(r).shuffle(order)
         for v in order:
             cmd = train_command(data, work / f"tp-{v}-{r}", v, dims, 1,
-                                ["--max-update", updates, "--no-save", "--disable-validation"])
+                                ["--max-update", updates, "--no-save", "--disable-validation",
+                                 *throughput_flags(v)])
             log, peak = run_training(cmd)
             results[v]["wps"].append(words_per_second(log))
             results[v]["peak_mib"].append(peak)
     base_wps = statistics.median(results["stock-ln"]["wps"])
     base_mem = statistics.median(results["stock-ln"]["peak_mib"])
-    return [dict(variant=v, wps=round(statistics.median(r["wps"]), 1),
+    return [dict(variant=v, flags=" ".join(map(str, throughput_flags(v))),
+                 wps=round(statistics.median(r["wps"]), 1),
                  wps_ratio=round(statistics.median(r["wps"]) / base_wps, 3),
                  peak_mib=round(statistics.median(r["peak_mib"]), 1),
                  memory_ratio=round(statistics.median(r["peak_mib"]) / base_mem, 3))
@@ -323,7 +342,7 @@ def gpu_train_command(data, save_dir, variant, max_tokens, updates):
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--max-tokens", str(max_tokens), "--max-update", str(updates), "--seed", "1",
             "--save-dir", str(save_dir), "--no-save", "--disable-validation", "--log-format", "json",
-            "--log-interval", "10", "--num-workers", "0"]
+            "--log-interval", "10", "--num-workers", "0", *map(str, throughput_flags(variant))]
 
 
 def bench_train_gpu(data, work, variants, token_sizes, updates, rounds):
@@ -350,7 +369,8 @@ def bench_train_gpu(data, work, variants, token_sizes, updates, rounds):
             if v == "stock-ln":
                 continue
             wps, mem = statistics.median(runs[v]["wps"]), statistics.median(runs[v]["peak_mib"])
-            rows.append(dict(norm=v, max_tokens=max_tokens, precision="fp16", updates=updates, rounds=rounds,
+            rows.append(dict(norm=v, flags=" ".join(map(str, throughput_flags(v))), max_tokens=max_tokens,
+                             precision="fp16", updates=updates, rounds=rounds,
                              wps=sig(wps), stock_wps=sig(base["wps"]), wps_ratio=sig(wps / base["wps"]),
                              peak_mib=sig(mem), stock_peak_mib=sig(base["peak_mib"]),
                              mem_ratio=sig(mem / base["peak_mib"])))
@@ -449,8 +469,8 @@ def gpu_markdown(results):
             if r["norm"] == "pn":
                 ok = r["wps_ratio"] >= TARGETS["throughput"] and r["mem_ratio"] <= TARGETS["memory"]
                 met = f">= {TARGETS['throughput']}, <= {TARGETS['memory']} " + ("met" if ok else "**missed**")
-            out.append(f"| {r['norm']} | {r['max_tokens']} | {r['updates']} x {r['rounds']} | {r['wps']} | "
-                       f"{r['wps_ratio']:.3f} | {r['peak_mib']} | {r['mem_ratio']:.3f} | {met} |")
+            out.append(f"| {_run_name(r['norm'], r)} | {r['max_tokens']} | {r['updates']} x {r['rounds']} | "
+                       f"{r['wps']} | {r['wps_ratio']:.3f} | {r['peak_mib']} | {r['mem_ratio']:.3f} | {met} |")
         out.append("")
     return "\n".join(out)
 
@@ -632,7 +652,7 @@ def markdown(results):
                 f"Model {results['dims']}, interleaved runs, median; peak memory is the process's peak RSS.", "",
                 "| variant | words/s | / stock LN | peak MiB | / stock LN |", "|---|---|---|---|---|"]
         for r in results["throughput"]:
-            out.append(f"| {r['variant']} | {r['wps']} | {r['wps_ratio']:.3f} | {r['peak_mib']} | "
+            out.append(f"| {_run_name(r['variant'], r)} | {r['wps']} | {r['wps_ratio']:.3f} | {r['peak_mib']} | "
                        f"{r['memory_ratio']:.3f} |")
         out += ["", f"Targets: `--norm-type pn` words/s >= {TARGETS['throughput']} x stock, "
                     f"memory <= {TARGETS['memory']} x stock.", ""]

@@ -34,12 +34,15 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     assert all(r["host_waits"] == 0 and r["cpu_host_waits"] == 0 for r in launched)
     assert all(r["launches"] <= r["target"] and r["spill_bytes"] == 0 for r in launched if r["target"])
     assert [r["variant"] for r in results["throughput"]] == ["stock-ln", "pn"]
+    # PN's throughput is its Algorithm-2 phase's: a run this short would otherwise be all warmup
+    assert [r["flags"] for r in results["throughput"]] == ["", "--pn-warmup-updates 0"]
     assert all(r["wps"] > 0 and r["peak_mib"] > 100 for r in results["throughput"])
     assert [r["norm"] for r in results["quality"]["summary"]] == ["pn"]
     assert all(r["updates"] > 0 for r in results["quality"]["runs"])
     table = (tmp_path / "results.md").read_text()
     for heading in ("### 1. Norm layer", "### 2 and 4.", "### 3. Translation quality", "### 5. Launches"):
         assert heading in table
+    assert "| pn (`--pn-warmup-updates 0`) |" in table
     assert table.count("\n\nMachine: ") == 4 == len(results["machines"])  # each section names its machine
     report = table + (tmp_path / "results.json").read_text()
     assert all(path not in report for path in (str(ROOT), str(corpus), str(tmp_path)))  # no machine's path
@@ -112,3 +115,15 @@ def test_gpu_training_rows_of_one_size_replace_only_that_size():
     merged = bench.merge_rows(old, new, ("norm", "max_tokens"))
     assert [(r["norm"], r["max_tokens"], r["wps_ratio"]) for r in merged] == [
         ("ln", 4096, 0.5), ("pn", 4096, 0.5), ("ln", 16384, 0.9), ("pn", 16384, 0.9)]
+
+
+def test_the_gpu_training_runs_time_pn_after_its_warmup():
+    """A run of 100-500 updates lies wholly in PN's warmup (the learning rate's,
+    8,000 updates), where its forward is pn-v's: PN's own row turns it off, no other row."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import run as bench
+
+    def flag(variant):
+        cmd = bench.gpu_train_command(ROOT, ROOT, variant, 4096, 100)
+        return cmd[cmd.index("--pn-warmup-updates") + 1] if "--pn-warmup-updates" in cmd else None
+    assert [flag(v) for v in ("stock-ln", "ln", "pn", "pn-v", "bn")] == [None, None, "0", None, None]
