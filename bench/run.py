@@ -293,12 +293,12 @@ def words_per_second(log, skip=1):
 #: training run. Runs this short would otherwise fall wholly in its warmup
 #: (``--pn-warmup-updates``, by default ``--warmup-updates``), where PN's forward
 #: uses the batch's statistics as pn-v's does: the pn-v row is that phase's cost.
-PN_STEADY = ["--pn-warmup-updates", 0]
+PN_STEADY = ("--pn-warmup-updates", "0")
 
 
 def throughput_flags(variant):
     """fairseq-train flags of one throughput run beyond its model's."""
-    return PN_STEADY if variant == "pn" else []
+    return PN_STEADY if variant == "pn" else ()
 
 
 def _run_name(name, row):
@@ -321,7 +321,7 @@ def bench_throughput(data, work, variants, dims, updates, rounds):
             results[v]["peak_mib"].append(peak)
     base_wps = statistics.median(results["stock-ln"]["wps"])
     base_mem = statistics.median(results["stock-ln"]["peak_mib"])
-    return [dict(variant=v, flags=" ".join(map(str, throughput_flags(v))),
+    return [dict(variant=v, flags=" ".join(throughput_flags(v)),
                  wps=round(statistics.median(r["wps"]), 1),
                  wps_ratio=round(statistics.median(r["wps"]) / base_wps, 3),
                  peak_mib=round(statistics.median(r["peak_mib"]), 1),
@@ -342,7 +342,7 @@ def gpu_train_command(data, save_dir, variant, max_tokens, updates):
             "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
             "--max-tokens", str(max_tokens), "--max-update", str(updates), "--seed", "1",
             "--save-dir", str(save_dir), "--no-save", "--disable-validation", "--log-format", "json",
-            "--log-interval", "10", "--num-workers", "0", *map(str, throughput_flags(variant))]
+            "--log-interval", "10", "--num-workers", "0", *throughput_flags(variant)]
 
 
 def bench_train_gpu(data, work, variants, token_sizes, updates, rounds):
@@ -369,7 +369,7 @@ def bench_train_gpu(data, work, variants, token_sizes, updates, rounds):
             if v == "stock-ln":
                 continue
             wps, mem = statistics.median(runs[v]["wps"]), statistics.median(runs[v]["peak_mib"])
-            rows.append(dict(norm=v, flags=" ".join(map(str, throughput_flags(v))), max_tokens=max_tokens,
+            rows.append(dict(norm=v, flags=" ".join(throughput_flags(v)), max_tokens=max_tokens,
                              precision="fp16", updates=updates, rounds=rounds,
                              wps=sig(wps), stock_wps=sig(base["wps"]), wps_ratio=sig(wps / base["wps"]),
                              peak_mib=sig(mem), stock_peak_mib=sig(base["peak_mib"]),
