@@ -193,8 +193,8 @@ class PowerNorm(Norm):
                                     steps=self.num_steps, nu=self.running_nu, given_inv=given,
                                     warmup=self.warmup_updates, rate=1.0 - self.alpha_bwd, clock=self._clock.key,
                                     replay=replay)
-        if not replay:  # what a recomputation of this forward must use again
-            self._last = (warm, inv if update.running_scale or given is not None else None)
+        if not replay:  # what a recomputation of this forward must use again (a plain attribute)
+            object.__setattr__(self, "_last", (warm, inv if update.running_scale or given is not None else None))
         return y
 
     def scaled(self, xf: Tensor) -> Tensor:

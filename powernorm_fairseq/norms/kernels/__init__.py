@@ -13,7 +13,9 @@ Three backends, side by side:
 :func:`select` picks one by the tensor's device and what is available, and
 logs once per process which backend the norms run on. ``POWERNORM_KERNELS=0``
 forces the plain path; ``POWERNORM_BACKEND=plain|cpu|triton`` (or
-:func:`use`) forces one backend, and fails loudly where it cannot run.
+:func:`use`) forces one backend, and fails loudly where it cannot run. The
+two variables are read once per process, when the norms first choose a
+backend; :func:`use` switches in a running process.
 """
 
 import logging
@@ -30,13 +32,21 @@ logger = logging.getLogger(__name__)
 BACKENDS = ("plain", "cpu", "triton")
 _MODULES = {"plain": plain, "cpu": cpu, "triton": gpu}
 _forced: Optional[str] = None
+_environment: Optional[tuple] = None  # (the backend the environment forces, or None), once read
 _said = set()
 
 
 def forced() -> Optional[str]:
     """The backend forced by :func:`use` or the environment, or None (automatic)."""
+    global _environment
     if _forced is not None:
         return _forced
+    if _environment is None:  # read once: os.environ.get costs more than a small layer's host code
+        _environment = (_from_environment(),)
+    return _environment[0]
+
+
+def _from_environment() -> Optional[str]:
     switch = os.environ.get("POWERNORM_KERNELS", "1").strip()
     if switch not in ("0", "1"):
         raise ValueError(f"POWERNORM_KERNELS={switch!r}: 0 (the plain PyTorch path) or 1 (the kernels, the default)")
@@ -65,7 +75,7 @@ def select(x: torch.Tensor):
     """The backend module for input ``x``."""
     name = forced()
     if name is None:  # automatic: the device's kernels where they are available
-        name = "triton" if x.is_cuda else "cpu" if x.device.type == "cpu" else "plain"
+        name = "triton" if x.is_cuda else "cpu" if x.is_cpu else "plain"
         k = _MODULES[name]
         if not (k.available() and k.takes(x)):
             _say(f"plain PyTorch path ({name} kernels unavailable: {_why(k)})", warn=True)

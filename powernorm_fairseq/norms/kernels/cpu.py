@@ -189,7 +189,7 @@ available._dynamo_marked_constant = True
 
 
 def takes(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu"
+    return x.is_cpu
 
 
 TICKET_ROWS, ROW_TICKET = 0, 0  # the GPU kernels' arrival tickets (gpu.py); none here

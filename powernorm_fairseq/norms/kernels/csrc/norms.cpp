@@ -829,14 +829,20 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
   }
 };
 
-variable_list channel_step(const Tensor& x, const Tensor& mask, const Tensor& weight, const Tensor& bias,
-                           const Tensor& mean_buf, const Tensor& second_buf, const Tensor& steps, const Tensor& nu,
-                           const Tensor& given_mean, const Tensor& given_inv, double gs_eps, int64_t groups,
-                           bool center, int64_t update, int64_t mode, double momentum, double eps, int64_t warmup,
-                           double rate) {
+// Absent tensors come as None (one empty tensor stands for them here): making
+// them in Python cost more than this call's host code.
+variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, const Tensor& weight,
+                           const Tensor& bias, const std::optional<Tensor>& mean_buf, const Tensor& second_buf,
+                           const std::optional<Tensor>& steps, const std::optional<Tensor>& nu,
+                           const std::optional<Tensor>& given_mean, const std::optional<Tensor>& given_inv,
+                           double gs_eps, int64_t groups, bool center, int64_t update, int64_t mode, double momentum,
+                           double eps, int64_t warmup, double rate) {
   TORCH_CHECK(mode >= EXACT && mode <= FIXED, "unknown mode ", mode, " (contract.py's Mode: 0 to 3)");
-  return ChannelStep::apply(x, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv, gs_eps,
-                            groups, center, update, mode, momentum, eps, warmup, rate);
+  const Tensor empty = at::empty({0}, x.options());
+  const auto or_empty = [&](const std::optional<Tensor>& t) { return t ? *t : empty; };
+  return ChannelStep::apply(x, or_empty(mask), weight, bias, or_empty(mean_buf), second_buf, or_empty(steps),
+                            or_empty(nu), or_empty(given_mean), or_empty(given_inv), gs_eps, groups, center, update,
+                            mode, momentum, eps, warmup, rate);
 }
 
 }  // namespace
