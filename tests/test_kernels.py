@@ -208,6 +208,28 @@ def test_kernels_can_be_switched_off_and_a_run_says_which_backend_it_uses():
         assert said == [f"powernorm_fairseq: norms run on the {name}"], proc.stderr[-2000:]
 
 
+@pytest.mark.fast
+def test_the_backend_variables_are_read_once_per_process_and_use_switches_after(monkeypatch):
+    """The first choice reads POWERNORM_KERNELS and POWERNORM_BACKEND; a later
+    change of the environment leaves the choice as it was, kernels.use switches."""
+    backend_or_fail("cpu")
+    x = torch.randn(3, 2, 8)
+    monkeypatch.setattr(kernels, "_environment", None)  # as in a new process (restored after)
+    monkeypatch.setenv("POWERNORM_BACKEND", "plain")
+    assert kernels.describe(x) == "plain"
+    monkeypatch.setenv("POWERNORM_BACKEND", "cpu")
+    assert kernels.describe(x) == "plain"
+    with kernels.use("cpu"):
+        assert kernels.describe(x) == "cpu"
+        y = build_norm("pn", 8).train()(x)
+    assert kernels.describe(x) == "plain" and torch.isfinite(y).all()
+    monkeypatch.setattr(kernels, "_environment", None)
+    assert kernels.describe(x) == "cpu"  # read anew
+    monkeypatch.setattr(kernels, "_environment", None)
+    monkeypatch.setenv("POWERNORM_KERNELS", "0")
+    assert kernels.describe(x) == "plain"
+
+
 @pytest.mark.parametrize("env, message", [
     ({"POWERNORM_BACKEND": "gpu"}, "POWERNORM_BACKEND='gpu': choose one of plain, cpu, triton"),
     ({"POWERNORM_BACKEND": "triton"}, "POWERNORM_BACKEND=triton: the triton kernels do not take cpu tensors"),
