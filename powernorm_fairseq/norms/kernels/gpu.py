@@ -54,7 +54,7 @@ def available() -> bool:
 
 
 def takes(x: torch.Tensor) -> bool:
-    return x.is_cuda or (interpreting() and x.device.type == "cpu")
+    return x.is_cuda or (interpreting() and x.is_cpu)
 
 
 #: resident programs per multiprocessor that each main kernel's grid launches
