@@ -376,13 +376,17 @@ struct BackwardPass {
     }
   }
 
-  // One row through group scaling: each group's dL/dxs into buf and the
-  // group's sum of dL/dxs * xs in the same loop, then back through the scaling,
-  // the group still in cache: dL/dx = r (dL/dxs - xs mean(dL/dxs xs)).
+  // One row through group scaling: each group's dL/dxs and its sum of
+  // dL/dxs * xs, then dL/dx = r (dL/dxs - xs mean(dL/dxs xs)) with dL/dxs made
+  // again from the group, still in cache (cheaper than storing and reloading
+  // it), while the row after next is fetched: the hardware's prefetcher loses
+  // the stream where each group is read twice.
   template <bool kSums, bool kReal, bool kMean, bool kA>
-  void grouped_row(int64_t n, A* __restrict__ s, A* __restrict__ buf) const {
+  void grouped_row(int64_t n, A* __restrict__ s) const {
     const T* __restrict__ xr = xp(n);
     const T* __restrict__ gr = gp + n * C;
+    const int64_t nq = std::min<int64_t>(n + 2, xp.offset.size() - 1);
+    const T *xq = xp(nq), *gq = gp + nq * C;
     T* __restrict__ out = op + n * C;
     const A m = (kReal || correct_pads) ? A(1) : A(0);
     A *__restrict__ s0 = s + (kReal ? 0 : 3 * C), *__restrict__ s1 = s0 + C, *__restrict__ s2 = s0 + 2 * C;
@@ -391,7 +395,6 @@ struct BackwardPass {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t lo = g * Cg, hi = lo + Cg;
       const A r = sp[n * G + g];
-      A* __restrict__ gv = buf - lo;
       A dot = 0;
 #pragma omp simd reduction(+ : dot)
       for (int64_t c = lo; c < hi; ++c) {
@@ -402,12 +405,19 @@ struct BackwardPass {
           s2[c] += xh * xh;
         }
         const A d = gc * wp[c] - m * (kA ? ap[c] + bp[c] * xh : bp[c] * xh);
-        gv[c] = d;
         dot += d * xs;
       }
       const A k = dot / A(Cg) * r;
+      for (int64_t c = lo; c < hi; c += 64 / sizeof(T)) {
+        __builtin_prefetch(xq + c);
+        __builtin_prefetch(gq + c);
+      }
 #pragma omp simd
-      for (int64_t c = lo; c < hi; ++c) out[c] = put<T>(r * (gv[c] - val(xr[c]) * k));
+      for (int64_t c = lo; c < hi; ++c) {
+        const A xv = val(xr[c]), xs = xv * r, xh = (kMean ? xs - mp[c] : xs) * ip[c], gc = val(gr[c]);
+        const A d = gc * wp[c] - m * (kA ? ap[c] + bp[c] * xh : bp[c] * xh);
+        out[c] = put<T>(r * (d - xv * k));
+      }
     }
   }
 };
@@ -436,15 +446,15 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
   with_facts(mean.numel() > 0, Ac.numel() > 0, [&](auto has_mean, auto has_a) {
     constexpr bool kM = decltype(has_mean)::value, kA = decltype(has_a)::value;
     at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-      std::vector<A> stage(want_sums ? 6 * C : 0, A(0)), buf(G > 0 ? Cg : 0);
+      std::vector<A> stage(want_sums ? 6 * C : 0, A(0));
       double* dst = want_sums ? sums.local() : nullptr;
       int64_t rows = 0;
       each_row(begin, end, pass.real, [&](int64_t n, auto is_real) {
         constexpr bool kReal = decltype(is_real)::value;
-        A *s = stage.data(), *b = buf.data();
+        A* s = stage.data();
         if (!want_gx) pass.template row<false, true, kReal, kM, kA>(n, s);
-        else if (G > 0) want_sums ? pass.template grouped_row<true, kReal, kM, kA>(n, s, b)
-                                  : pass.template grouped_row<false, kReal, kM, kA>(n, s, b);
+        else if (G > 0) want_sums ? pass.template grouped_row<true, kReal, kM, kA>(n, s)
+                                  : pass.template grouped_row<false, kReal, kM, kA>(n, s);
         else if (want_sums) pass.template row<true, true, kReal, kM, kA>(n, s);
         else pass.template row<true, false, kReal, kM, kA>(n, s);
         if (want_sums && ++rows % kFlush == 0) flush(stage, dst);
