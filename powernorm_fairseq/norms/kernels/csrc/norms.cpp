@@ -377,12 +377,14 @@ struct BackwardPass {
   }
 
   // One row through group scaling: each group's dL/dxs and its sum of
-  // dL/dxs * xs, then dL/dx = r (dL/dxs - xs mean(dL/dxs xs)) with dL/dxs made
-  // again from the group, still in cache (cheaper than storing and reloading
-  // it), while the row after next is fetched: the hardware's prefetcher loses
-  // the stream where each group is read twice.
+  // dL/dxs * xs, then dL/dx = r (dL/dxs - xs mean(dL/dxs xs)), while the row
+  // after next is fetched: the hardware's prefetcher loses the stream where
+  // each group is read twice. Without a mean, dL/dxs is made again from the
+  // group, still in cache (cheaper than storing and reloading it). With one it
+  // is kept in buf: xs - mean, which cancels where the variance is tiny, could
+  // round otherwise in another loop (FMA contraction).
   template <bool kSums, bool kReal, bool kMean, bool kA>
-  void grouped_row(int64_t n, A* __restrict__ s) const {
+  void grouped_row(int64_t n, A* __restrict__ s, A* __restrict__ buf) const {
     const T* __restrict__ xr = xp(n);
     const T* __restrict__ gr = gp + n * C;
     const int64_t nq = std::min<int64_t>(n + 2, xp.offset.size() - 1);
@@ -395,6 +397,7 @@ struct BackwardPass {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t lo = g * Cg, hi = lo + Cg;
       const A r = sp[n * G + g];
+      A* __restrict__ gv = buf - lo;
       A dot = 0;
 #pragma omp simd reduction(+ : dot)
       for (int64_t c = lo; c < hi; ++c) {
@@ -405,6 +408,7 @@ struct BackwardPass {
           s2[c] += xh * xh;
         }
         const A d = gc * wp[c] - m * (kA ? ap[c] + bp[c] * xh : bp[c] * xh);
+        if constexpr (kMean) gv[c] = d;
         dot += d * xs;
       }
       const A k = dot / A(Cg) * r;
@@ -414,9 +418,13 @@ struct BackwardPass {
       }
 #pragma omp simd
       for (int64_t c = lo; c < hi; ++c) {
-        const A xv = val(xr[c]), xs = xv * r, xh = (kMean ? xs - mp[c] : xs) * ip[c], gc = val(gr[c]);
-        const A d = gc * wp[c] - m * (kA ? ap[c] + bp[c] * xh : bp[c] * xh);
-        out[c] = put<T>(r * (d - xv * k));
+        const A xv = val(xr[c]);
+        if constexpr (kMean) {
+          out[c] = put<T>(r * (gv[c] - xv * k));
+        } else {
+          const A xs = xv * r, xh = xs * ip[c], gc = val(gr[c]);
+          out[c] = put<T>(r * (gc * wp[c] - m * (kA ? ap[c] + bp[c] * xh : bp[c] * xh) - xv * k));
+        }
       }
     }
   }
@@ -446,15 +454,15 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
   with_facts(mean.numel() > 0, Ac.numel() > 0, [&](auto has_mean, auto has_a) {
     constexpr bool kM = decltype(has_mean)::value, kA = decltype(has_a)::value;
     at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-      std::vector<A> stage(want_sums ? 6 * C : 0, A(0));
+      std::vector<A> stage(want_sums ? 6 * C : 0, A(0)), buf(G > 0 ? Cg : 0);
       double* dst = want_sums ? sums.local() : nullptr;
       int64_t rows = 0;
       each_row(begin, end, pass.real, [&](int64_t n, auto is_real) {
         constexpr bool kReal = decltype(is_real)::value;
-        A* s = stage.data();
+        A *s = stage.data(), *b = buf.data();
         if (!want_gx) pass.template row<false, true, kReal, kM, kA>(n, s);
-        else if (G > 0) want_sums ? pass.template grouped_row<true, kReal, kM, kA>(n, s)
-                                  : pass.template grouped_row<false, kReal, kM, kA>(n, s);
+        else if (G > 0) want_sums ? pass.template grouped_row<true, kReal, kM, kA>(n, s, b)
+                                  : pass.template grouped_row<false, kReal, kM, kA>(n, s, b);
         else if (want_sums) pass.template row<true, true, kReal, kM, kA>(n, s);
         else pass.template row<true, false, kReal, kM, kA>(n, s);
         if (want_sums && ++rows % kFlush == 0) flush(stage, dst);
@@ -482,13 +490,27 @@ std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Ten
 enum Update : int64_t { BN = 0, PN_V = 1, PN_WARM = 2, PN = 3, REFERENCE_WARM = 4, REFERENCE_RUN = 5 };
 enum Mode : int64_t { EXACT = 0, PAPER = 1, REFERENCE = 2, FIXED = 3 };
 
+// v written into t (a per-channel buffer), as Tensor.copy_ rounds: in place
+// where t is a contiguous float32 or float64 tensor on the CPU
+void store(const std::vector<double>& v, const Tensor& t) {
+  if (t.is_cpu() && t.is_contiguous() && t.scalar_type() == at::kDouble) {
+    std::memcpy(t.data_ptr<double>(), v.data(), v.size() * sizeof(double));
+  } else if (t.is_cpu() && t.is_contiguous() && t.scalar_type() == at::kFloat) {
+    float* q = t.data_ptr<float>();
+    for (size_t i = 0; i < v.size(); ++i) q[i] = static_cast<float>(v[i]);
+  } else {
+    t.copy_(from(v, t.scalar_type()));
+  }
+}
+
 // Contract "finish_stats": the batch's statistics from forward's part (P, 3, C)
 // added in order, and the running statistics' update (an Update), all
 // channels or none: a batch of padding or a non-finite statistic leaves them.
+// Each step is a loop of its own over the channels, so that each vectorizes.
 std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
                                  const Tensor& steps, int64_t update, double momentum, double eps, int64_t warmup) {
   TORCH_CHECK(update >= BN && update <= REFERENCE_RUN, "unknown update ", update, " (contract.py's Update: 0 to 5)");
-  const Tensor pt = part.to(at::kDouble).contiguous();
+  const Tensor pt = part.scalar_type() == at::kDouble && part.is_contiguous() ? part : part.to(at::kDouble).contiguous();
   const int64_t P = pt.size(0), C = pt.size(2);
   const double* p = pt.data_ptr<double>();
   const bool bn = update == BN;
@@ -499,54 +521,62 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
   const bool real = n > 0;
   const double k = steps.numel() ? double(steps.data_ptr<int64_t>()[0]) + 1 : 1.0;
   const std::vector<double> old = doubles(second_buf), old_mean = bn ? doubles(mean_buf) : std::vector<double>();
-  std::vector<double> mean(C, 0.0), inv(C), inv_batch(C), next(C), next_mean(bn ? C : 0);
-  bool finite = true;
-  for (int64_t c = 0; c < C; ++c) {
-    double s1 = 0, s2 = 0;
-    for (int64_t i = 0; i < P; ++i) {
-      s1 += p[i * 3 * C + c] * p[(i * 3 + 1) * C + c];
-      s2 += p[(i * 3 + 2) * C + c];
+  std::vector<double> mean(C, 0.0), second(C, 0.0), inv(C), inv_batch(C), next(C), next_mean(bn ? C : 0);
+  for (int64_t i = 0; i < P; ++i) {  // sums over the parts, in order
+    const double *cnt = p + i * 3 * C, *mu = cnt + C, *m2 = mu + C;
+    for (int64_t c = 0; c < C; ++c) {
+      mean[c] += cnt[c] * mu[c];
+      second[c] += m2[c];
     }
-    double second = s2 / ns;
-    if (bn) {  // Chan et al.'s pairwise formula: each part's M2 plus its mean's spread
-      mean[c] = s1 / ns;
-      double m2 = 0;
-      for (int64_t i = 0; i < P; ++i) {
-        const double dm = p[(i * 3 + 1) * C + c] - mean[c];
-        m2 += p[(i * 3 + 2) * C + c] + p[i * 3 * C + c] * dm * dm;
-      }
-      second = std::max(m2 / ns, 0.0);
-      next_mean[c] = old_mean[c] + momentum * (mean[c] - old_mean[c]);
-      finite = finite && std::isfinite(mean[c]);
-    }
-    finite = finite && std::isfinite(second);
-    const double ib = 1.0 / std::sqrt(second + eps), ir = 1.0 / std::sqrt(old[c] + eps);
-    switch (update) {
-      case BN:
-        next[c] = n > 1 ? old[c] + momentum * (second * n / std::max(n - 1, 1.0) - old[c]) : old[c];
-        break;
-      case PN_V:
-      case PN:  // Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
-        next[c] = old[c] + momentum * (second - old[c]);
-        break;
-      case PN_WARM:  // cumulative mean
-        next[c] = old[c] * ((k - 1) / k) + second / k;
-        break;
-      case REFERENCE_WARM:
-      case REFERENCE_RUN:  // the released code's: a cumulative mean before its warmup ends, an EMA on top
-        next[c] = k < warmup ? old[c] * ((k - 1) / k) + second / k : old[c];
-        next[c] = next[c] + momentum * (second - next[c]);
-        break;
-      default:
-        TORCH_CHECK(false, "finish_stats: unknown update ", update);
-    }
-    inv_batch[c] = real ? ib : ir;
-    inv[c] = (update == PN || update == REFERENCE_RUN) ? ir : inv_batch[c];
-    if (bn && !real) mean[c] = old_mean[c];
   }
+  if (bn) {  // Chan et al.'s pairwise formula: each part's M2 plus its mean's spread
+    for (int64_t c = 0; c < C; ++c) {
+      mean[c] = mean[c] / ns;
+      second[c] = 0;
+    }
+    for (int64_t i = 0; i < P; ++i) {
+      const double *cnt = p + i * 3 * C, *mu = cnt + C, *m2 = mu + C;
+      for (int64_t c = 0; c < C; ++c) {
+        const double dm = mu[c] - mean[c];
+        second[c] += m2[c] + cnt[c] * dm * dm;
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) second[c] = std::max(second[c] / ns, 0.0);
+    for (int64_t c = 0; c < C; ++c) next_mean[c] = old_mean[c] + momentum * (mean[c] - old_mean[c]);
+  } else {
+    for (int64_t c = 0; c < C; ++c) second[c] = second[c] / ns;
+  }
+  bool finite = true;
+  for (int64_t c = 0; c < C; ++c) finite &= std::isfinite(second[c]) && (!bn || std::isfinite(mean[c]));
+  switch (update) {
+    case BN:
+      for (int64_t c = 0; c < C; ++c)
+        next[c] = n > 1 ? old[c] + momentum * (second[c] * n / std::max(n - 1, 1.0) - old[c]) : old[c];
+      break;
+    case PN_V:
+    case PN:  // Algorithm 2: psi_t^2 = alpha psi_{t-1}^2 + (1 - alpha) psi_B^2
+      for (int64_t c = 0; c < C; ++c) next[c] = old[c] + momentum * (second[c] - old[c]);
+      break;
+    case PN_WARM:  // cumulative mean
+      for (int64_t c = 0; c < C; ++c) next[c] = old[c] * ((k - 1) / k) + second[c] / k;
+      break;
+    default:  // REFERENCE_WARM, REFERENCE_RUN: the released code's, a cumulative mean before its warmup ends, an EMA on top
+      for (int64_t c = 0; c < C; ++c) {
+        const double cm = k < warmup ? old[c] * ((k - 1) / k) + second[c] / k : old[c];
+        next[c] = cm + momentum * (second[c] - cm);
+      }
+  }
+  const bool running = update == PN || update == REFERENCE_RUN;
+  for (int64_t c = 0; c < C; ++c) inv[c] = 1.0 / std::sqrt(old[c] + eps);  // the running scale
+  if (real)
+    for (int64_t c = 0; c < C; ++c) inv_batch[c] = 1.0 / std::sqrt(second[c] + eps);
+  else
+    inv_batch = inv;
+  if (!running) inv = inv_batch;
+  if (bn && !real) mean = old_mean;
   if (real && finite) {
-    second_buf.copy_(from(next, sd));
-    if (bn) mean_buf.copy_(from(next_mean, mean_buf.scalar_type()));
+    store(next, second_buf);
+    if (bn) store(next_mean, mean_buf);
   }
   if (steps.numel() && real) steps.data_ptr<int64_t>()[0] += 1;
   return {bn ? from(mean, sd) : at::empty({0}, second_buf.options()), from(inv, sd), from(inv_batch, sd),
@@ -558,7 +588,7 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
 std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n_t, const Tensor& nu,
                                     double rate, int64_t kind, bool center, int64_t rows) {
   TORCH_CHECK(kind >= EXACT && kind <= FIXED, "unknown mode ", kind, " (contract.py's Mode: 0 to 3)");
-  const Tensor pt = part.to(at::kDouble).contiguous();
+  const Tensor pt = part.scalar_type() == at::kDouble && part.is_contiguous() ? part : part.to(at::kDouble).contiguous();
   const int64_t P = pt.size(0), C = pt.size(2);
   const double* p = pt.data_ptr<double>();
   std::vector<std::vector<double>> s(5, std::vector<double>(C, 0.0));
@@ -566,7 +596,9 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
     for (int64_t j = 0; j < 5; ++j)
       for (int64_t c = 0; c < C; ++c) s[j][c] += p[(i * 5 + j) * C + c];
   const std::vector<double> w = doubles(weight);
-  const double n = n_t.to(at::kDouble).data_ptr<double>()[0], ns = std::max(n, 1.0);
+  const double n = n_t.scalar_type() == at::kDouble ? n_t.data_ptr<double>()[0]
+                                                   : n_t.to(at::kDouble).data_ptr<double>()[0],
+               ns = std::max(n, 1.0);
   const auto sd = nu.numel() ? nu.scalar_type()
                              : (weight.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   const bool exact = kind == EXACT;
@@ -579,16 +611,16 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
     const std::vector<double> old = doubles(nu);
     std::vector<double> next(C);
     bool ok = n > 0;
-    for (int64_t c = 0; c < C; ++c) {
-      if (kind == REFERENCE) {  // mean over every position of g' * xh, g' = g - (1 - a) nu xh
-        next[c] = old[c] + (w[c] * s[0][c] - rate * old[c] * s[4][c]) / double(rows);
-      } else {  // Algorithm 2: Lambda_t = mean(g xh), Gamma_t = mean(xh^2) over the real tokens
+    if (kind == REFERENCE) {  // mean over every position of g' * xh, g' = g - (1 - a) nu xh
+      for (int64_t c = 0; c < C; ++c) next[c] = old[c] + (w[c] * s[0][c] - rate * old[c] * s[4][c]) / double(rows);
+    } else {  // Algorithm 2: Lambda_t = mean(g xh), Gamma_t = mean(xh^2) over the real tokens
+      for (int64_t c = 0; c < C; ++c) {
         const double lam = w[c] * s[2][c] / ns, gam = s[3][c] / ns;
-        ok = ok && std::isfinite(lam) && std::isfinite(gam);
+        ok &= std::isfinite(lam) && std::isfinite(gam);
         next[c] = old[c] * (1 - rate * gam) + rate * lam;
       }
     }
-    if (ok) nu.copy_(from(next, sd));
+    if (ok) store(next, nu);
   }
   const auto wd = weight.scalar_type();
   const auto none = [&] { return at::empty({0}, at::TensorOptions().dtype(sd)); };
