@@ -560,11 +560,15 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
     case PN_WARM:  // cumulative mean
       for (int64_t c = 0; c < C; ++c) next[c] = old[c] * ((k - 1) / k) + second[c] / k;
       break;
-    default:  // REFERENCE_WARM, REFERENCE_RUN: the released code's, a cumulative mean before its warmup ends, an EMA on top
+    case REFERENCE_WARM:
+    case REFERENCE_RUN:  // the released code's: a cumulative mean before its warmup ends, an EMA on top
       for (int64_t c = 0; c < C; ++c) {
         const double cm = k < warmup ? old[c] * ((k - 1) / k) + second[c] / k : old[c];
         next[c] = cm + momentum * (second[c] - cm);
       }
+      break;
+    default:
+      TORCH_CHECK(false, "finish_stats: unknown update ", update);
   }
   const bool running = update == PN || update == REFERENCE_RUN;
   for (int64_t c = 0; c < C; ++c) inv[c] = 1.0 / std::sqrt(old[c] + eps);  // the running scale
