@@ -113,6 +113,11 @@ std::vector<double> doubles(const Tensor& t) {
   return out;
 }
 
+// t as a contiguous float64 tensor: t itself where it is one (a `to` is a dispatcher call)
+Tensor as_double(const Tensor& t) {
+  return t.scalar_type() == at::kDouble && t.is_contiguous() ? t : t.to(at::kDouble).contiguous();
+}
+
 // a per-channel vector as A values (zeros where absent)
 template <typename A>
 std::vector<A> channels(const Tensor& t, int64_t C, double times = 1.0) {
@@ -510,7 +515,7 @@ void store(const std::vector<double>& v, const Tensor& t) {
 std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
                                  const Tensor& steps, int64_t update, double momentum, double eps, int64_t warmup) {
   TORCH_CHECK(update >= BN && update <= REFERENCE_RUN, "unknown update ", update, " (contract.py's Update: 0 to 5)");
-  const Tensor pt = part.scalar_type() == at::kDouble && part.is_contiguous() ? part : part.to(at::kDouble).contiguous();
+  const Tensor pt = as_double(part);
   const int64_t P = pt.size(0), C = pt.size(2);
   const double* p = pt.data_ptr<double>();
   const bool bn = update == BN;
@@ -522,18 +527,12 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
   const double k = steps.numel() ? double(steps.data_ptr<int64_t>()[0]) + 1 : 1.0;
   const std::vector<double> old = doubles(second_buf), old_mean = bn ? doubles(mean_buf) : std::vector<double>();
   std::vector<double> mean(C, 0.0), second(C, 0.0), inv(C), inv_batch(C), next(C), next_mean(bn ? C : 0);
-  for (int64_t i = 0; i < P; ++i) {  // sums over the parts, in order
-    const double *cnt = p + i * 3 * C, *mu = cnt + C, *m2 = mu + C;
-    for (int64_t c = 0; c < C; ++c) {
-      mean[c] += cnt[c] * mu[c];
-      second[c] += m2[c];
+  if (bn) {  // Chan et al.'s pairwise formula: each part's M2 plus its mean's spread; parts added in order
+    for (int64_t i = 0; i < P; ++i) {
+      const double *cnt = p + i * 3 * C, *mu = cnt + C;
+      for (int64_t c = 0; c < C; ++c) mean[c] += cnt[c] * mu[c];
     }
-  }
-  if (bn) {  // Chan et al.'s pairwise formula: each part's M2 plus its mean's spread
-    for (int64_t c = 0; c < C; ++c) {
-      mean[c] = mean[c] / ns;
-      second[c] = 0;
-    }
+    for (int64_t c = 0; c < C; ++c) mean[c] = mean[c] / ns;
     for (int64_t i = 0; i < P; ++i) {
       const double *cnt = p + i * 3 * C, *mu = cnt + C, *m2 = mu + C;
       for (int64_t c = 0; c < C; ++c) {
@@ -544,6 +543,10 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
     for (int64_t c = 0; c < C; ++c) second[c] = std::max(second[c] / ns, 0.0);
     for (int64_t c = 0; c < C; ++c) next_mean[c] = old_mean[c] + momentum * (mean[c] - old_mean[c]);
   } else {
+    for (int64_t i = 0; i < P; ++i) {
+      const double* m2 = p + (i * 3 + 2) * C;
+      for (int64_t c = 0; c < C; ++c) second[c] += m2[c];
+    }
     for (int64_t c = 0; c < C; ++c) second[c] = second[c] / ns;
   }
   bool finite = true;
@@ -592,7 +595,7 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
 std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n_t, const Tensor& nu,
                                     double rate, int64_t kind, bool center, int64_t rows) {
   TORCH_CHECK(kind >= EXACT && kind <= FIXED, "unknown mode ", kind, " (contract.py's Mode: 0 to 3)");
-  const Tensor pt = part.scalar_type() == at::kDouble && part.is_contiguous() ? part : part.to(at::kDouble).contiguous();
+  const Tensor pt = as_double(part);
   const int64_t P = pt.size(0), C = pt.size(2);
   const double* p = pt.data_ptr<double>();
   std::vector<std::vector<double>> s(5, std::vector<double>(C, 0.0));
@@ -600,9 +603,7 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
     for (int64_t j = 0; j < 5; ++j)
       for (int64_t c = 0; c < C; ++c) s[j][c] += p[(i * 5 + j) * C + c];
   const std::vector<double> w = doubles(weight);
-  const double n = n_t.scalar_type() == at::kDouble ? n_t.data_ptr<double>()[0]
-                                                   : n_t.to(at::kDouble).data_ptr<double>()[0],
-               ns = std::max(n, 1.0);
+  const double n = as_double(n_t).data_ptr<double>()[0], ns = std::max(n, 1.0);
   const auto sd = nu.numel() ? nu.scalar_type()
                              : (weight.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
   const bool exact = kind == EXACT;
