@@ -117,8 +117,11 @@ def main(argv):
     end_the_rest()
     remove_registered(listing)
     if status < 0:  # died of a signal: so does this process, as its caller expects
-        signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
+        sig = -status
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):  # the two whose handler cannot be set
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+        sys.exit(128 + sig)  # what a shell reports for a child ended by the signal: 137 for SIGKILL
     sys.exit(status)
 
 

@@ -735,3 +735,20 @@ def test_evaluate_sh_writes_nothing_through_a_link(toy_data, trained, tmp_path):
     proc = sh("scripts/evaluate.sh", *flags, forked=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert victim.read_text() == "mine\n" and (save / "generate-test-checkpoint_last.txt").read_text().count("H-")
+
+
+@pytest.mark.parametrize("child", ["bash", "python"])
+def test_the_supervisor_exits_137_when_the_oom_killer_ends_its_child(tmp_path, child):
+    """SIGKILL of tree.py's direct child (what the OOM killer sends, and what
+    no handler can catch): tree.py exits 137 as a shell does, without a
+    traceback, and ends what the child left running."""
+    pidfile = tmp_path / "orphan.pid"
+    program = {"bash": ["bash", "-c", f"sleep 300 & echo $! > {pidfile}; kill -9 $$"],
+               "python": [sys.executable, "-c", "import os, signal, subprocess; "
+                          f"open({str(pidfile)!r}, 'w').write(str(subprocess.Popen(['sleep', '300']).pid)); "
+                          "os.kill(os.getpid(), signal.SIGKILL)"]}[child]
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "tree.py"), *program], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL and proc.stderr == "", (proc.returncode, proc.stderr)
+    orphan = int(pidfile.read_text())
+    assert not Path(f"/proc/{orphan}").exists() or "Z" in Path(f"/proc/{orphan}/stat").read_text().split()[2]

@@ -12,7 +12,6 @@ import os
 import pickle
 import re
 import zipfile
-from contextlib import contextmanager
 
 import torch
 
@@ -26,30 +25,6 @@ UNREADABLE = (pickle.UnpicklingError, RuntimeError, EOFError, IndexError, KeyErr
 
 def allow_fairseq_checkpoints():
     torch.serialization.add_safe_globals(SAFE_GLOBALS)
-
-
-@contextmanager
-def weights_only_loads():
-    """Every torch.load inside the block reads weights only, whatever its
-    caller passes or leaves out, and whatever the environment says:
-    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` (which guides recommend for old
-    fairseq checkpoints) would otherwise let fairseq's own reader, which
-    passes no ``weights_only``, run the code a pickle holds. torch's
-    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` is set for the block, and the other
-    variable put aside (torch refuses the two together)."""
-    allow_fairseq_checkpoints()
-    names = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
-    before = {name: os.environ.get(name) for name in names}
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def refused(exc: BaseException) -> bool:

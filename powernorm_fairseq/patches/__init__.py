@@ -30,6 +30,11 @@ AT_IMPORT = (
           "torch >= 2.6 loads weights only, and fairseq's checkpoints hold an argparse.Namespace",
           allow_fairseq_checkpoints,
           "test_cli.py::test_train_then_generate"),
+    Patch("weights-only loads in fairseq",
+          "every torch.load of fairseq's code reads weights only, even under TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1: "
+          "no file runs code (--ema-seed-model, the readers fairseq adds later)",
+          checkpoints.weights_only_in_fairseq,
+          "test_loaders.py::test_every_fairseq_loader_reads_weights_only_under_the_unsafe_variable"),
     Patch("unreadable checkpoints",
           "a truncated checkpoint, or one that holds code, is named in one line, not a 50-line traceback",
           checkpoints.name_unreadable_checkpoints,

@@ -2,41 +2,86 @@
 atomic copies, exact resume and failed saves named (see ``patches``)."""
 
 import errno
+import functools
+import io
 import os
 import re
 import shutil
+import sys
 
 import torch
 
-from ..common.checkpoints import UNREADABLE, check_finite, of_the_plugin, weights_only_loads, why_unreadable
+from ..common.checkpoints import UNREADABLE, allow_fairseq_checkpoints, check_finite, of_the_plugin, why_unreadable
 from ..common.errors import InputFileError
 from ..common.files import atomic_path
 from .base import installs_once
+
+
+def fairseq_roots():
+    """The directories of the installed fairseq and fairseq_cli packages."""
+    import fairseq
+    import fairseq_cli
+
+    return tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (fairseq, fairseq_cli))
+
+
+def file_name(f) -> str:
+    """What a refusal names: the path, or the name of an open file."""
+    return os.fspath(f) if isinstance(f, (str, os.PathLike)) else str(getattr(f, "name", f))
+
+
+@installs_once
+def weights_only_in_fairseq():
+    """Every ``torch.load`` that fairseq's own code makes (any file of the
+    installed fairseq or fairseq_cli: its checkpoint readers, --ema-seed-model,
+    the hub, models' and datasets' loaders, and those added later) reads
+    weights only, with fairseq's configuration type allowed. That holds
+    whatever the call passes (``weights_only=False``, a ``pickle_module``)
+    and under ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, which torch honours only
+    where a call leaves ``weights_only`` out. A file that holds code is
+    refused in one line naming it. In-memory buffers (``io.BytesIO``: the
+    objects one distributed worker sends another) and every caller outside
+    fairseq are loaded as torch loads them. ``tests/test_loaders.py`` lists
+    every loading call in fairseq's source and checks it is reached here or
+    out of a user's reach."""
+    original = torch.serialization.load
+    roots = fairseq_roots()
+
+    @functools.wraps(original)
+    def load(f, map_location=None, pickle_module=None, **kwargs):
+        if isinstance(f, io.BytesIO) or not sys._getframe(1).f_code.co_filename.startswith(roots):
+            return original(f, map_location, pickle_module, **kwargs)
+        allow_fairseq_checkpoints()
+        try:
+            return original(f, map_location, **{**kwargs, "weights_only": True})
+        except UNREADABLE as exc:
+            if isinstance(exc, InputFileError):
+                raise
+            raise InputFileError(why_unreadable(file_name(f), exc)) from exc
+
+    torch.load = torch.serialization.load = load
 
 
 @installs_once
 def name_unreadable_checkpoints():
     """fairseq's checkpoint reader (generate, interactive, validate, eval-lm,
     resume, --restore-file, --finetune-from-model, from_pretrained,
-    load_model_ensemble_and_task) reads weights only, whatever the
-    environment (``common.checkpoints.weights_only_loads``), with the
-    one-line refusals of ``common.checkpoints.load``: a checkpoint that holds
-    code, or is truncated or no checkpoint at all, is named in one line
-    instead of a traceback that does not name it. A checkpoint of the
-    plugin's models whose model entries hold NaN or inf is refused, naming the
-    tensor, unless ``POWERNORM_ALLOW_NONFINITE=1`` (a post-mortem); a stock
-    model's loads as fairseq loads it (fairseq's own test_lightconv_lm saves
-    one)."""
+    load_model_ensemble_and_task), read weights only by
+    :func:`weights_only_in_fairseq`: a missing checkpoint is named in one
+    line, and so is one whose model entries hold NaN or inf, for the plugin's
+    models, naming the tensor, unless ``POWERNORM_ALLOW_NONFINITE=1`` (a
+    post-mortem); a stock model's loads as fairseq loads it (fairseq's own
+    test_lightconv_lm saves one). ``--ema-seed-model`` given a checkpoint
+    without EMA weights is named in one line too."""
     from fairseq import checkpoint_utils
 
-    original = checkpoint_utils.load_checkpoint_to_cpu
+    original, ema = checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_ema_from_checkpoint
 
     def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
         if "://" not in str(path) and not os.path.exists(path):
             raise InputFileError(f"{path}: no such checkpoint")
         try:
-            with weights_only_loads():
-                state = original(path, arg_overrides, load_on_all_ranks)
+            state = original(path, arg_overrides, load_on_all_ranks)
         except UNREADABLE as exc:
             if isinstance(exc, InputFileError):
                 raise
@@ -45,7 +90,17 @@ def name_unreadable_checkpoints():
             check_finite(path, state, os.environ.get("POWERNORM_ALLOW_NONFINITE", "0") == "1")
         return state
 
+    def load_ema_from_checkpoint(fpath):
+        if "://" not in str(fpath) and not os.path.isfile(fpath):
+            raise InputFileError(f"--ema-seed-model {fpath}: no such checkpoint")
+        try:
+            return ema(fpath)
+        except (KeyError, TypeError) as exc:
+            raise InputFileError(f"--ema-seed-model {fpath}: holds no EMA weights (extra_state.ema); give a "
+                                 "checkpoint saved with --store-ema") from exc
+
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu
+    checkpoint_utils.load_ema_from_checkpoint = load_ema_from_checkpoint
 
 
 @installs_once

@@ -1,0 +1,231 @@
+"""No file runs code through fairseq, by any loader: every call in the
+installed fairseq's source that can unpickle a file is found here, and each
+is either read weights only by the plugin's guard
+(``patches.checkpoints.weights_only_in_fairseq``) or named below as out of a
+user's reach, with the reason. A fairseq that adds a loading call fails
+:func:`test_every_loading_call_in_fairseq_is_guarded_or_out_of_reach` until
+it is classified."""
+
+import ast
+import os
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from support import cli, train_args
+from test_faults import UNSAFE, malicious_checkpoint, one_line_error
+
+pytestmark = pytest.mark.fast
+
+#: functions that unpickle what they are given, by module and name
+UNPICKLERS = {"torch": {"load"}, "torch.serialization": {"load"}, "torch.hub": {"load", "load_state_dict_from_url"},
+              "torch.jit": {"load"}, "pickle": {"load", "loads"}, "dill": {"load", "loads"},
+              "numpy": {"load"}, "joblib": {"load"}}
+#: calls the guard does not reach, by (file under site-packages, enclosing function, callee), with why a user's
+#: path cannot reach them
+OUT_OF_REACH = {
+    ("fairseq/distributed/utils.py", "_broadcast_object_slow", "torch.load"):
+        "bytes one distributed worker sends another, in memory (io.BytesIO), never a file",
+    ("fairseq/distributed/utils.py", "all_gather_list", "pickle.loads"):
+        "bytes one distributed worker sends another, in memory, never a file",
+    ("fairseq/models/speech_to_text/hub_interface.py", "get_prediction", "torch.hub.load"):
+        "fetches and runs a GitHub repository's hubconf.py by design (a TTS model named in the checkpoint's own "
+        "config); needs the network, and no command of this plugin's models reaches it",
+}
+#: fairseq's examples are programs of their own: scripts run with python, or the --user-dir of a run, which is
+#: then not this plugin's; no command of this plugin reaches them (their torch.load calls, were they imported
+#: into a run with this plugin, would be guarded all the same)
+ELSEWHERE = "fairseq/examples/"
+
+
+def enclosing(tree):
+    """Each call node of ``tree`` with the name of the function around it."""
+    def walk(node, where):
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else where
+            if isinstance(child, ast.Call):
+                yield child, where
+            yield from walk(child, name)
+    yield from walk(tree, "<module>")
+
+
+class Call(NamedTuple):
+    rel: str  # the file, under site-packages
+    where: str  # the enclosing function
+    callee: str  # "module.function"
+    line: int
+    keywords: dict
+    by_name: bool  # a name imported from the module (bound when imported), not looked up on it when called
+
+    @property
+    def key(self):
+        return self.rel, self.where, self.callee
+
+
+def loading_calls(path: Path, rel: str):
+    """A :class:`Call` for every call in ``path`` that
+    unpickles: ``torch.load(...)`` and the other ``UNPICKLERS`` through any
+    alias of their module, or a name imported from one (``from torch import load``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    modules, names = {}, {}  # local name -> module; local name -> "module.function"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                modules[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                full = f"{node.module}.{a.name}"
+                if full in UNPICKLERS:
+                    modules[a.asname or a.name] = full
+                elif a.name in UNPICKLERS.get(node.module, ()):
+                    names[a.asname or a.name] = full
+    aliases = {"np": "numpy"}
+    for call, where in enclosing(tree):
+        f, callee = call.func, None
+        if isinstance(f, ast.Name) and f.id in names:
+            callee = names[f.id]
+        elif isinstance(f, ast.Attribute):
+            parts, base = [f.attr], f.value
+            while isinstance(base, ast.Attribute):
+                parts.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in modules:
+                module = ".".join([aliases.get(modules[base.id], modules[base.id]), *reversed(parts[1:])])
+                if f.attr in UNPICKLERS.get(module, ()):
+                    callee = f"{module}.{f.attr}"
+        if callee:
+            yield Call(rel, where, callee, call.lineno, {k.arg: k.value for k in call.keywords},
+                       isinstance(f, ast.Name))
+
+
+def fairseq_sources():
+    import fairseq
+    import fairseq_cli
+
+    site = Path(fairseq.__file__).parent.parent
+    for package in (fairseq, fairseq_cli):
+        for path in sorted(Path(package.__file__).parent.rglob("*.py")):
+            text = path.read_bytes()
+            # parse only the files that can hold a loading call
+            if not str(path).startswith(str(site / ELSEWHERE)) and re.search(rb"\bload", text):
+                yield path, str(path.relative_to(site))
+
+
+def every_loading_call():
+    return [call for path, rel in fairseq_sources() for call in loading_calls(path, rel)]
+
+
+def guarded(call):
+    """Whether the guard reads this call weights only: a torch.load of fairseq's
+    own code, looked up on the torch module when it runs; numpy's load reads no
+    pickle unless a call asks (``allow_pickle=True``)."""
+    if call.callee == "numpy.load":
+        flag = call.keywords.get("allow_pickle")
+        return flag is None or (isinstance(flag, ast.Constant) and flag.value is False)
+    return (call.callee in ("torch.load", "torch.serialization.load") and not call.by_name
+            and call.key not in OUT_OF_REACH)
+
+
+def test_the_scanner_finds_every_spelling_of_a_loading_call(tmp_path):
+    """The enumeration can fail: each way of writing a loading call is found."""
+    source = tmp_path / "m.py"
+    source.write_text("import torch as th\nimport pickle\nfrom torch import load as L\nimport numpy as np\n"
+                      "from torch import serialization\n"
+                      "def a(p):\n    return th.load(p)\n"
+                      "def b(p):\n    return L(p)\n"
+                      "def c(p):\n    return pickle.loads(p)\n"
+                      "def d(p):\n    return np.load(p, allow_pickle=True)\n"
+                      "def e(p):\n    return serialization.load(p)\n"
+                      "def f(p):\n    return th.hub.load_state_dict_from_url(p)\n"
+                      "def g(p):\n    return json.load(p), th.save(p)\n")
+    found = [(c.where, c.callee) for c in loading_calls(source, "m.py")]
+    assert found == [("a", "torch.load"), ("b", "torch.load"), ("c", "pickle.loads"), ("d", "numpy.load"),
+                     ("e", "torch.serialization.load"), ("f", "torch.hub.load_state_dict_from_url")]
+    calls = list(loading_calls(source, "m.py"))
+    assert [guarded(c) for c in calls] == [True, False, False, False, True, False]
+
+
+@pytest.mark.slow  # parses a hundred of fairseq's files: two seconds
+def test_every_loading_call_in_fairseq_is_guarded_or_out_of_reach():
+    calls = every_loading_call()
+    assert len(calls) > 15  # fairseq 0.12.3: checkpoint_utils, the quantization, speech and data loaders
+    assert ("fairseq/checkpoint_utils.py", "load_ema_from_checkpoint", "torch.load") in {c.key for c in calls}
+    unclassified = [f"{c.rel}:{c.line} {c.callee} in {c.where}" for c in calls
+                    if not guarded(c) and c.key not in OUT_OF_REACH]
+    assert unclassified == [], "loading calls neither guarded nor out of reach: " + "; ".join(unclassified)
+    stale = sorted(set(OUT_OF_REACH) - {c.key for c in calls})
+    assert stale == [], f"listed as out of reach but no longer in fairseq: {stale}"
+
+
+def test_every_fairseq_loader_reads_weights_only_under_the_unsafe_variable(tmp_path, monkeypatch):
+    """A call from each file that holds a guarded torch.load, under
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, whatever it passes: the pickle's code
+    does not run, and the refusal names the file. The same call from
+    elsewhere, and an in-memory buffer, are loaded as torch loads them."""
+    import io
+
+    import powernorm_fairseq  # noqa: F401  (installs the patches)
+    from powernorm_fairseq.common.errors import InputFileError
+    from powernorm_fairseq.patches.checkpoints import fairseq_roots
+
+    marker = tmp_path / "marker"
+    bad = malicious_checkpoint(tmp_path / "evil.pt", marker)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    site = Path(fairseq_roots()[0]).parent
+    files = sorted({c.rel for c in every_loading_call() if guarded(c) and c.callee.startswith("torch")})
+    assert "fairseq/checkpoint_utils.py" in files and "fairseq/data/codedataset.py" in files
+    for rel in files:
+        for call in ("torch.load(path)", "torch.load(open(path, 'rb'), weights_only=False)",
+                     "torch.serialization.load(path, map_location='cpu', weights_only=False)"):
+            with pytest.raises(InputFileError, match=f"^{re.escape(str(bad))}: refused"):
+                exec(compile(call, str(site / rel), "eval"), {"torch": torch, "path": str(bad)})
+    assert not marker.exists()
+    with pytest.warns(UserWarning, match="TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+        torch.load(bad)  # this file is not fairseq's: torch's own rules, which the variable turns off
+    assert marker.exists()
+    marker.unlink()
+    buffer = io.BytesIO(bad.read_bytes())
+    exec(compile("torch.load(buffer, weights_only=False)", str(site / "fairseq/distributed/utils.py"), "eval"),
+         {"torch": torch, "buffer": buffer})
+    assert marker.exists()  # what one worker sends another is not a user's file: left to torch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["zip", "legacy"])
+def test_ema_seed_model_refuses_code_in_one_line(toy_data, tmp_path, fmt):
+    marker = tmp_path / "marker"
+    bad = malicious_checkpoint(tmp_path / "evil.pt", marker, fmt)
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path / "run", "--store-ema", "--ema-seed-model", bad,
+                                            "--cpu", max_update=1), check=False, env=UNSAFE)
+    one_line_error(proc, bad, "fairseq-train")
+    assert "refused" in proc.stderr.strip().splitlines()[-1] and not marker.exists()
+    plain = tmp_path / "no-ema.pt"
+    torch.save({"model": {}, "extra_state": {}}, plain)
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path / "run2", "--store-ema", "--ema-seed-model", plain,
+                                            "--cpu", max_update=1), check=False)
+    one_line_error(proc, plain, "fairseq-train")
+    assert "holds no EMA weights" in proc.stderr
+
+
+@pytest.mark.slow
+def test_without_the_plugin_fairseq_runs_the_pickle_under_the_unsafe_variable(tmp_path):
+    """What docs/robustness.md says holds without the plugin imported: fairseq's
+    own reader, under the variable, runs a pickle's code (do not set it)."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "marker"
+    bad = malicious_checkpoint(tmp_path / "evil.pt", marker)
+    program = ("from fairseq import checkpoint_utils\ntry:\n    checkpoint_utils.load_checkpoint_to_cpu("
+               f"{str(bad)!r})\nexcept Exception:\n    pass\n")
+    env = {**os.environ, **UNSAFE, "PYTHONWARNINGS": "ignore"}
+    subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, timeout=120, cwd=tmp_path)
+    assert marker.exists()
+    marker.unlink()
+    program = "import powernorm_fairseq\n" + program.replace("except Exception", "except ValueError")
+    proc = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0 and not marker.exists(), proc.stderr[-2000:]
