@@ -87,7 +87,7 @@ def stale() -> list:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 naming each stale page")
     args = parser.parse_args(argv)
     if args.check:

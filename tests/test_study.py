@@ -184,7 +184,9 @@ def test_the_study_writes_its_table_figures_and_landscape(study, demo):
 def test_a_rerun_skips_every_cell_and_an_interrupted_one_resumes(study, demo, tmp_path):
     """One rerun over a copy of the study: a cell measured before --landscape
     was asked for is measured, a cell stopped after its last checkpoint and
-    before its result resumes (not retrains), and every other cell is skipped."""
+    before its result resumes (not retrains), and every other cell is skipped.
+    The stopped cell was killed before fairseq printed its epoch's line (its
+    only epoch): its numbers come from its last checkpoint, not its log."""
     import shutil
 
     out = tmp_path / "study"  # a copy: the other tests read the shared one
@@ -192,6 +194,10 @@ def test_a_rerun_skips_every_cell_and_an_interrupted_one_resumes(study, demo, tm
     results = cell_results(out)
     name = next(n for n, r in results.items() if r["status"] == "finished" and r["norm"] == "bn")
     (out / "cells" / name / "result.json").unlink()
+    log = out / "cells" / name / "train.log"
+    lines = log.read_text().splitlines(keepends=True)
+    assert sum(" | train | " in line for line in lines) == 1  # one epoch: the kill leaves no line at all
+    log.write_text("".join(line for line in lines if " | train | " not in line))
     measured = next(n for n, r in results.items() if "lipschitz" in r and n != name)
     plain = {k: v for k, v in results[measured].items() if k not in ("lipschitz", "smoothness", "grad_norm")}
     (out / "cells" / measured / "result.json").write_text(json.dumps(plain))
@@ -205,9 +211,39 @@ def test_a_rerun_skips_every_cell_and_an_interrupted_one_resumes(study, demo, tm
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 8 updates\)", log)
     again = cell_results(out)[name]
     assert again["final_loss"] == results[name]["final_loss"] and again["updates"] == 8
+    assert again["metric"] == results[name]["metric"] and again["converged"] == results[name]["converged"]
 
 
-def test_print_commands_and_bad_grids(demo, tmp_path, capsys):
+def test_the_report_holds_every_cell_another_run_finished(study, demo, tmp_path, monkeypatch):
+    """Two runs on one OUT: the cells the other run trained (skipped here as
+    running elsewhere, finished there meanwhile) are in this run's report,
+    which reads every result on disk when it is written."""
+    import shutil
+
+    from powernorm_fairseq.cli import study as norm_study
+
+    out = tmp_path / "study"
+    shutil.copytree(study[0], out)
+    kept = {}
+    for path in (out / "cells").glob("*/result.json"):
+        kept[path] = path.read_text()
+        path.unlink()
+    (out / "study.md").unlink()
+
+    def the_other_run(args, todo):
+        for cell in todo:
+            path = out / "cells" / cell["name"] / "result.json"
+            path.write_text(kept[path])  # the other run finished it
+            yield cell, None  # this one found it locked
+
+    monkeypatch.setattr(norm_study, "run_all", the_other_run)
+    norm_study.main([*GRID, "--data", str(demo), "--out", str(out), "--landscape", *MORE])
+    md = (out / "study.md").read_text()
+    assert "pending" not in md and "done" not in md
+    assert len([c for c in json.loads((out / "study.json").read_text())["cells"] if c["status"] != "pending"]) == 6
+
+
+def test_print_commands_and_bad_grids(study, demo, tmp_path, capsys):
     from powernorm_fairseq.cli import study as norm_study
 
     out = tmp_path / "s"
@@ -217,17 +253,47 @@ def test_print_commands_and_bad_grids(demo, tmp_path, capsys):
     assert len(commands) == 4 and all("--cell d1-w32-" in c and c.endswith("-- --dropout 0.2") for c in commands)
     assert not any("--jobs" in c or "--print-commands" in c for c in commands)
     capsys.readouterr()
+    (tmp_path / "a-file").write_text("")
+    new = tmp_path / "new"
     for flags, message in ((["--norms", "ln", "layernorm", "--data", str(demo)],
                             "--norms: unknown kind 'layernorm'; choose from ln, bn"),
                            (["--task", "translation", "--data", str(demo)], "no dict.*.txt for --task translation"),
                            (["--inits", "uniform:0", "--data", str(demo)], "invalid --inits 'uniform:0'"),
-                           (["--max-update", "9", "--data", str(demo)],
-                            f"--out {out} holds a study run with max-update 8, not 9: rerun it with its settings")):
+                           (["--out", str(study[0]), "--max-update", "9", "--data", str(demo), "--landscape", *MORE],
+                            f"--out {study[0]} holds a study run with max-update 8, not 9: rerun it with its "
+                            "settings"),
+                           (["--lrs", "0.1", "0.1000001", "--data", str(demo)],
+                            "--lrs 0.1 and 0.1000001 name the same cell d1-w32-ln-xavier-kaiming-lr0.1-s1"),
+                           (["--widths", "200", "--data", str(demo)],
+                            "--widths 200: its 3 heads (one per 64 channels) do not divide 200"),
+                           (["--seeds", "-1", "--data", str(demo)], "--seeds must be >= 0, got -1"),
+                           (["--lr", "0.1", "--data", str(demo)], "unrecognized arguments: --lr 0.1"),
+                           (["--out", str(tmp_path / "a-file"), "--data", str(demo)], "is a file, not a directory"),
+                           (["--data", str(demo), "--", "--dropuot", "0.1"],
+                            "fairseq-train (the flags after --): unrecognized arguments: --dropuot 0.1"),
+                           (["--data", str(demo), "--", "--no-save"], "after --: --no-save: a cell's result")):
         with pytest.raises(SystemExit) as end:
-            norm_study.main([*GRID, *flags, "--out", str(out)])
+            norm_study.main([*GRID, "--out", str(new), *flags])
         error = capsys.readouterr().err.strip().splitlines()
         assert end.value.code == 2 and len(error) == 1 and error[0].startswith("norm-study.sh: error: ")
         assert message in error[0], error
+        assert not new.exists()  # nothing written
+
+
+def test_a_failed_start_does_not_lock_the_study(demo, tmp_path, capsys):
+    """A start that failed before any cell trained (a flag fairseq needed was
+    missing) recorded nothing that binds: the corrected command runs, and the
+    probes made with the old settings are made again."""
+    from powernorm_fairseq.cli import study as norm_study
+
+    out = tmp_path / "s"
+    cell = out / "cells" / "d1-w32-ln-xavier-kaiming-lr1-s1"
+    cell.mkdir(parents=True)
+    (cell / "init.json").write_text("{}")
+    (out / "settings.json").write_text(json.dumps({"fairseq_args": ["--max-positions", "4"]}))
+    norm_study.main([*GRID, "--data", str(demo), "--out", str(out), "--print-commands", *MORE])
+    assert "error" not in capsys.readouterr().err
+    assert not (cell / "init.json").exists() and not (out / "settings.json").exists()
 
 
 def test_paired_differences_and_their_interval():
@@ -262,7 +328,11 @@ def descendants(pid):
     return found
 
 
-def test_sigterm_ends_every_cell_of_a_parallel_study(demo, tmp_path):
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
+def test_a_signal_ends_every_cell_of_a_parallel_study(demo, tmp_path, signal_name):
+    """SIGTERM to the script (a scheduler), or SIGINT to its process group
+    (Ctrl-C): every process ends, no cell is taken for finished, and no
+    worker prints a traceback; Ctrl-C gets one line saying how to resume."""
     import signal
 
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
@@ -270,15 +340,22 @@ def test_sigterm_ends_every_cell_of_a_parallel_study(demo, tmp_path):
     long = ["--lrs", "0.01", "--norms", "ln", "bn", "--max-update", "100000"]  # two cells that neither end nor diverge
     script = subprocess.Popen(["bash", "scripts/norm-study.sh", *GRID, *long, "--jobs", "2",
                                "--data", str(demo), "--out", str(out)], cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 120
     while len(list(out.glob("cells/*/train.log"))) < 2:  # both workers are training
         assert time.time() < deadline and script.poll() is None, script.stderr.read() if script.poll() else ""
         time.sleep(0.1)
     below = descendants(script.pid)
     assert len(below) >= 4  # the supervisor's bash, python, and two workers at least
-    script.send_signal(signal.SIGTERM)
+    if signal_name == "SIGTERM":
+        script.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(script.pid, signal.SIGINT)
     assert script.wait(timeout=60) != 0
+    console = script.stderr.read()
+    assert "Traceback" not in console, console
+    if signal_name == "SIGINT":
+        assert console.strip().splitlines()[-1].startswith("norm-study.sh: interrupted; "), console
     deadline = time.time() + 30
     while (left := [p for p in below if os.path.exists(f"/proc/{p}")]) and time.time() < deadline:
         time.sleep(0.1)

@@ -307,3 +307,28 @@ def test_no_module_imports_one_that_imports_it_back():
     circles = sorted(m for m in graph if m in reach(m))
     assert circles == []
     assert graph["powernorm_fairseq.norms.kernels.gpu"] == {"powernorm_fairseq.norms.kernels.contract"}
+
+
+@pytest.mark.fast
+def test_every_console_tool_takes_flags_only_as_spelled_in_full():
+    """No prefix matching in any parser of the plugin or its scripts
+    (``--lr 0.1`` taken as ``--lrs``): each is ``common.flags.ArgumentParser``
+    or passes ``allow_abbrev=False``; the ones with ``add_help=False`` gather
+    fairseq's flags for fairseq's own parser and are no console's."""
+    import ast
+
+    from powernorm_fairseq.common.flags import ArgumentParser
+
+    found = []
+    for path in sorted([*(ROOT / "powernorm_fairseq").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            f = getattr(node, "func", None)
+            name = getattr(f, "attr", None) or getattr(f, "id", None)
+            if isinstance(node, ast.Call) and name == "ArgumentParser":
+                keywords = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
+                ours = isinstance(f, ast.Name)  # the one from common.flags, as every module imports it
+                found.append(path.name)
+                assert ours or keywords.get("allow_abbrev") is False or keywords.get("add_help") is False, \
+                    f"{path.relative_to(ROOT)}:{node.lineno}: a parser that takes prefixes of its flags"
+    assert {"study.py", "average.py", "progress.py", "docs_tables.py"} <= set(found)
+    assert ArgumentParser(prog="x").allow_abbrev is False

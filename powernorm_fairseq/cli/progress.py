@@ -99,7 +99,7 @@ class Summary:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--log", required=True, help="the file every line is appended to")
     parser.add_argument("--prefix", default="", help="put before each console line")
     parser.add_argument("--command-file", help="written with --command once the run is accepted")

@@ -25,8 +25,10 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..common.files import atomic_path, end_cleanly_on_sigterm
@@ -78,6 +80,13 @@ def dims(w):
     return d, 4 * d, max(1, d // 64)
 
 
+def check_width(w):
+    d, _, heads = dims(w)
+    if d % heads:
+        raise StudyError(f"--widths {w}: its {heads} heads (one per 64 channels) do not divide {d}; give a width "
+                         "below 128 or a multiple of its head count, e.g. a multiple of 64")
+
+
 def cells(args):
     grid = [dict(depth=d, width=w, norm=n, init=i, lr=lr, seed=s) for d in args.depths for w in args.widths
             for i in args.inits for lr in args.lrs for n in args.norms for s in args.seeds]
@@ -85,6 +94,18 @@ def cells(args):
         cell["name"] = (f"d{cell['depth']}-w{cell['width']}-{cell['norm']}-{cell['init'].replace(':', '')}"
                         f"-lr{cell['lr']:g}-s{cell['seed']}")
     return grid
+
+
+def check_names(grid):
+    """Every cell's directory name is its own: learning rates that agree in
+    their first 6 digits (what a name holds) would share one cell."""
+    seen = {}
+    for cell in grid:
+        other = seen.setdefault(cell["name"], cell)
+        if other is not cell:
+            axis = next(k for k in ("lr", "width", "init") if other[k] != cell[k])
+            raise StudyError(f"--{axis}s {other[axis]!r} and {cell[axis]!r} name the same cell {cell['name']}; "
+                             "give values that differ in their first 6 significant digits")
 
 
 def train_argv(args, cell, save_dir):
@@ -270,21 +291,24 @@ def run_cell(args, cell, verbose=False):
             return measure_landscape(args, cell, root, result)
         start = time.time()
         train_args = parse(train_argv(args, cell, root))
+        record_settings(args)
         if not (root / "init.json").exists():
             probe = initial_probe(train_args, LOSS[args.task])
             with atomic_path(root / "init.json") as tmp:
                 Path(tmp).write_text(json.dumps(probe, indent=1))
         probe = json.loads((root / "init.json").read_text())
         status = train(train_args, root / "train.log", verbose)
-        records = read_log(root / "train.log")
         result = dict(cell, status=status, initial_loss=probe["loss"], seconds=round(time.time() - start, 1))
-        key = LOSS[args.task]
-        epochs = [r for r in records["train"] if key in r]
-        result["final_loss"] = epochs[-1][key] if epochs and status == "finished" else float("nan")
-        valid = [r for r in records["valid"] if METRIC[args.task][0] in r]
-        result["metric"] = valid[-1][METRIC[args.task][0]] if valid and status == "finished" else float("nan")
-        result["updates"] = int(max([r.get("num_updates", 0) for r in records["train_inner"] + records["train"]],
-                                    default=0))
+        if status == "finished":  # the numbers saved with the last checkpoint, not a log a kill may have cut
+            end = end_of_run(root / "checkpoint_last.pt")
+            result["final_loss"] = end["train"].get(LOSS[args.task], float("nan"))
+            result["metric"] = end["valid"].get(METRIC[args.task][0], float("nan"))
+            result["updates"] = end["updates"]
+        else:
+            records = read_log(root / "train.log")
+            result["final_loss"] = result["metric"] = float("nan")
+            result["updates"] = int(max([r.get("num_updates", 0) for r in records["train_inner"] + records["train"]],
+                                        default=0))
         result["converged"] = converged(result["final_loss"], result["initial_loss"], args.majority_loss,
                                         args.converged_fraction)
         if wants_landscape(args, result):
@@ -335,7 +359,8 @@ def train(train_args, log_path, verbose):
     for h in console:
         h.setLevel(logging.INFO if verbose else logging.WARNING)
     try:
-        distributed_utils.call_main(convert_namespace_to_omegaconf(train_args), fairseq_train.main)
+        with end_of_run_records():
+            distributed_utils.call_main(convert_namespace_to_omegaconf(train_args), fairseq_train.main)
         return "finished"
     except SystemExit as end:  # the plugin ends a run that resumes with nothing left to train
         if end.code not in (0, None):
@@ -355,6 +380,59 @@ def train(train_args, log_path, verbose):
         handler.close()
         for h, level in zip(console, levels):
             h.setLevel(level)
+
+
+def numbers(stats):
+    out = {}
+    for key, value in stats.items():
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError):
+            pass
+    return out
+
+
+@contextmanager
+def end_of_run_records():
+    """Each checkpoint fairseq saves holds, in its ``extra_state["study"]``,
+    the training numbers of the epoch so far (what the epoch's ``| train |``
+    line prints after the save), the last validation's and the update count:
+    the end of a run is read from its last checkpoint, which fairseq renames
+    into place whole, and never from a log that a kill between the save and
+    the line would leave one epoch short."""
+    from fairseq.logging import metrics
+    from fairseq.trainer import Trainer
+    from fairseq_cli import train as fairseq_train
+
+    save, valid_stats, last_valid = Trainer.save_checkpoint, fairseq_train.get_valid_stats, {}
+
+    def get_valid_stats(*args, **kwargs):
+        stats = valid_stats(*args, **kwargs)
+        last_valid.clear()
+        last_valid.update(numbers(stats))
+        return stats
+
+    def save_checkpoint(self, filename, extra_state):
+        extra_state["study"] = dict(updates=self.get_num_updates(), valid=dict(last_valid),
+                                    train=numbers(metrics.get_smoothed_values("train")))
+        return save(self, filename, extra_state)
+
+    Trainer.save_checkpoint, fairseq_train.get_valid_stats = save_checkpoint, get_valid_stats
+    try:
+        yield
+    finally:
+        Trainer.save_checkpoint, fairseq_train.get_valid_stats = save, valid_stats
+
+
+def end_of_run(checkpoint):
+    """The end-of-run record of a finished cell's last checkpoint."""
+    from ..common.checkpoints import load
+
+    record = (load(str(checkpoint)).get("extra_state") or {}).get("study")
+    if not record:
+        raise StudyError(f"{checkpoint}: holds no end-of-run record (saved by an earlier version of the study); "
+                         f"remove {checkpoint.parent} to train the cell again")
+    return record
 
 
 # ---------------------------------------------------------------- the report
@@ -588,7 +666,7 @@ def parser():
     p.add_argument("--norms", nargs="+", metavar="KIND", help="--norm-type kinds; the first is the baseline "
                    "of the paired differences")
     p.add_argument("--inits", nargs="+", metavar="INIT", help="--init schemes")
-    p.add_argument("--seeds", nargs="+", type=int, default=[1], metavar="N")
+    p.add_argument("--seeds", nargs="+", type=at_least(0, "--seeds"), default=[1], metavar="N")
     p.add_argument("--optimizer", choices=("sgd", "adam"))
     p.add_argument("--placement", choices=("pre", "post"))
     p.add_argument("--warmup-updates", type=at_least(0, "--warmup-updates"), metavar="N",
@@ -607,8 +685,18 @@ def parser():
                    "unfinished cell (for a scheduler), and exit; a later run collects the cells")
     p.add_argument("--cell", metavar="NAME", help="run this cell only (what --print-commands writes)")
     p.add_argument("--verbose", action="store_true", help="fairseq's log on the console too")
-    p.add_argument("fairseq_args", nargs=argparse.REMAINDER, help="after --: more fairseq-train flags")
+    p.usage = "norm-study.sh [options] [-- FAIRSEQ-TRAIN FLAGS...]"
+    p.epilog = "After --: more fairseq-train flags, given to every cell."
     return p
+
+
+def parse_args(p, argv):
+    """The study's flags, and fairseq-train's after ``--`` (an unknown flag
+    before it is refused, never taken for fairseq's)."""
+    ours, theirs = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    args = p.parse_args(ours)
+    args.fairseq_args = theirs
+    return args
 
 
 def check(args, p):
@@ -627,8 +715,6 @@ def check(args, p):
         args.inits = [init_scheme(i) for i in args.inits]
     except argparse.ArgumentTypeError as err:
         p.error(str(err).replace("--init", "--inits"))
-    if args.fairseq_args[:1] == ["--"]:
-        args.fairseq_args = args.fairseq_args[1:]
     for key in ("lrs", "depths", "widths", "norms", "inits", "seeds"):
         values = getattr(args, key)
         if len(set(values)) != len(values):
@@ -637,8 +723,51 @@ def check(args, p):
     args.data_as_given = args.data  # what the report names: no path of this machine beyond the user's own
     args.data = Path(args.data).resolve()
     args.out = Path(args.out).resolve()
+    for w in args.widths:
+        check_width(w)
     check_data(args)
     args.majority_loss = constant_loss(args)
+    check_names(cells(args))
+    check_fairseq_args(args)
+
+
+class _FairseqUsage(Exception):
+    pass
+
+
+def check_fairseq_args(args):
+    """Every cell's fairseq-train command, parsed by fairseq's own parser (a
+    typo after ``--`` or a combination the plugin refuses is one line, before
+    anything is written), once per kind of cell; and a run that saves its
+    last checkpoint every epoch, which the study's results and resumes read."""
+    import argparse as stock
+
+    from ..common.errors import PowerNormConfigError
+
+    def error(self, message):
+        raise _FairseqUsage(message)
+
+    seen, error_before = set(), stock.ArgumentParser.error
+    stock.ArgumentParser.error = error
+    try:
+        for cell in cells(args):
+            kind = (cell["depth"], cell["width"], cell["norm"], cell["init"])
+            if kind in seen:
+                continue
+            seen.add(kind)
+            try:
+                parsed = parse(train_argv(args, cell, args.out / "cells" / cell["name"]))
+            except _FairseqUsage as err:
+                raise StudyError(f"fairseq-train (the flags after --): {err}") from None
+            except PowerNormConfigError as err:
+                raise StudyError(f"cell {cell['name']}: {err}") from None
+            for flag, bad in (("--no-save", parsed.no_save), ("--no-last-checkpoints", parsed.no_last_checkpoints),
+                              (f"--save-interval {parsed.save_interval}", parsed.save_interval != 1)):
+                if bad:
+                    raise StudyError(f"after --: {flag}: a cell's result and its resume are read from the "
+                                     "checkpoint_last.pt saved at the end of every epoch; leave it out")
+    finally:
+        stock.ArgumentParser.error = error_before
 
 
 def quiet(verbose):
@@ -660,18 +789,40 @@ def main(argv=None):
     end_cleanly_on_sigterm()
     p = parser()
     argv = sys.argv[1:] if argv is None else argv
-    args = p.parse_args(argv)
+    args = parse_args(p, argv)
     try:
         check(args, p)
     except StudyError as err:
         p.error(str(err))
     quiet(args.verbose)
+    try:
+        study(args, argv, p)
+    except KeyboardInterrupt:
+        p.exit(130, f"{p.prog}: interrupted; the finished cells are kept, and the same command resumes the rest\n")
+    except StudyError as err:
+        p.error(str(err))
+
+
+def writable_out(args, p):
+    """OUT made, or one line saying why it cannot be, before anything is written there."""
+    out = args.out
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out}: is a file, not a directory; give a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        p.error(f"--out {out}: cannot write there ({err.strerror or err}); give a writable directory")
+
+
+def study(args, argv, p):
     grid = cells(args)
     if args.cell:
         grid = [c for c in grid if c["name"] == args.cell]
         if not grid:
             p.error(f"--cell {args.cell}: not a cell of this grid")
-    args.out.mkdir(parents=True, exist_ok=True)
+    writable_out(args, p)
     same_settings(args, p)
 
     def finished(cell):
@@ -721,8 +872,16 @@ def main(argv=None):
     if args.cell:
         return
     full = cells(args)
-    figures(args, full, results)
-    report(args, full, results)
+    with open(args.out / ".report.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one report at a time, each from every result on disk when it starts
+        results = {c["name"]: json.loads(Path(args.out, "cells", c["name"], "result.json").read_text())
+                   for c in full if finished(c)}
+        try:
+            figures(args, full, results)
+            report(args, full, results)
+        except OSError as err:
+            raise StudyError(f"{err.filename or args.out}: could not be written ({err.strerror or err}); every "
+                             "finished cell is kept: rerun the command to write the report") from None
     pending = len(full) - len(results)
     print(f"norm-study: {args.out / 'study.md'}" + (f" ({pending} cells pending)" if pending else ""),
           file=sys.stderr)
@@ -733,20 +892,44 @@ SETTINGS = ("task", "optimizer", "placement", "warmup_updates", "max_epochs", "m
             "max_tokens", "converged_fraction", "fairseq_args")
 
 
-def same_settings(args, p):
-    """OUT/settings.json: the training settings of the study's first run; a
-    rerun with others would mix cells trained two ways, and is refused."""
-    path = Path(args.out, "settings.json")
+def settings(args):
     mine = {key: getattr(args, key) for key in SETTINGS}
     mine["data"] = str(args.data)
-    if path.exists():
-        theirs = json.loads(path.read_text())
-        differ = [k for k in mine if theirs.get(k) != mine[k]]
-        if differ:
-            k = differ[0]
-            p.error(f"--out {args.out} holds a study run with {k.replace('_', '-')} {theirs.get(k)!r}, not "
-                    f"{mine[k]!r}: rerun it with its settings, or give another --out")
-    else:
+    return mine
+
+
+def trained_any(out):
+    """Whether a cell of OUT holds what training made: a checkpoint or a result."""
+    return any(Path(out, "cells").glob("*/checkpoint*.pt")) or any(Path(out, "cells").glob("*/result.json"))
+
+
+def same_settings(args, p):
+    """OUT/settings.json holds the training settings of the cells trained
+    there; a rerun with others would mix cells trained two ways, and is
+    refused. Settings that no cell trained with yet (a start that failed)
+    bind nothing: the probes they made are removed, and the new settings
+    are recorded when a cell starts (:func:`record_settings`)."""
+    path = Path(args.out, "settings.json")
+    if not path.exists():
+        return
+    mine, theirs = settings(args), json.loads(path.read_text())
+    differ = [k for k in mine if theirs.get(k) != mine[k]]
+    if not differ:
+        return
+    if trained_any(args.out):
+        k = differ[0]
+        p.error(f"--out {args.out} holds a study run with {k.replace('_', '-')} {theirs.get(k)!r}, not "
+                f"{mine[k]!r}: rerun it with its settings, or give another --out")
+    for probe in Path(args.out, "cells").glob("*/init.json"):
+        probe.unlink()
+    path.unlink()
+
+
+def record_settings(args):
+    """settings.json, written when a cell starts."""
+    path = Path(args.out, "settings.json")
+    mine = settings(args)
+    if not path.exists() or json.loads(path.read_text()) != mine:
         with atomic_path(path) as tmp:
             Path(tmp).write_text(json.dumps(mine, indent=1))
 
@@ -776,6 +959,9 @@ def run_all(args, todo):
 
 
 def _worker(verbose):
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the main process ends the pool
     end_cleanly_on_sigterm()
     quiet(verbose)
 

@@ -36,7 +36,13 @@ def fraction(flag: str):
 
 class ArgumentParser(argparse.ArgumentParser):
     """The plugin's console scripts' parser: a usage error is one line
-    (``prog: error: ...``), without the usage block; ``--help`` prints it."""
+    (``prog: error: ...``), without the usage block; ``--help`` prints it. A
+    flag is taken only as spelled in full (no prefix matching: ``--lr`` is not
+    ``--lrs``)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
