@@ -17,7 +17,17 @@ workers_for() {
 # temporary files), temporary and tied
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
 
-die() { echo "$(basename "$0"): error: $*" >&2; exit 1; }
+# die MESSAGE: one line, and exit; a full file system under OUT is named, as a
+# failed step's own message (or its empty log) may not say so
+die() { echo "$(basename "$0"): error: $*$(full_disk "${OUT:-}")" >&2; exit 1; }
+full_disk() {
+  local avail
+  [[ -n "$1" && -d "$1" ]] || return 0
+  avail=$(df -Pk -- "$1" 2>/dev/null | awk 'NR == 2 {print $4}')
+  if [[ "$avail" =~ ^[0-9]+$ ]] && (( avail < 1024 )); then
+    echo " (No space left on device: the file system of $1 is full)"
+  fi
+}
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
 # subword_usage WIDTH: the usage lines of --bpe, --bpe-size and --force,

@@ -20,6 +20,8 @@ BPE=subword-nmt
 BPE_SIZE=2000
 SKIP=""
 FORCE=""
+HEADER=""
+FOLD=""
 
 usage() {
   cat <<USAGE
@@ -44,14 +46,21 @@ usage: data-prep/prepare-phrasebank.sh (--src FILE | --demo N) [--out DIR] [opti
   --bpe METHOD          subword-nmt | sentencepiece (default: $BPE), learned on
                         the training split only
   --bpe-size N          merges, or the sentencepiece vocabulary (default: $BPE_SIZE)
-  --skip-malformed      drop malformed lines (counted and named) instead of stopping
-  --force               redo everything even if DIR is already prepared
+  --skip-malformed      drop malformed lines (counted and named) instead of
+                        stopping: a line without its label, or a TSV line
+                        without exactly two columns
+  --header              the first line is a header (column names): skip it
+  --fold-case           labels that differ only in case are one label, in
+                        lower case (without it: a warning names them)
+  --force               redo everything even if DIR is already prepared (from
+                        another --src or with other options, too)
 USAGE
 }
 
 declare -A OPTIONS=([--src]=SRC [--demo]=DEMO [--out]=OUT [--format]=FORMAT [--encoding]=ENCODING
                    [--valid-fraction]=VALID [--test-fraction]=TEST [--seed]=SEED [--bpe]=BPE
-                   [--bpe-size]=BPE_SIZE [--bpe-merges]=BPE_SIZE [--skip-malformed]=SKIP=1 [--force]=FORCE=1)
+                   [--bpe-size]=BPE_SIZE [--bpe-merges]=BPE_SIZE [--skip-malformed]=SKIP=1 [--force]=FORCE=1
+                   [--header]=HEADER=1 [--fold-case]=FOLD=1)
 parse_options "$@"
 [[ -n "$SRC" || -n "$DEMO" ]] || { usage >&2; die "give --src FILE or --demo N"; }
 [[ -z "$SRC" || -z "$DEMO" ]] || die "--src and --demo exclude each other: give one"
@@ -69,6 +78,18 @@ python -c 'import codecs, sys; sys.argv[1] == "auto" or codecs.lookup(sys.argv[1
 check_subwords "$BPE" "$BPE_SIZE"
 
 hold "$OUT" "$FORCE"
+# what OUT is prepared from: another source or other options into it are refused, never mixed or skipped
+if [[ -n "$DEMO" ]]; then
+  FROM="demo $DEMO"
+else
+  FROM="$(sha256sum < "$SRC" | cut -d' ' -f1) of $SRC"
+fi
+SETTINGS="format $FORMAT, encoding $ENCODING, valid $VALID, test $TEST, seed $SEED, skip-malformed ${SKIP:-0}, header ${HEADER:-0}, fold-case ${FOLD:-0}, bpe $BPE $BPE_SIZE"
+if [[ -f "$OUT/source.txt" ]]; then
+  had=$(head -n 1 "$OUT/source.txt"); had_settings=$(sed -n 2p "$OUT/source.txt")
+  [[ "${had%% of *}" == "${FROM%% of *}" && "$had_settings" == "$SETTINGS" ]] \
+    || die "--out $OUT holds data prepared from ${had#* of } ($had_settings), not from ${FROM#* of } ($SETTINGS); pass --force to prepare it again, or another --out"
+fi
 if [[ -z "$FORCE" ]] && prepared "$OUT" "$BPE"; then
   exit 0
 fi
@@ -84,9 +105,16 @@ log "reading $SRC and splitting it (seed $SEED, valid $VALID, test $TEST)"
 if [[ ! -s "$OUT/raw/train.label" ]]; then
   temporary "$OUT/raw.tmp"
   rm -rf "$OUT/raw.tmp" && mkdir -p "$OUT/raw.tmp"
-  tied python - "$SRC" "$FORMAT" "$ENCODING" "$VALID" "$TEST" "$SEED" "$SKIP" "$OUT/raw.tmp" <<'PY' || die "reading $SRC failed"
+  tied python - "$SRC" "$FORMAT" "$ENCODING" "$VALID" "$TEST" "$SEED" "$SKIP" "$OUT/raw.tmp" "$HEADER" "$FOLD" <<'PY' || { [[ $? == 3 ]] && exit 2; die "reading $SRC failed"; }
 import collections, os, random, sys
-src, fmt, encoding, valid, test, seed, skip, out = sys.argv[1:]
+src, fmt, encoding, valid, test, seed, skip, out, header, fold = sys.argv[1:]
+
+
+def refuse(message):
+    print(f"prepare-phrasebank.sh: error: {message}", file=sys.stderr)
+    sys.exit(3)
+
+
 raw = open(src, "rb").read()
 if encoding == "auto":
     try:
@@ -94,21 +122,31 @@ if encoding == "auto":
         encoding = "utf-8"
     except UnicodeDecodeError:
         encoding = "iso-8859-1"
-text = raw.decode(encoding, errors="strict")
-lines = text.splitlines()
+text = raw.decode(encoding, errors="strict").removeprefix("\ufeff")  # a byte-order mark is no text
+# lines end at a newline only (CR LF too): U+2028, U+0085 and the like are characters of a sentence
+lines = [line.removesuffix("\r") for line in text.split("\n")]
+if lines and lines[-1] == "":
+    lines.pop()
+numbered = [(n, line) for n, line in enumerate(lines, 1)]
+first = next(((n, line) for n, line in numbered if line.strip()), (0, ""))
 if fmt == "auto":
-    first = next((line for line in lines if line.strip()), "")
-    fmt = "tsv" if "\t" in first else "phrasebank"
+    fmt = "tsv" if "\t" in first[1] else "phrasebank"
+sep = "\t" if fmt == "tsv" else "@"
+if header:
+    numbered = [(n, line) for n, line in numbered if n != first[0]]
 PHRASEBANK = {"negative", "neutral", "positive"}
 rows, bad, blank, seen, duplicates = [], [], 0, set(), 0
-for number, line in enumerate(lines, 1):
+for number, line in numbered:
     if not line.strip():
         blank += 1
         continue
-    sep = "\t" if fmt == "tsv" else "@"
     sentence, found, label = line.rpartition(sep)
     sentence, label = " ".join(sentence.split()), label.strip()
-    if not found or not sentence or not label or " " in label:
+    if fold:
+        label = label.lower()
+    if fmt == "tsv" and line.count("\t") > 1:
+        bad.append((number, f"{line.count(chr(9)) + 1} columns, not 2 (text<TAB>label)"))
+    elif not found or not sentence or not label or " " in label:
         bad.append((number, f"no '{'<TAB>' if sep == chr(9) else '@'}label' at its end"))
     elif fmt == "phrasebank" and label not in PHRASEBANK:
         bad.append((number, f"label {label!r} is not one of negative, neutral, positive"))
@@ -121,17 +159,36 @@ if bad:
     where = ", ".join(f"{src}:{n} ({why})" for n, why in bad[:3])
     more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
     if not skip:
-        sys.exit(f"error: {len(bad)} malformed line(s) in {src} ({fmt}, {encoding}): {where}{more}; "
+        refuse(f"{len(bad)} malformed line(s) in {src} ({fmt}, {encoding}): {where}{more}; "
                  "fix them, or pass --skip-malformed to drop them")
     print(f"warning: dropped {len(bad)} malformed line(s): {where}{more}", file=sys.stderr)
 labels = collections.Counter(label for _, label in rows)
+if not header and first[0] and fmt == "tsv":  # a header: one word naming each column, its "label" nowhere else
+    name, _, top = first[1].rpartition(sep)
+    top = top.strip().lower() if fold else top.strip()
+    if labels.get(top) == 1 and len(rows) > 2 and len(name.split()) == 1:
+        refuse(f"{src}:{first[0]} looks like a header (one word, and its label {top!r} is on no other line): "
+                 "pass --header to skip it, or remove it")
+spellings = collections.defaultdict(set)
+for label in labels:
+    spellings[label.lower()].add(label)
+variants = sorted(sorted(group) for group in spellings.values() if len(group) > 1)
+if variants:
+    print(f"warning: labels that differ only in case are separate classes: "
+          f"{'; '.join(' / '.join(g) for g in variants)} (--fold-case makes each one label)", file=sys.stderr)
 if len(labels) < 2:
-    sys.exit(f"error: {src} holds {len(labels)} label(s) ({', '.join(labels) or 'none'}): a classifier needs two or more")
+    refuse(f"{src} holds {len(labels)} label(s) ({', '.join(labels) or 'none'}): a classifier needs two or more")
 random.Random(int(seed)).shuffle(rows)
 n_valid, n_test = round(len(rows) * float(valid)), round(len(rows) * float(test))
 splits = {"valid": rows[:n_valid], "test": rows[n_valid:n_valid + n_test], "train": rows[n_valid + n_test:]}
 if not splits["train"] or not splits["valid"]:
-    sys.exit(f"error: {len(rows)} sentences leave an empty train or valid split; give more, or other fractions")
+    refuse(f"{len(rows)} sentences leave an empty train or valid split; give more, or other fractions")
+in_train = collections.Counter(label for _, label in splits["train"])
+missing = sorted(label for label in labels if not in_train[label])
+if missing:  # fairseq's label dictionary is the training split's: another label could not be a target
+    refuse(f"label {missing[0]!r} ({labels[missing[0]]} sentence(s)) falls in no training sentence"
+             f"{f' (nor {len(missing) - 1} more label(s))' if len(missing) > 1 else ''}; give more sentences "
+             "of it, another --seed or --valid-fraction, or remove it")
 for split, part in splits.items():
     if not part:
         continue
@@ -147,6 +204,7 @@ print(f"{len(rows)} sentences ({fmt}, {encoding}; {counts}); skipped {blank} bla
 PY
   cp -f "$OUT/raw.tmp"/* "$OUT/raw/"
   rm -rf "$OUT/raw.tmp"
+  printf '%s\n%s\n' "$FROM" "$SETTINGS" > "$OUT/source.txt"  # once the sentences are read: a refusal binds nothing
 fi
 SPLITS=(train valid)
 [[ -s "$OUT/raw/test.txt" ]] && SPLITS+=(test)

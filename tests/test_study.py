@@ -363,3 +363,68 @@ def test_a_signal_ends_every_cell_of_a_parallel_study(demo, tmp_path, signal_nam
         os.kill(pid, signal.SIGKILL)
     assert left == [], f"processes left running after SIGTERM: {left}"
     assert not list(out.glob("cells/*/result.json"))  # no cell is taken for finished
+
+
+def last_line(proc):
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_preparation_accepts_only_label_sets_that_train(tmp_path):
+    """Labels that would not train are refused in one line, before anything is
+    binarized; a header, a BOM, case variants, U+2028 and latin-1's 0x85 are
+    read as what they are."""
+    import random
+
+    words = "profit sales rose fell the company shares market quarter growth".split()
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choice(words) for _ in range(6)) + f" {i} ." for i in range(40)]
+    rows = [(s, "up" if i % 2 else "down") for i, s in enumerate(sentences)]
+    # a label of one sentence, which this seed's shuffle puts in valid (the recipe's own shuffle, replayed)
+    with_rare = [*rows[1:], (rows[0][0] + "!", "rare")]
+
+    def in_valid(seed):
+        order = list(with_rare)
+        random.Random(seed).shuffle(order)
+        return ("rare" in [label for _, label in order[:8]])  # valid is the first 20%
+
+    seed = next(seed for seed in range(1, 100) if in_valid(seed))
+    src = tmp_path / "rare.tsv"
+    src.write_text("".join(f"{s}\t{label}\n" for s, label in with_rare))
+    proc = recipe("data-prep/prepare-phrasebank.sh", "--src", src, "--out", tmp_path / "a", "--seed", str(seed),
+                  check=False)
+    assert proc.returncode != 0 and "label 'rare' (1 sentence(s)) falls in no training sentence" in last_line(proc)
+    assert len(proc.stderr.strip().splitlines()) <= 2 and not (tmp_path / "a" / "bin").exists()
+    for name, text, flags, message in (
+            ("header.tsv", "sentence\tlabel\n" + "".join(f"{s}\t{lab}\n" for s, lab in rows), [],
+             "header.tsv:1 looks like a header (one word, and its label 'label' is on no other line): pass --header"),
+            ("three.tsv", "".join(f"{s}\tx\t{lab}\n" for s, lab in rows), [],
+             "40 malformed line(s) in"),
+    ):
+        (tmp_path / name).write_text(text)
+        proc = recipe("data-prep/prepare-phrasebank.sh", "--src", tmp_path / name, "--out", tmp_path / name[:-4],
+                      *flags, check=False)
+        assert proc.returncode != 0 and message in last_line(proc), proc.stderr[-1000:]
+    assert "3 columns, not 2" in last_line(proc)
+    # what trains: a BOM, a header taken by flag, U+2028 inside a sentence, labels folded by flag
+    good = tmp_path / "good.tsv"
+    good.write_text("\ufeffsentence\tlabel\n" + "".join(
+        f"{s}{chr(0x2028) if i == 3 else ''}\t{lab.upper() if i % 4 == 1 else lab}\n"
+        for i, (s, lab) in enumerate(rows)), encoding="utf-8")
+    proc = recipe("data-prep/prepare-phrasebank.sh", "--src", good, "--out", tmp_path / "good", "--header",
+                  "--fold-case", "--bpe-size", "20")
+    assert sorted((tmp_path / "good" / "bin" / "label" / "dict.txt").read_text().split()[::2]) == ["down", "up"]
+    raw = tmp_path / "good" / "raw"
+    texts = (raw / "train.txt").read_text() + (raw / "valid.txt").read_text()
+    assert len(texts.split("\n")) == 41 and "\ufeff" not in texts and "sentence" not in texts
+    # latin-1 with byte 0x85 (a character there, not a line end), and case variants named without --fold-case
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes(b"".join(f"{s} \x85\t{'Neutral' if i % 5 == 0 else ['positive', 'neutral'][i % 2]}\n".encode(
+        "iso-8859-1") for i, (s, _) in enumerate(rows)))
+    proc = recipe("data-prep/prepare-phrasebank.sh", "--src", latin, "--out", tmp_path / "latin", "--bpe-size", "20")
+    assert "labels that differ only in case are separate classes: Neutral / neutral" in proc.stderr
+    raw = tmp_path / "latin" / "raw"
+    assert len(((raw / "train.txt").read_text() + (raw / "valid.txt").read_text()).split("\n")) == 41
+    assert all(line.split()[-2].isdigit() for line in (raw / "train.txt").read_text().splitlines())  # whole lines
+    # another source into a prepared --out: refused, not skipped
+    proc = recipe("data-prep/prepare-phrasebank.sh", "--src", latin, "--out", tmp_path / "good", check=False)
+    assert proc.returncode != 0 and f"--out {tmp_path / 'good'} holds data prepared from {good}" in last_line(proc)
