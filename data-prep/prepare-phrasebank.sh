@@ -7,6 +7,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/lib.sh"
 whole "$@"
+environment  # fairseq and the tools, from .venv if no environment is active
 
 SRC=""
 DEMO=""

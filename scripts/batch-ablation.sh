@@ -5,6 +5,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # ROOT, whole, tied
 whole "$@"
+environment  # fairseq and the tools, from .venv if no environment is active
 
 usage() {
   cat <<USAGE

@@ -14,6 +14,28 @@ whole() {
   [[ -n "${POWERNORM_TREE:-}" ]] || exec python3 "$_TREE" bash "$0" "$@"
 }
 
+# environment: the tools the recipes run (fairseq's commands, sacremoses, the
+# plugin's), from the environment in use, else from the checkout's .venv
+# (scripts/setup.sh), activated here; without either, one line saying how to
+# make one, before anything is written
+environment() {
+  local tool
+  _tools() {
+    for tool in python fairseq-train fairseq-preprocess sacremoses powernorm-average; do
+      command -v "$tool" >/dev/null || return 1
+    done
+  }
+  _tools && python -c "import powernorm_fairseq" 2>/dev/null && return 0
+  if [[ -f "$ROOT/.venv/bin/activate" ]]; then
+    # shellcheck source=/dev/null
+    source "$ROOT/.venv/bin/activate"
+    _tools && return 0
+  fi
+  echo "$(basename "$0"): error: no environment with fairseq and this plugin (no $tool here, nor a complete" \
+       "$ROOT/.venv): run 'bash $ROOT/scripts/setup.sh', which makes .venv in the checkout" >&2
+  exit 2
+}
+
 # temporary PATH...: files or directories that a step is about to write and
 # rename when complete: whatever an earlier run left there (a link included,
 # never followed) is removed now, and they are removed if the script is ended

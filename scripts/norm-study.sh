@@ -5,5 +5,5 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # ROOT, whole: a SIGTERM ends every cell too
 whole "$@"
-[[ -n "${VIRTUAL_ENV:-}" || ! -f "$ROOT/.venv/bin/activate" ]] || source "$ROOT/.venv/bin/activate"
+environment  # fairseq and the tools, from .venv if no environment is active
 exec python -m powernorm_fairseq.cli.study "$@"

@@ -428,3 +428,29 @@ def test_preparation_accepts_only_label_sets_that_train(tmp_path):
     # another source into a prepared --out: refused, not skipped
     proc = recipe("data-prep/prepare-phrasebank.sh", "--src", latin, "--out", tmp_path / "good", check=False)
     assert proc.returncode != 0 and f"--out {tmp_path / 'good'} holds data prepared from {good}" in last_line(proc)
+
+
+def test_every_recipe_finds_the_checkouts_environment(tmp_path):
+    """Run from a shell with no environment active, a recipe uses the
+    checkout's .venv; a checkout without one is refused in one line before
+    anything is written."""
+    import shutil
+
+    bare = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    proc = subprocess.run(["bash", "data-prep/prepare-phrasebank.sh", "--demo", "60", "--bpe-size", "20", "--out",
+                           str(tmp_path / "demo")], cwd=ROOT, env=bare, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "demo" / "bin" / "label" / "dict.txt").exists()
+    copy = tmp_path / "checkout"  # the scripts without a .venv beside them
+    for part in ("scripts", "data-prep"):
+        shutil.copytree(ROOT / part, copy / part)
+    scripts = sorted(str(p.relative_to(copy)) for p in [*copy.glob("scripts/*.sh"), *copy.glob("data-prep/*.sh")]
+                     if "\nwhole \"$@\"\n" in p.read_text() and p.name != "quickstart.sh")
+    assert len(scripts) >= 11
+    for script in scripts:
+        proc = subprocess.run(["bash", script, "--out", str(tmp_path / "out"), "--save-dir", str(tmp_path / "out")],
+                              cwd=copy, env=bare, capture_output=True, text=True, timeout=60)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "no environment with fairseq and this plugin" in lines[0] \
+            and "scripts/setup.sh" in lines[0], (script, proc.stderr)
+        assert not (tmp_path / "out").exists()
