@@ -57,6 +57,15 @@ if [[ "$AVERAGE" == 1 ]]; then
   [[ -f "$CKPT" ]] || die "no checkpoint_last.pt in '$SAVE_DIR'"
 else
   CKPT="$SAVE_DIR/averaged_last_$AVERAGE.pt"
+fi
+OUT="$SAVE_DIR/generate-$SUBSET-$(basename "$CKPT" .pt).txt"
+LOG="$SAVE_DIR/generate.log"
+SCORES="$SAVE_DIR/bleu-$SUBSET.json"
+fresh "$LOG" "$OUT" "$OUT.hyp" "$SCORES"
+# the previous run's translation and score go before the model they would be taken for is made again: a run
+# stopped half-way leaves no score beside a model it is not of (each score names its checkpoints)
+rm -f -- "$OUT" "$OUT.hyp" "$SCORES"
+if [[ "$AVERAGE" != 1 ]]; then
   tied powernorm-average --inputs "$SAVE_DIR" --num-epoch-checkpoints "$AVERAGE" --output "$CKPT"
 fi
 
@@ -65,15 +74,12 @@ fi
 DECODE=(--remove-bpe)
 [[ -f "$DATA/spm.model" ]] && DECODE=(--post-process sentencepiece)
 
-OUT="$SAVE_DIR/generate-$SUBSET-$(basename "$CKPT" .pt).txt"
-LOG="$SAVE_DIR/generate.log"
 echo "evaluate.sh: translating $SUBSET with $(basename "$CKPT") (beam $BEAM, lenpen $LENPEN); log: $LOG" >&2
 generate=(fairseq-generate "$DATA" --user-dir "$ROOT/powernorm_fairseq" --path "$CKPT"
   --gen-subset "$SUBSET" --source-lang "$SRC" --target-lang "$TGT"
   --beam "$BEAM" --lenpen "$LENPEN" "${DECODE[@]}" --batch-size 128 "${CPU[@]}"
   --required-batch-size-multiple 1)  # fairseq drops a last batch that is not a multiple
 temporary "$OUT.tmp" "$OUT.hyp.tmp"
-fresh "$LOG" "$OUT" "$OUT.hyp" "$SAVE_DIR/bleu-$SUBSET.json"
 if [[ -n "${VERBOSE:-}" ]]; then
   tied "${generate[@]}" > "$OUT.tmp" 2> >(tied tee -a "$LOG" >&2)
 else
@@ -86,5 +92,5 @@ mv "$OUT.hyp.tmp" "$OUT.hyp"
 REF_ARGS=()
 [[ -n "$RAW_REF" ]] && REF_ARGS=(--raw-ref "$RAW_REF")
 echo "$SAVE_DIR ($SUBSET, beam $BEAM, lenpen $LENPEN):"
-powernorm-score "$OUT" --bleu "$BLEU" --target-lang "$TGT" --checkpoints "$AVERAGE" \
-  --json "$SAVE_DIR/bleu-$SUBSET.json" "${REF_ARGS[@]}"
+powernorm-score "$OUT" --bleu "$BLEU" --target-lang "$TGT" --checkpoints "$AVERAGE" --checkpoint "$CKPT" \
+  --json "$SCORES" "${REF_ARGS[@]}"

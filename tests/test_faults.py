@@ -752,3 +752,26 @@ def test_the_supervisor_exits_137_when_the_oom_killer_ends_its_child(tmp_path, c
     assert proc.returncode == 128 + signal.SIGKILL and proc.stderr == "", (proc.returncode, proc.stderr)
     orphan = int(pidfile.read_text())
     assert not Path(f"/proc/{orphan}").exists() or "Z" in Path(f"/proc/{orphan}/stat").read_text().split()[2]
+
+
+def test_a_score_names_its_checkpoints_and_never_outlives_its_model(toy_data, trained, tmp_path):
+    """bleu-test.json says which checkpoints it scored; an evaluation of more
+    training, stopped while translating, leaves no earlier score or
+    translation beside the new average."""
+    import json
+
+    save = tmp_path / "run"
+    shutil.copytree(trained("pn"), save)
+    for epoch in (1, 2):
+        shutil.copy(save / "checkpoint_last.pt", save / f"checkpoint{epoch}.pt")
+    flags = ["--dataset", "iwslt14", "--data", toy_data, "--save-dir", save, "--average", "2", "--cpu"]
+    proc = sh("scripts/evaluate.sh", *flags, forked=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    scores = json.loads((save / "bleu-test.json").read_text())
+    assert sorted(c["file"] for c in scores["scored"]) == ["checkpoint1.pt", "checkpoint2.pt"]
+    assert all(c["updates"] == 40 for c in scores["scored"]) and scores["checkpoint"].endswith("averaged_last_2.pt")
+    shutil.copy(save / "checkpoint_last.pt", save / "checkpoint3.pt")  # more training
+    script = popen("scripts/evaluate.sh", *flags)
+    term_while(script, ["fairseq-generate", str(save)], save)
+    assert not (save / "bleu-test.json").exists() and not (save / "generate-test-averaged_last_2.txt").exists()
+    assert "checkpoint3.pt" in [c["file"] for c in torch.load(save / "averaged_last_2.pt")["averaged_from"]]

@@ -62,9 +62,10 @@ def average_checkpoints(paths, allow_nonfinite=False):
         for earlier in paths[:i]:
             if path.exists() and earlier.exists() and os.path.samefile(path, earlier):
                 raise InputFileError(f"{path}: given twice (as {earlier}); average distinct checkpoints")
-    sums, first, shapes, newest = {}, None, None, (None, -2)
+    sums, first, shapes, newest, inputs = {}, None, None, (None, -2), []
     for path in paths:
         state = checkpoints.load(path)
+        inputs.append({"file": path.name, "updates": checkpoints.updates(state)})
         checkpoints.check_finite(path, state, allow_nonfinite)
         model = state["model"]
         if first is None:
@@ -93,7 +94,7 @@ def average_checkpoints(paths, allow_nonfinite=False):
     kept = checkpoints.load(newest[0])
     averaged = {key: (sums[key] / len(paths)).to(value.dtype) if key in sums else value
                 for key, value in kept["model"].items()}
-    return {**kept, "model": averaged}
+    return {**kept, "model": averaged, "averaged_from": inputs}  # what a score of it names (powernorm-score)
 
 
 def save_atomically(state, output):

@@ -27,6 +27,15 @@ from ..common.files import atomic_path, end_cleanly_on_sigterm
 from ..common.flags import ArgumentParser
 
 
+def scored(checkpoint):
+    """The checkpoints a score is of: those ``checkpoint`` was averaged from,
+    or itself, each with its update count."""
+    from ..common import checkpoints
+
+    state = checkpoints.load(checkpoint)
+    return state.get("averaged_from") or [{"file": Path(checkpoint).name, "updates": checkpoints.updates(state)}]
+
+
 def read_generate_output(path):
     """Hypotheses and references of a fairseq-generate log, in test-set order."""
     hyps, refs = {}, {}
@@ -98,6 +107,8 @@ def main(argv=None):
     parser.add_argument("--raw-ref", help="untokenized reference, one line per test sentence")
     parser.add_argument("--checkpoints", type=int, default=1, help="how many checkpoints were averaged")
     parser.add_argument("--json", help="also write the scores to this JSON file")
+    parser.add_argument("--checkpoint", help="the checkpoint the output was generated with: the JSON names it and "
+                        "the checkpoints it was averaged from (powernorm-average), with their updates")
     args = parser.parse_args(argv)
 
     try:
@@ -111,6 +122,11 @@ def main(argv=None):
     except (OSError, ValueError) as err:
         parser.exit(2, f"powernorm-score: error: {err}\n")
     result["checkpoints_averaged"] = args.checkpoints
+    if args.checkpoint:
+        try:
+            result["checkpoint"], result["scored"] = args.checkpoint, scored(args.checkpoint)
+        except ValueError as err:  # the plugin's InputFileError: unreadable, or no checkpoint
+            parser.exit(2, f"powernorm-score: error: --checkpoint {err}\n")
     for key in ("bleu", "sacrebleu"):
         value, name = result[key]
         print(f"{value:6.2f}  {name}; {args.checkpoints} checkpoint(s) averaged")
