@@ -454,3 +454,19 @@ def test_every_recipe_finds_the_checkouts_environment(tmp_path):
         assert proc.returncode == 2 and len(lines) == 1 and "no environment with fairseq and this plugin" in lines[0] \
             and "scripts/setup.sh" in lines[0], (script, proc.stderr)
         assert not (tmp_path / "out").exists()
+
+
+def test_a_full_disk_is_named_by_the_preparation(tmp_path):
+    """On a real small file system (tmpfs; mounting one needs root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(disk)],
+                      capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        proc = recipe("data-prep/prepare-phrasebank.sh", "--demo", "2000", "--out", disk / "out", check=False)
+        assert proc.returncode != 0
+        assert "(No space left on device: the file system of" in last_line(proc), proc.stderr[-2000:]
+        assert not (disk / "out" / "bin").exists()
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
