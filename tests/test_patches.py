@@ -32,7 +32,7 @@ PATCHED = {
     "fairseq's input errors": "getattr(getattr(sys.modules.get('powernorm_fairseq.patches.errors'), "
                               "'name_fairseq_input_errors', None), 'installed', False)",
     "atomic copies": "fairseq.file_io.PathManager.copy",
-    "exact resume": "fairseq.trainer.Trainer.get_train_iterator",
+    "exact resume": "fairseq.tasks.FairseqTask.get_batch_iterator",
     "failed saves": "fairseq.checkpoint_utils.torch_persistent_save",
     "save-directory lock and debris": "fairseq.checkpoint_utils.load_checkpoint",
     "binarized data": "fairseq.data.indexed_dataset.MMapIndexedDataset._do_init",
@@ -40,7 +40,6 @@ PATCHED = {
                 "'installed', False)",
     "bf16 without a TPU": "fairseq.dataclass.utils.convert_namespace_to_omegaconf",
     "weights-only checkpoints": "argparse.Namespace in torch.serialization.get_safe_globals()",
-    "weights-only loads in fairseq": "torch.load",
     # it acts on fairseq_cli.interactive alone (imported only by fairseq-interactive): installed, it has
     "over-long interactive lines": "getattr(getattr(sys.modules.get('powernorm_fairseq.patches.errors'), "
                                    "'skip_overlong_interactive_lines', None), 'installed', False)",
@@ -57,7 +56,6 @@ def test_fairseq_is_changed_only_where_the_models_ask():
     out = python(f"""
 import argparse, sys, torch
 import fairseq, fairseq.utils, fairseq.checkpoint_utils, fairseq.file_io, fairseq.tasks, fairseq.data.indexed_dataset
-import fairseq.trainer
 import fairseq.dataclass.utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 before = {exprs}
@@ -147,28 +145,3 @@ def test_the_usage_error_patch_reaches_fairseqs_parsers_only(capsys):
         fairseqs.parse_args(["--max-update", "x"])
     err = capsys.readouterr().err
     assert "usage:" not in err and err.strip().count("\n") == 0 and "error: argument --max-update" in err
-
-
-@pytest.mark.fast
-def test_a_stock_model_resumed_in_the_same_process_gets_fairseqs_own_batches(toy_data):
-    """The exact-resume patch, once installed, acts in the plugin's trainers
-    only: a stock task asked for the batches of epoch 3 gets fairseq's own,
-    not epoch 1's (which differ, so the test can fail)."""
-    from fairseq.tasks import FairseqTask
-
-    from powernorm_fairseq.patches.checkpoints import resume_with_the_same_batches
-    from support import build_model
-
-    resume_with_the_same_batches()
-    _, task = build_model(toy_data, "--arch", "transformer_iwslt_de_en", "--cpu")
-    task.load_dataset("train")
-    dataset = task.dataset("train")
-
-    def batches(get, epoch):
-        task.dataset_to_epoch_iter = {}
-        return [list(b) for b in get(task, dataset=dataset, max_tokens=64, seed=1, epoch=epoch).frozen_batches]
-
-    stock = FairseqTask.get_batch_iterator.__wrapped__
-    assert FairseqTask.get_batch_iterator is not stock  # installed
-    assert batches(stock, 3) != batches(stock, 1)
-    assert batches(FairseqTask.get_batch_iterator, 3) == batches(stock, 3)

@@ -135,8 +135,7 @@ def atomic_checkpoint_copies():
 
 @installs_once
 def resume_with_the_same_batches():
-    """Make a resumed run of the plugin's models iterate over the same batches
-    as an uninterrupted one.
+    """Make a resumed run iterate over the same batches as an uninterrupted one.
 
     fairseq builds the training batches once, when the iterator is created,
     from a permutation seeded with ``seed + epoch`` (``FairseqTask.get_batch_iterator``),
@@ -144,37 +143,18 @@ def resume_with_the_same_batches():
     ``seed + epoch`` each epoch. An uninterrupted run creates the iterator at
     epoch 1; a run resumed in epoch E > 1 creates it at E and so trains on
     differently composed batches from the first resumed update on. Here a
-    reusable training iterator created at epoch E for a trainer of the
-    plugin's models is built as at epoch 1 and then set to epoch E (the
-    per-epoch order still follows ``seed + E``). Iterators that fairseq
-    rebuilds every epoch anyway are left alone, and so is every iterator
-    outside such a trainer's ``get_train_iterator``: a stock model resumed in
-    the same process gets fairseq's own batches.
+    reusable training iterator created at epoch E is built as at epoch 1 and
+    then set to epoch E (the per-epoch order still follows ``seed + E``).
+    Iterators that fairseq rebuilds every epoch anyway are left alone.
     """
     import inspect
-    import threading
 
     from fairseq.tasks import FairseqTask
-    from fairseq.trainer import Trainer
 
-    from .savedir import runs_the_plugins_model
-
-    original, train_iterator = FairseqTask.get_batch_iterator, Trainer.get_train_iterator
+    original = FairseqTask.get_batch_iterator
     signature = inspect.signature(original)
-    scope = threading.local()
 
-    @functools.wraps(train_iterator)
-    def get_train_iterator(self, *args, **kwargs):
-        before, scope.plugin = getattr(scope, "plugin", False), runs_the_plugins_model(self)
-        try:
-            return train_iterator(self, *args, **kwargs)
-        finally:
-            scope.plugin = before
-
-    @functools.wraps(original)
     def get_batch_iterator(self, *args, **kwargs):
-        if not getattr(scope, "plugin", False):
-            return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
@@ -191,7 +171,6 @@ def resume_with_the_same_batches():
         return itr
 
     FairseqTask.get_batch_iterator = get_batch_iterator
-    Trainer.get_train_iterator = get_train_iterator
 
 
 SAVED_BEFORE = "the checkpoints saved before it are complete, and the next run resumes from the newest"

@@ -193,7 +193,7 @@ def guard_training_runs():
             atexit.register(_remove_if_empty, save_dir)
 
     def load_checkpoint(cfg, trainer, **passthrough_args):
-        if not runs_the_plugins_model(trainer):  # a stock model trains as fairseq trains it
+        if not _runs_the_plugins_model(trainer):  # a stock model trains as fairseq trains it
             return load(cfg, trainer, **passthrough_args)
         master = trainer.is_data_parallel_master
         if cfg.restore_file != "checkpoint_last.pt" and not os.path.exists(cfg.restore_file):
@@ -237,7 +237,7 @@ def guard_training_runs():
     checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory
 
 
-def runs_the_plugins_model(trainer) -> bool:
+def _runs_the_plugins_model(trainer) -> bool:
     """Whether the trainer's model is one of the plugin's, or derives from one
     (read from its classes: the models import this package, not it them)."""
     model = getattr(trainer, "model", None)
