@@ -25,7 +25,7 @@ environment() {
       command -v "$tool" >/dev/null || return 1
     done
   }
-  _tools && python -c "import powernorm_fairseq" 2>/dev/null && return 0
+  _tools && python -c 'import powernorm_fairseq' 2>/dev/null && return 0
   if [[ -f "$ROOT/.venv/bin/activate" ]]; then
     # shellcheck source=/dev/null
     source "$ROOT/.venv/bin/activate"

@@ -66,12 +66,16 @@ def test_the_demo_set_is_binarized_for_sentence_prediction_with_true_labels(demo
 
 def test_phrasebank_format_encoding_and_malformed_lines(tmp_path):
     lines = [b"Operating profit rose to EUR 13.1 mn .@positive", b"The company is based in Espoo@Helsinki .@neutral",
-             "Sales in Jyv\xe4skyl\xe4 fell .@negative".encode("iso-8859-1")] * 10
+             "Sales in Jyv\xe4skyl\xe4 fell .@negative".encode("iso-8859-1")] * 10 + [
+        f"{w} .@{label}".encode() for w, label in (("Net sales rose", "positive"), ("Shares rose", "positive"),
+                                                    ("The office is in Vantaa", "neutral"),
+                                                    ("It makes paper", "neutral"), ("Sales fell", "negative"),
+                                                    ("Profit fell", "negative"))]
     src = tmp_path / "Sentences_AllAgree.txt"
     src.write_bytes(b"\r\n".join(lines + [b"no label here"]) + b"\r\n")
     bad = recipe("data-prep/prepare-phrasebank.sh", "--src", src, "--out", tmp_path / "a", check=False)
     assert bad.returncode != 0
-    assert f"1 malformed line(s) in {src} (phrasebank, iso-8859-1): {src}:31" in bad.stderr
+    assert f"1 malformed line(s) in {src} (phrasebank, iso-8859-1): {src}:37" in bad.stderr
     assert not (tmp_path / "a" / "bin").exists()
     ok = recipe("data-prep/prepare-phrasebank.sh", "--src", src, "--out", tmp_path / "b", "--skip-malformed",
                 "--valid-fraction", "0.34", "--bpe-size", "20")

@@ -91,8 +91,6 @@ def name_unreadable_checkpoints():
         return state
 
     def load_ema_from_checkpoint(fpath):
-        if "://" not in str(fpath) and not os.path.isfile(fpath):
-            raise InputFileError(f"--ema-seed-model {fpath}: no such checkpoint")
         try:
             return ema(fpath)
         except (KeyError, TypeError) as exc:
