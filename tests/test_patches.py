@@ -40,6 +40,7 @@ PATCHED = {
                 "'installed', False)",
     "bf16 without a TPU": "fairseq.dataclass.utils.convert_namespace_to_omegaconf",
     "weights-only checkpoints": "argparse.Namespace in torch.serialization.get_safe_globals()",
+    "weights-only loads in fairseq": "torch.load",
     # it acts on fairseq_cli.interactive alone (imported only by fairseq-interactive): installed, it has
     "over-long interactive lines": "getattr(getattr(sys.modules.get('powernorm_fairseq.patches.errors'), "
                                    "'skip_overlong_interactive_lines', None), 'installed', False)",
