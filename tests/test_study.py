@@ -474,3 +474,38 @@ def test_a_full_disk_is_named_by_the_preparation(tmp_path):
         assert not (disk / "out" / "bin").exists()
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_read_only_out_and_a_full_disk_at_the_report_are_one_line(study, demo, tmp_path, capsys, monkeypatch):
+    import errno
+    import shutil
+
+    from powernorm_fairseq.cli import analyze
+    from powernorm_fairseq.cli import study as norm_study
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    if subprocess.run(["mount", "--bind", "-o", "ro", str(locked), str(locked)], capture_output=True).returncode:
+        pytest.skip("a read-only bind mount needs root")
+    try:
+        with pytest.raises(SystemExit):
+            norm_study.main([*GRID, "--data", str(demo), "--out", str(locked / "s")])
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and f"--out {locked / 's'}: cannot write there (Read-only file system)" in error[0]
+    finally:
+        subprocess.run(["umount", str(locked)], check=True)
+    out = tmp_path / "study"
+    shutil.copytree(study[0], out)
+    before = (out / "study.md").read_text()
+
+    def full(fig, path, plt):
+        plt.close(fig)
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(analyze, "save_figure", full)
+    with pytest.raises(SystemExit):
+        norm_study.main([*GRID, "--data", str(demo), "--out", str(out), "--landscape", *MORE])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[-1].startswith(f"norm-study.sh: error: {out / 'init_grads.png'}: could not be written (No space "
+                                "left on device); every finished cell is kept"), error
+    assert (out / "study.md").read_text() == before and not list(out.glob(".*.tmp")) and not list(out.glob(".*png"))
