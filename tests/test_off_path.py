@@ -150,6 +150,54 @@ def test_twenty_compiled_steps_compile_once_per_phase(kind, mask_dtype):
         assert int(norm.num_steps) == 20
 
 
+#: 12 steps over 8 sequence lengths, as fairseq's batches come
+LENGTHS = [5, 9, 6, 12, 7, 5, 10, 8, 11, 6, 12, 9]
+
+
+class LinearThenNorm(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.linear, self.norm = torch.nn.Linear(C, C), build_norm(kind, C)
+
+    def forward(self, x, pad):
+        return self.norm(self.linear(x), pad)
+
+
+# the batch-statistic kinds on every backend (their per-program sums once followed the row count), the
+# per-row ones and dyt on one: a length is a dynamic dimension of the graph, not a new graph
+VARYING = [(kind, backend) for kind in ("pn", "bn", "pn-v") for backend in BACKENDS]
+VARYING += [(kind, "cpu") for kind in ("ln", "scalenorm", "rmsnorm", "dyt")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, backend", VARYING, ids=[f"{k}-{b}" for k, b in VARYING])
+def test_compiled_steps_at_lengths_that_vary_compile_two_graphs_and_match_eager(kind, backend):
+    """torch.compile over 12 batches of 8 lengths: at most 2 graphs (the first
+    length's, then a dynamic one), with eager's numbers, running statistics included."""
+    backend_or_fail(backend)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    compiled = LinearThenNorm(kind).train()
+    eager = copy.deepcopy(compiled)
+    counting = Counting()
+    step = torch.compile(compiled, backend=counting, fullgraph=True)
+    g = torch.Generator().manual_seed(1)
+    with kernels.use(backend):
+        for length in LENGTHS:
+            x, dy = torch.randn(length, B, C, generator=g), torch.randn(length, B, C, generator=g)
+            pad = torch.arange(length)[None, :] >= torch.randint(1, length + 1, (B,), generator=g)[:, None]
+            outs = []
+            for model, call in ((eager, eager), (compiled, step)):
+                xr = x.clone().requires_grad_(True)
+                model.zero_grad()
+                y = call(xr, pad)
+                y.backward(dy)
+                outs.append([y.detach(), xr.grad] + [p.grad for p in model.parameters()] + list(model.buffers()))
+            for a, b in zip(*outs):
+                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    assert counting.graphs <= 2, counting.graphs
+
+
 @pytest.mark.slow
 def test_a_model_of_twelve_pn_layers_runs_compiled():
     torch._dynamo.reset()

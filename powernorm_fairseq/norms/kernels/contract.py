@@ -81,9 +81,11 @@ SCHEMAS = {
                  "bool want_sums", 2),
     # from backward's part: the weight and bias gradients, A and B of the exact
     # gradient (kind EXACT, a Mode), and nu's update (Algorithm 2; the released
-    # code's under REFERENCE). rows: N. Returns (grad_weight, grad_bias, A or empty, B or empty).
+    # code's under REFERENCE). rows: N, a SymInt: under torch.compile a sequence length that varies from batch
+    # to batch stays symbolic (an int would guard each graph on one length). Returns (grad_weight, grad_bias,
+    # A or empty, B or empty).
     "finish_backward": ("Tensor part, Tensor weight, Tensor n, Tensor(a!) nu, float rate, int kind, bool center, "
-                        "int rows", 4),
+                        "SymInt rows", 4),
     # ScaleNorm: y = scale * x / max(||x||, eps) per row; returns (y, norms)
     "scalenorm_forward": ("Tensor x, Tensor scale, float eps", 2),
     # returns (dL/dx, dL/dscale)
@@ -139,7 +141,7 @@ def check(module, name: str) -> None:
             raise TypeError(f"the {name} kernels' {function} takes {have}, the contract "
                             f"(norms/kernels/contract.py) says {wanted}")
         typed = tuple(_schema_type(t) for _, t in _pybind_arguments(getattr(module, function)))
-        types = tuple(arg.split()[0].split("(")[0] for arg in SCHEMAS[function][0].split(", "))
+        types = tuple(arg.split()[0].split("(")[0].replace("SymInt", "int") for arg in SCHEMAS[function][0].split(", "))
         if typed and typed != types:
             raise TypeError(f"the {name} kernels' {function} takes types {typed}, the contract "
                             f"(norms/kernels/contract.py) says {types}")

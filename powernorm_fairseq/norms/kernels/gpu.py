@@ -134,10 +134,12 @@ def _layout(x, groups, kernel, tall=False):
     # a pass that writes nothing row-sized (statistics only) holds fewer live
     # tiles and takes them twice as tall (some shorter ones spill on sm_90)
     block_n = max(1, min(32, (2 if tall else 1) * TILE // block_c))
-    progs = max(1, min(_cdiv(N, block_n),
-                       max(_cdiv(_programs(x, kernel), chunks), _cdiv(N, MAX_ROWS))))
+    # as many row programs as are resident at once, whatever N (those past the last row sum nothing), and more
+    # only past MAX_ROWS rows each: the per-program sums' shape does not follow the sequence length, so
+    # torch.compile keeps one graph for every length of a batch (a single guard, N <= progs * MAX_ROWS)
+    progs = max(_cdiv(_programs(x, kernel), chunks), _cdiv(N, MAX_ROWS))
     per_prog = _cdiv(_cdiv(N, progs), block_n) * block_n
-    return cw, block_c, chunks, block_n, per_prog, _cdiv(N, per_prog)
+    return cw, block_c, chunks, block_n, per_prog, progs
 
 
 def parts(x, groups, kernel, tall):
