@@ -58,6 +58,12 @@ class Step(NamedTuple):
     rate: float = 0.0  # PN's 1 - alpha_bwd
     sync: str = "none"  # --norm-sync where workers are synchronised: "batch" or "running" (sync.py)
     clock: int = -1  # the key of PN's warmup clock, advanced once the step is committed (norms/clock.py)
+    #: the backend's module, called directly where nothing observed the forward (absent tensors None);
+    #: else None, and each call goes through its op (``ops.py``), which compile, export and modes see
+    direct: object = None
+    #: the direct path's tensors that take no gradient (mask, buffers, given statistics): autograd's
+    #: ``apply`` costs the host a little for each argument, and these need nothing of it
+    rest: tuple = ()
 
 
 def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mode, center: bool, groups: int,
@@ -84,10 +90,15 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
         mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
     sync, clock = sync if sync_mod.active(sync) else "none", -1 if replay else clock
     tensors = (x2, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv)
-    if k.NAME == "cpu" and sync == "none" and not ops.observed(tensors):
+    direct = sync == "none" and k.NAME != "plain" and not ops.observed(tensors)
+    if direct and k.NAME == "cpu":
         y, inv = k.load().channel_step(*tensors, GROUP_EPS, groups, center, update, mode, momentum, eps, warmup,
                                        rate)  # absent tensors as None
         clocks.advance(clock, steps)  # as the finish_stats op does (ops.py)
+    elif direct:  # the Triton kernels, called from the autograd function without their ops' round trip
+        step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock, k,
+                    (mask, *tensors[4:]))
+        y, inv = DirectChannelNorm.apply(x2, weight, bias, step)
     else:  # absent tensors as distinct empty ones (dynamo takes no input twice)
         step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock)
         y, inv = FusedChannelNorm.apply(x2, _none(x2, mask, torch.bool), weight, bias,
@@ -120,11 +131,13 @@ class FusedChannelNorm(torch.autograd.Function):
         mean_buf, second_buf: the running statistics (BN's mean or empty);
         steps: PN's step counter or empty; nu: PN's running nu or empty."""
         s = step
-        if given_inv.numel():
+        if given_inv is not None and given_inv.numel():
             y, scale, part = _forward(s, x, mask, mean=given_mean, inv=given_inv, weight=weight, bias=bias,
                                       center=s.center)
             _, _, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
-            mean, inv = given_mean, given_inv
+            # the direct path's absent mean is None: saved as the statistics' empty one, as a recomputation
+            # (activation checkpointing) must save what its first forward did
+            mean, inv = (x.new_empty(0) if given_mean is None else given_mean), given_inv
         elif s.update.running_scale:
             y, scale, part = _forward(s, x, mask, inv=second_buf, inv_eps=s.eps, weight=weight, bias=bias)
             mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
@@ -161,6 +174,22 @@ class FusedChannelNorm(torch.autograd.Function):
         return grad_x.view_as(x), None, grad_w, grad_b, None, None, None, None, None, None, None
 
 
+class DirectChannelNorm(FusedChannelNorm):
+    """:class:`FusedChannelNorm` where nothing observes the step: the tensors
+    that take no gradient ride in ``step.rest``, not as ``apply``'s arguments."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, step: Step):
+        mask, mean_buf, second_buf, steps, nu, given_mean, given_inv = step.rest
+        return FusedChannelNorm.forward(ctx, x, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean,
+                                        given_inv, step)
+
+    @staticmethod
+    def backward(ctx, grad_y, grad_inv):
+        grads = FusedChannelNorm.backward(ctx, grad_y, grad_inv)
+        return grads[0], grads[2], grads[3], None
+
+
 def _none(like: Tensor, t, dtype=None) -> Tensor:
     return like.new_empty(0, dtype=dtype) if t is None else t
 
@@ -168,6 +197,9 @@ def _none(like: Tensor, t, dtype=None) -> Tensor:
 def _forward(s: Step, x, mask, *, mean=None, inv=None, inv_eps=-1.0, weight=None, bias=None, want_y=True,
              want_stats=True, center=False):
     """The contract's forward on the step's backend; absent tensors empty."""
+    if s.direct is not None:
+        return s.direct.forward(x, mask, s.groups, GROUP_EPS, mean, inv, inv_eps, weight, bias, want_y, want_stats,
+                                center)
     return P.forward(impl=s.backend, x=x, mask=mask, groups=s.groups, gs_eps=GROUP_EPS, mean=_none(x, mean),
                      inv=_none(x, inv), inv_eps=inv_eps, weight=_none(x, weight), bias=_none(x, bias),
                      want_y=want_y, want_stats=want_stats, center=center)
@@ -176,6 +208,9 @@ def _forward(s: Step, x, mask, *, mean=None, inv=None, inv_eps=-1.0, weight=None
 def _backward(s: Step, x, mask, scale, grad_y, weight, mean, inv_fwd, *, inv_bwd=None, A=None, B=None,
               b_scale=1.0, correct_pads=False, want_gx=True, want_sums=True):
     """The contract's backward on the step's backend; absent tensors empty."""
+    if s.direct is not None:
+        return s.direct.backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, s.groups,
+                                 correct_pads, want_gx, want_sums)
     return P.backward(impl=s.backend, x=x, mask=mask, scale=scale, grad_y=grad_y, weight=weight, mean=mean,
                       inv_fwd=inv_fwd, inv_bwd=_none(x, inv_bwd), A=_none(x, A), B=_none(x, B), b_scale=b_scale,
                       groups=s.groups, correct_pads=correct_pads, want_gx=want_gx, want_sums=want_sums)
@@ -186,6 +221,8 @@ def _backward_terms(s: Step, part, weight, n, n_all, nu, rows):
     if s.sync != "none":
         return _synced_terms(s, part, weight, n, n_all, nu, exact=s.mode == Mode.EXACT)
     kind = Mode.PAPER if s.mode == Mode.FIXED else s.mode  # nu follows Algorithm 2
+    if s.direct is not None:
+        return s.direct.finish_backward(part, weight, n, nu, s.rate, kind, s.center, rows)
     return P.finish_backward(impl=s.backend, part=part, weight=weight, n=n, nu=nu, rate=s.rate, kind=kind,
                              center=s.center, rows=rows)
 
@@ -224,6 +261,10 @@ def _statistics(s: Step, part, mean_buf, second_buf, steps):
 
 
 def _finish_stats(s: Step, part, mean_buf, second_buf, steps):
+    if s.direct is not None:
+        out = s.direct.finish_stats(part, mean_buf, second_buf, steps, s.update, s.momentum, s.eps, s.warmup)
+        clocks.advance(s.clock, steps)  # as the finish_stats op does (ops.py)
+        return out
     return P.finish_stats(impl=s.backend, part=part, mean_buf=mean_buf, second_buf=second_buf, steps=steps,
                           update=s.update, momentum=s.momentum, eps=s.eps, warmup=s.warmup, clock=s.clock)
 

@@ -45,7 +45,9 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 failure = None if triton is not None else "triton is not installed"
 
 
+@functools.cache
 def interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels, as Triton reads it: once, at the first launch."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -218,6 +220,50 @@ def _rows(x):
 _FINISH_BLOCK = 64  # columns per program of the finishing kernels
 
 
+class _Plan:
+    """What a channel pass's launch takes besides its tensors, worked out once
+    per input layout and variant (``_PLANS``): a step then allocates its
+    outputs and launches, with no other host arithmetic."""
+
+    __slots__ = ("rows", "C", "grid", "scalars", "constexprs", "part", "scale", "dots", "nothing")
+
+
+_PLANS = {}
+
+
+def _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs):
+    """The :class:`_Plan` of ``kernel`` over x's rows (``_rows``: unit column
+    stride) with padding ``mask`` (or none); ``sums``: rows of the part."""
+    x, N, C, geometry = _rows(x)
+    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, kernel, tall)
+    acc, wide = _acc(x), block_c < cw
+    m, nb, nt = _mask_args(mask, x.device)
+    plan = _Plan()
+    plan.rows, plan.C, plan.nothing = N, C, _nothing(x.device)
+    # with the part, one program more than the rows need: it has no rows, and so writes the part's last row
+    # as zeros, the first of which is the finishing kernel's ticket
+    plan.grid = (progs + int(want_part), chunks)
+    plan.scalars = (N, C, *geometry, nb, nt, per_prog, cw)
+    plan.constexprs = dict(constexprs, HAS_MASK=mask is not None, GROUPED=groups > 0, F64=acc == torch.float64,
+                           WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=0 if wide else cw, num_warps=WARPS,
+                           maxnreg=registers(kernel, acc == torch.float64))
+    plan.part = (progs + 1, sums, C) if want_part else None
+    plan.scale = (N, groups) if groups > 0 else None
+    plan.dots = (N, groups) if wide and want_rows and kernel == "_channel_backward" else None
+    return plan
+
+
+def _planned(kernel, x, mask, groups, tall, want_rows, want_part, sums, **constexprs):
+    """The plan of a launch (``mask``: present, or None), made on its first use."""
+    key = (kernel, x.shape, x.stride(), x.dtype, x.device, None if mask is None else mask.shape, groups,
+           want_rows, want_part, *constexprs.values())
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
+    return plan
+
+
+
 def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
     """y = (xs - mean) * inv * w + b over the rows, and per-program statistics
     of the real rows (``part``, (P, 3, C): count, then mean and sum of squared
@@ -225,43 +271,47 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
-    x, N, C, geometry = _rows(x)
-    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_forward", not want_y)
-    acc, dev, wide = _acc(x), x.device, block_c < cw
-    y = x.new_empty(N, C) if want_y else x.new_empty(0)
-    scale = torch.empty(N, groups, dtype=acc, device=dev) if groups > 0 else x.new_empty(0)
-    part = torch.empty(progs + 1, 3, C, dtype=acc, device=dev) if want_stats else x.new_empty(0)
-    m, nb, nt = _mask_args(mask, dev)
-    # with statistics, one program more than the rows need: it has no rows, and so writes the
-    # part's last row as zeros, the first of which is the finishing kernel's ticket
-    _launch(_channel_forward, (progs + int(want_stats), chunks),
-            x, m, _or(mean, dev), _or(inv, dev), _or(weight, dev), _or(bias, dev), _or(y, dev), _or(scale, dev),
-            _or(part, dev),
-            N, C, *geometry, nb, nt, per_prog, cw, gs_eps, inv_eps,
-            HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), INV_RUNNING=inv_eps >= 0, GROUPED=groups > 0,
-            WANT_Y=want_y, WANT_STATS=want_stats, CENTER=center, F64=acc == torch.float64, WIDE=wide,
-            BLOCK_N=block_n, BLOCK_C=block_c, CW=0 if wide else cw, num_warps=WARPS,
-            maxnreg=registers("_channel_forward", acc == torch.float64))
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    mask = None if mask is None or not mask.numel() else mask  # absent: None or empty (the ops' empty tensors)
+    mean = None if mean is None or not mean.numel() else mean
+    plan = _planned("_channel_forward", x, mask, groups, not want_y, want_y, want_stats, 3,
+                    HAS_MEAN=mean is not None, INV_RUNNING=inv_eps >= 0, WANT_Y=want_y, WANT_STATS=want_stats,
+                    CENTER=center)
+    acc, dev, none = _acc(x), x.device, plan.nothing
+    y = x.new_empty(plan.rows, plan.C) if want_y else x.new_empty(0)
+    scale = torch.empty(plan.scale, dtype=acc, device=dev) if plan.scale else x.new_empty(0)
+    part = torch.empty(plan.part, dtype=acc, device=dev) if plan.part else x.new_empty(0)
+    _launch(_channel_forward, plan.grid, x, none if mask is None else mask, none if mean is None else mean,
+            none if inv is None or not inv.numel() else inv, none if weight is None or not weight.numel() else weight,
+            none if bias is None or not bias.numel() else bias, y if want_y else none,
+            scale if plan.scale else none, part if plan.part else none, *plan.scalars, gs_eps, inv_eps,
+            **plan.constexprs)
     return y, scale, part
 
 
 def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
     """The batch's statistics from ``forward``'s per-program ``part`` and the
     running statistics' update, in one kernel (contract.py; plain.py has the same in PyTorch ops)."""
-    update = Update(update)  # a ValueError names an unknown one
+    if type(update) is not Update:
+        update = Update(update)  # a ValueError names an unknown one
     P, _, C = part.shape
     P -= 1  # the last row: the arrival ticket
     dev, sd = part.device, second_buf.dtype
-    progs = _cdiv(C, _FINISH_BLOCK)
-    mean = torch.empty(C if update == Update.BN else 0, dtype=sd, device=dev)
+    none = _nothing(dev)
+    progs = -(-C // _FINISH_BLOCK)
+    bn = update == Update.BN
+    mean = torch.empty(C if bn else 0, dtype=sd, device=dev)
     inv, inv_batch = torch.empty(C, dtype=sd, device=dev), torch.empty(C, dtype=sd, device=dev)
     n = torch.empty(1, dtype=torch.float64, device=dev)
     scratch = torch.empty(2, C, dtype=sd, device=dev)
     flags = torch.empty(progs, dtype=torch.int32, device=dev)
+    has_steps = steps is not None and steps.numel() > 0  # absent: None or empty (the ops' empty tensors)
     _launch(_finish_stats, (progs,),
-            part, _or(mean_buf, dev), second_buf, _or(steps, dev), _or(mean, dev), inv, inv_batch, n, scratch, flags,
+            part, none if mean_buf is None or not mean_buf.numel() else mean_buf, second_buf,
+            steps if has_steps else none, mean if bn else none, inv, inv_batch, n, scratch, flags,
             part[P], P, C, momentum, eps, warmup,
-            UPDATE=int(update), HAS_STEPS=not _empty(steps), BLOCK=_FINISH_BLOCK)
+            UPDATE=int(update), HAS_STEPS=has_steps, BLOCK=_FINISH_BLOCK)
     return mean, inv, inv_batch, n
 
 
@@ -272,22 +322,26 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     dy*xh and xh^2 over the real rows, xh^2 over every row.
 
     Returns (dL/dx or empty, part or empty)."""
-    x, N, C, geometry = _rows(x)
-    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, "_channel_backward", not want_gx)
-    acc, dev = _acc(x), x.device
-    gx = x.new_empty(N, C) if want_gx else x.new_empty(0)
-    part = torch.empty(progs + 1, 5, C, dtype=acc, device=dev) if want_sums else x.new_empty(0)
-    m, nb, nt = _mask_args(mask, dev)
-    wide = block_c < cw  # each row's dot product with its group's gradient, from a first pass
-    dots = torch.empty(N, groups, dtype=acc, device=dev) if wide and want_gx else _nothing(dev)
-    _launch(_channel_backward, (progs + int(want_sums), chunks),  # the ticket row as in forward
-            x, m, _or(scale, dev), grad_y, weight, _or(mean, dev), inv_fwd, _or(inv_bwd, dev), _or(A, dev),
-            _or(B, dev), _or(gx, dev), _or(part, dev), dots, N, C, *geometry, nb, nt, per_prog, cw, b_scale,
-            HAS_MASK=not _empty(mask), HAS_MEAN=not _empty(mean), HAS_A=not _empty(A), HAS_B=not _empty(B),
-            GROUPED=groups > 0, CORRECT_PADS=correct_pads, WANT_GX=want_gx, WANT_SUMS=want_sums,
-            F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=0 if wide else cw,
-            num_warps=WARPS,
-            maxnreg=registers("_channel_backward", acc == torch.float64))
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    mask = None if mask is None or not mask.numel() else mask  # absent: None or empty (the ops' empty tensors)
+    mean = None if mean is None or not mean.numel() else mean
+    A = None if A is None or not A.numel() else A
+    B = None if B is None or not B.numel() else B
+    inv_bwd = None if inv_bwd is None or not inv_bwd.numel() else inv_bwd
+    plan = _planned("_channel_backward", x, mask, groups, not want_gx, want_gx, want_sums, 5,
+                    HAS_MEAN=mean is not None, HAS_A=A is not None, HAS_B=B is not None, CORRECT_PADS=correct_pads,
+                    WANT_GX=want_gx, WANT_SUMS=want_sums)
+    acc, dev, none = _acc(x), x.device, plan.nothing
+    gx = x.new_empty(plan.rows, plan.C) if want_gx else x.new_empty(0)
+    part = torch.empty(plan.part, dtype=acc, device=dev) if plan.part else x.new_empty(0)
+    # a wide group: each row's dot product with its group's gradient, from a first pass
+    dots = torch.empty(plan.dots, dtype=acc, device=dev) if plan.dots else none
+    _launch(_channel_backward, plan.grid,  # the ticket row as in forward
+            x, none if mask is None else mask, none if scale is None or not scale.numel() else scale, grad_y,
+            weight, none if mean is None else mean, inv_fwd, none if inv_bwd is None else inv_bwd,
+            none if A is None else A, none if B is None else B, gx if want_gx else none,
+            part if plan.part else none, dots, *plan.scalars, b_scale, **plan.constexprs)
     return gx, part
 
 
@@ -295,22 +349,25 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     """The weight and bias gradients from ``backward``'s ``part``, the exact
     gradient's A and B (``kind`` EXACT) and nu's update, in one kernel
     (contract.py; plain.py has the same in PyTorch ops)."""
-    kind = Mode(kind)  # a ValueError names an unknown one
+    if type(kind) is not Mode:
+        kind = Mode(kind)  # a ValueError names an unknown one
     P, _, C = part.shape
     P -= 1  # the last row: the arrival ticket
     dev = part.device
-    sd = nu.dtype if not _empty(nu) else (torch.float64 if part.dtype == torch.float64 else torch.float32)
-    progs = _cdiv(C, _FINISH_BLOCK)
+    none = _nothing(dev)
+    has_nu = nu is not None and nu.numel() > 0  # absent: None or empty (the ops' empty tensors)
+    sd = nu.dtype if has_nu else (torch.float64 if part.dtype == torch.float64 else torch.float32)
+    progs = -(-C // _FINISH_BLOCK)
     grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
     exact = kind == Mode.EXACT
     A = torch.empty(C if exact and center else 0, dtype=sd, device=dev)
     B = torch.empty(C if exact else 0, dtype=sd, device=dev)
-    scratch = torch.empty(C, dtype=sd, device=dev) if not _empty(nu) else _nothing(dev)
+    scratch = torch.empty(C, dtype=sd, device=dev) if has_nu else none
     flags = torch.empty(progs, dtype=torch.int32, device=dev)
     _launch(_finish_backward, (progs,),
-            part, weight, n, _or(nu, dev), grad_w, grad_b, _or(A, dev), _or(B, dev), scratch, flags, part[P],
-            P, C, rate, rows,
-            MODE=int(kind), CENTER=center, HAS_NU=not _empty(nu), BLOCK=_FINISH_BLOCK)
+            part, weight, n, nu if has_nu else none, grad_w, grad_b, A if exact and center else none,
+            B if exact else none, scratch, flags, part[P], P, C, rate, rows,
+            MODE=int(kind), CENTER=center, HAS_NU=has_nu, BLOCK=_FINISH_BLOCK)
     return grad_w, grad_b, A, B
 
 

@@ -1,0 +1,116 @@
+"""What a norm step costs the host, measured on the CPU.
+
+A GPU norm step of a small or mid-sized layer is host time: Python between
+the kernels and the launches' own binding. Both are measured here without a
+GPU. The Triton path runs under Triton's interpreter with every launch
+replaced by nothing (:func:`no_launches`), so what remains is the host code
+that would drive a GPU; the CPU backend runs as it is. Each step is one
+forward + backward of a layer in training mode at 4 x 4 x 64 (T x B x C),
+one sequence padded by a token, beside ``nn.LayerNorm``'s step in the same
+harness:
+
+* ``calls``: the Python-level calls of one step, the ``call`` and
+  ``c_call`` events of ``sys.setprofile`` (Python functions, and builtins
+  or C functions called from Python). Deterministic: a test can hold them.
+* ``time``: the median over interleaved rounds of a step's wall time, as a
+  ratio to ``nn.LayerNorm``'s in the same round (``bench/run.py --sections host``).
+"""
+
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+
+import torch
+
+SHAPE = (4, 4, 64)
+
+
+def _launch(*args, **kwargs):
+    return None
+
+
+@contextmanager
+def no_launches():
+    """Every Triton kernel launch under the interpreter, ``kernel[grid](...)``,
+    is one call of a function that does nothing (its outputs keep whatever
+    memory they were given): neither the interpreter's nor a GPU launcher's
+    own work is counted, only the host code around the launches."""
+    from triton.runtime import interpreter
+
+    getitem = interpreter.InterpretedFunction.__getitem__
+    interpreter.InterpretedFunction.__getitem__ = lambda self, grid: _launch
+    try:
+        yield
+    finally:
+        interpreter.InterpretedFunction.__getitem__ = getitem
+
+
+def python_calls(fn) -> int:
+    """The ``call`` and ``c_call`` events of one call of ``fn()``."""
+    count = [0]
+
+    def profile(frame, event, arg):
+        if event == "call" or event == "c_call":
+            count[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count[0]
+
+
+def step(kind: str, shape=SHAPE, seed: int = 0):
+    """One training forward + backward of a ``kind`` layer (``nn.LayerNorm``
+    for "nn.LayerNorm"), as a function of nothing; its input is made once."""
+    from ..norms import build_norm
+
+    T, B, C = shape
+    g = torch.Generator().manual_seed(seed)
+    x0, dy = torch.randn(T, B, C, generator=g), torch.randn(T, B, C, generator=g)
+    pad = torch.zeros(B, T, dtype=torch.bool)
+    pad[0, -1] = True
+    if kind == "nn.LayerNorm":
+        module = torch.nn.LayerNorm(C)
+        layer = lambda x: module(x)  # noqa: E731
+    else:
+        module = build_norm(kind, C).train()
+        layer = lambda x: module(x, pad)  # noqa: E731
+
+    def run():
+        x = x0.detach().requires_grad_(True)
+        layer(x).backward(dy)
+
+    return run
+
+
+def measure(kinds, backend: str, rounds: int = 7, reps: int = 50, shape=SHAPE):
+    """{kind: (calls, time / nn.LayerNorm's)} on ``backend``, with
+    ``nn.LayerNorm``'s own row (calls, 1.0) first."""
+    from ..norms import kernels
+
+    names = ["nn.LayerNorm", *kinds]
+    with kernels.use(backend), (no_launches() if backend == "triton" else _nothing()):
+        steps = {name: step(name, shape) for name in names}
+        for run in steps.values():
+            for _ in range(3):  # the first calls build caches and kernels
+                run()
+        calls = {name: python_calls(run) for name, run in steps.items()}
+        ratios = {name: [] for name in names}
+        for _ in range(rounds):
+            times = {}
+            for name, run in steps.items():
+                start = time.perf_counter()
+                for _ in range(reps):
+                    run()
+                times[name] = time.perf_counter() - start
+            for name in names:
+                ratios[name].append(times[name] / times["nn.LayerNorm"])
+    return {name: (calls[name], statistics.median(ratios[name])) for name in names}
+
+
+@contextmanager
+def _nothing():
+    yield
