@@ -336,15 +336,20 @@ def row_norm(fused, x: Tensor, gain: Tensor, eps: float) -> Tensor:
     FusedRMSNorm) over the rows of x (T, B, C), on the backend that takes x,
     in a dtype that backend reads; y in x's dtype."""
     k = select(x)
-    return _as(fused.apply(rows(x if x.dtype in k.DTYPES else upcast(x)), gain, eps, k.NAME), x)
+    xk = rows(x if x.dtype in k.DTYPES else upcast(x))
+    # where nothing observes the call, the kernels' module itself, called without the ops' round trip
+    backend = k if k.NAME != "plain" and not ops.observed((xk, gain)) else k.NAME
+    return _as(fused.apply(xk, gain, eps, backend), x)
 
 
 class FusedScaleNorm(torch.autograd.Function):
-    """ScaleNorm in one pass each way."""
+    """ScaleNorm in one pass each way. ``backend``: a backend's name (each call
+    through its op), or the backend's module where nothing observes the call."""
 
     @staticmethod
     def forward(ctx, x, scale, eps, backend):
-        y, norms = P.scalenorm_forward(impl=backend, x=x, scale=scale, eps=eps)
+        y, norms = (P.scalenorm_forward(impl=backend, x=x, scale=scale, eps=eps) if type(backend) is str
+                    else backend.scalenorm_forward(x, scale, eps))
         ctx.save_for_backward(x, norms, scale)
         ctx.eps, ctx.backend = eps, backend
         return y.view_as(x)
@@ -353,8 +358,10 @@ class FusedScaleNorm(torch.autograd.Function):
     def backward(ctx, grad_y):
         first_derivative_only("scalenorm", grad_y)
         x, norms, scale = ctx.saved_tensors
-        grad_x, grad_scale = P.scalenorm_backward(impl=ctx.backend, x=x, norms=norms, grad_y=grad_y.contiguous(),
-                                                  scale=scale, eps=ctx.eps)
+        gy = grad_y.contiguous()
+        grad_x, grad_scale = (
+            P.scalenorm_backward(impl=ctx.backend, x=x, norms=norms, grad_y=gy, scale=scale, eps=ctx.eps)
+            if type(ctx.backend) is str else ctx.backend.scalenorm_backward(x, norms, gy, scale, ctx.eps))
         return grad_x.view_as(x), grad_scale, None, None
 
 
@@ -363,7 +370,8 @@ class FusedRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps, backend):
-        y, rstd = P.rmsnorm_forward(impl=backend, x=x, weight=weight, eps=eps)
+        y, rstd = (P.rmsnorm_forward(impl=backend, x=x, weight=weight, eps=eps) if type(backend) is str
+                   else backend.rmsnorm_forward(x, weight, eps))
         ctx.save_for_backward(x, rstd, weight)
         ctx.backend = backend
         return y.view_as(x)
@@ -372,6 +380,7 @@ class FusedRMSNorm(torch.autograd.Function):
     def backward(ctx, grad_y):
         first_derivative_only("rmsnorm", grad_y)
         x, rstd, weight = ctx.saved_tensors
-        grad_x, grad_weight = P.rmsnorm_backward(impl=ctx.backend, x=x, rstd=rstd, grad_y=grad_y.contiguous(),
-                                                 weight=weight)
+        gy = grad_y.contiguous()
+        grad_x, grad_weight = (P.rmsnorm_backward(impl=ctx.backend, x=x, rstd=rstd, grad_y=gy, weight=weight)
+                               if type(ctx.backend) is str else ctx.backend.rmsnorm_backward(x, rstd, gy, weight))
         return grad_x.view_as(x), grad_weight, None, None

@@ -384,23 +384,32 @@ def _row_layout(x, kernel):
     return block_c, block_n, per_prog, _cdiv(N, per_prog)
 
 
-def _row_pass(kernel, rows, *tensors, scalars=()):
-    """Launch per-row ``kernel`` over the rows (``_rows``) of x: (x, *tensors,
-    N, C, x's row geometry, rows per program, *scalars); ``tensors`` may hold
-    a callable of the programs' count, for a per-program buffer."""
+_ROW_PLANS = {}
+
+
+def _row_plan(kernel, rows):
+    """(programs, the launch's integer arguments, its constexprs) of per-row
+    ``kernel`` over the rows (``_rows``) of x, worked out once per kernel,
+    layout and dtype: the kernel takes (x, its tensors, N, C, x's row
+    geometry, rows per program, its scalars)."""
     x, N, C, geometry = rows
-    block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
-    tensors = [t(progs) if callable(t) else t for t in tensors]
-    _launch(kernel, (progs,), x, *tensors, N, C, *geometry, per_prog, *scalars,
-            F64=x.dtype == torch.float64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS,
-            maxnreg=registers(kernel.__name__, x.dtype == torch.float64))
+    key = (kernel, N, C, geometry, x.dtype, x.device)
+    plan = _ROW_PLANS.get(key)
+    if plan is None:
+        block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
+        f64 = x.dtype == torch.float64
+        plan = _ROW_PLANS[key] = (progs, (N, C, *geometry, per_prog), dict(
+            F64=f64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS,
+            maxnreg=registers(kernel.__name__, f64)))
+    return plan
 
 
 def scalenorm_forward(x, scale, eps):
     """y = g x / max(||x||, eps) per row; returns (y, the clamped norms (N,))."""
     rows = x, N, C, _ = _rows(x)
+    progs, shape, constexprs = _row_plan(_scalenorm_forward, rows)
     y, norms = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
-    _row_pass(_scalenorm_forward, rows, scale, y, norms, scalars=(eps,))
+    _launch(_scalenorm_forward, (progs,), x, scale, y, norms, *shape, eps, **constexprs)
     return y, norms
 
 
@@ -408,17 +417,20 @@ def scalenorm_backward(x, norms, grad_y, scale, eps):
     """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg
     = sum <dy, x> / n, summed by the last program in a fixed order."""
     rows = x, N, C, _ = _rows(x)
+    progs, shape, constexprs = _row_plan(_scalenorm_backward, rows)
     gx, grad_scale = x.new_empty(N, C), torch.empty_like(scale)
-    part = lambda progs: torch.empty(progs, dtype=_acc(x), device=x.device)  # noqa: E731
-    _row_pass(_scalenorm_backward, rows, norms, grad_y, scale, gx, part, grad_scale, norms[N:], scalars=(eps,))
+    part = torch.empty(progs, dtype=_acc(x), device=x.device)  # a program's sum of <dy, x> / n
+    _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, norms[N:], *shape, eps,
+            **constexprs)
     return gx, grad_scale
 
 
 def rmsnorm_forward(x, weight, eps):
     """y = x / sqrt(mean(x^2) + eps) * w per row; returns (y, 1 / rms (N,))."""
     rows = x, N, C, _ = _rows(x)
+    progs, shape, constexprs = _row_plan(_rmsnorm_forward, rows)
     y, rstd = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
-    _row_pass(_rmsnorm_forward, rows, weight, y, rstd, scalars=(eps,))
+    _launch(_rmsnorm_forward, (progs,), x, weight, y, rstd, *shape, eps, **constexprs)
     return y, rstd
 
 
@@ -426,9 +438,10 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
     """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, summed
     by the last program in a fixed order."""
     rows = x, N, C, _ = _rows(x)
+    progs, shape, constexprs = _row_plan(_rmsnorm_backward, rows)
     gx, grad_w = x.new_empty(N, C), torch.empty_like(weight)
-    part = lambda progs: torch.empty(progs, C, dtype=_acc(x), device=x.device)  # noqa: E731
-    _row_pass(_rmsnorm_backward, rows, rstd, grad_y, weight, gx, part, grad_w, rstd[N:])
+    part = torch.empty(progs, C, dtype=_acc(x), device=x.device)  # a program's sums of dy x r
+    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:], *shape, **constexprs)
     return gx, grad_w
 
 
