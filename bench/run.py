@@ -165,6 +165,31 @@ def measure_bandwidth(device="cpu", n=None):
     return 2 * n / best
 
 
+# ---------------------------------------------------------------- 6. host
+#: the fused kinds and what each may cost the host against nn.LayerNorm's step (calls, time)
+HOST_KINDS = ["pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt"]
+HOST_TARGETS = {"calls": 2.0, "time": {"pn": 1.3, "scalenorm": 1.3, "rmsnorm": 1.3, "dyt": 1.3, "bn": 1.5,
+                                       "pn-v": 1.5}}
+
+
+def bench_host(rounds=7, reps=50):
+    """A training step's host cost (measure/host.py): the Triton path with
+    every launch replaced by nothing, and the CPU backend as it runs, each
+    beside nn.LayerNorm's step in the same harness, at 4 x 4 x 64."""
+    from powernorm_fairseq.measure import host
+
+    rows = []
+    for backend in ("triton", "cpu"):
+        measured = host.measure(HOST_KINDS, backend, rounds, reps)
+        ln_calls = measured["nn.LayerNorm"][0]
+        for kind in HOST_KINDS:
+            calls, time_ratio = measured[kind]
+            rows.append(dict(backend=backend, norm=kind, calls=calls, ln_calls=ln_calls,
+                             calls_ratio=round(calls / ln_calls, 2), time_ratio=round(time_ratio, 2),
+                             calls_target=HOST_TARGETS["calls"], time_target=HOST_TARGETS["time"][kind]))
+    return rows
+
+
 # ---------------------------------------------------------------- 5. launches
 #: (label, norm, options) of the launches section: each norm in each of its modes
 LAUNCH_ROWS = [
@@ -645,6 +670,20 @@ def markdown(results):
                        f"{r['cpu_host_waits']} | {r['activation_tensors']} | {r.get('max_registers', '')} | "
                        f"{r.get('spill_bytes', '')} | {r.get('programs_per_sm', '')} | {resident} | {met} |")
         out.append("")
+    if "host" in results:
+        out += ["### 6. Host cost of a training step of one layer, relative to `nn.LayerNorm`'s", "",
+                _machine_line(results, "host"), "",
+                "Forward + backward at 4 x 4 x 64 (T x B x C), one token of padding (measure/host.py): "
+                "the Triton path under Triton's interpreter with every launch replaced by nothing (the host "
+                "code that drives a GPU), the CPU backend as it runs. Calls: sys.setprofile's call and c_call "
+                "events of one step; time: median over interleaved rounds.", "",
+                "| backend | norm | calls | / LN | time / LN | calls target | time target |",
+                "|---|---|---|---|---|---|---|"]
+        for r in results["host"]:
+            out.append(f"| {r['backend']} | {r['norm']} | {r['calls']} | {r['calls_ratio']:.2f} | "
+                       f"{r['time_ratio']:.2f} | {_met(r['calls_ratio'], r['calls_target'])} | "
+                       f"{_met(r['time_ratio'], r['time_target'])} |")
+        out.append("")
     if "throughput" in results:
         out += ["### 2 and 4. `fairseq-train` words/s and peak memory, relative to stock "
                 "`transformer_iwslt_de_en` (LN)", "",
@@ -722,9 +761,9 @@ def norm_list(parser, flag, text):
 
 
 def parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sections", default="layers,throughput,quality,launches",
-                   help="comma-separated subset of layers,throughput,quality,launches (memory comes with "
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--sections", default="layers,throughput,quality,launches,host",
+                   help="comma-separated subset of layers,throughput,quality,launches,host (memory comes with "
                         "throughput)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     p.add_argument("--corpus", default=str(ROOT / "data-prep" / "quickstart"),
@@ -759,9 +798,10 @@ def main(argv=None):
         return main_gpu(p, args, out)
     work = out / "work"
     sections = set(args.sections.split(","))
-    unknown = sections - {"layers", "throughput", "quality", "launches"}
+    unknown = sections - {"layers", "throughput", "quality", "launches", "host"}
     if unknown:
-        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; allowed: layers, throughput, quality, launches")
+        p.error(f"--sections: unknown {', '.join(sorted(unknown))}; allowed: layers, throughput, quality, launches, "
+                "host")
     dims = (1, 32, 64, 4) if args.tiny else (3, 256, 512, 4)
     # a run of some sections updates those in an existing results.json and keeps the others
     previous = out / "results.json"
@@ -777,6 +817,8 @@ def main(argv=None):
     if "launches" in sections:
         shape = (16, 4, 64) if args.tiny else (512, 8, 512)
         results["launches"], results["launches_shape"] = bench_launches(*shape), "x".join(map(str, shape))
+    if "host" in sections:
+        results["host"] = bench_host(*((2, 3) if args.tiny else (7, 50)))
     if "throughput" in sections or "quality" in sections:
         data = prepare(args.corpus, work / "data")
     if "throughput" in sections:

@@ -43,7 +43,7 @@ def table(before, after, labels):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("before")
     p.add_argument("after")
     p.add_argument("--labels", default="before,after", help="the two columns' names, comma-separated")

@@ -40,10 +40,13 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     assert [r["norm"] for r in results["quality"]["summary"]] == ["pn"]
     assert all(r["updates"] > 0 for r in results["quality"]["runs"])
     table = (tmp_path / "results.md").read_text()
-    for heading in ("### 1. Norm layer", "### 2 and 4.", "### 3. Translation quality", "### 5. Launches"):
+    for heading in ("### 1. Norm layer", "### 2 and 4.", "### 3. Translation quality", "### 5. Launches",
+                    "### 6. Host cost"):
         assert heading in table
+    assert {(r["backend"], r["norm"]) for r in results["host"]} == {
+        (b, k) for b in ("triton", "cpu") for k in ("pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt")}
     assert "| pn (`--pn-warmup-updates 0`) |" in table
-    assert table.count("\n\nMachine: ") == 4 == len(results["machines"])  # each section names its machine
+    assert table.count("\n\nMachine: ") == 5 == len(results["machines"])  # each section names its machine
     report = table + (tmp_path / "results.json").read_text()
     assert all(path not in report for path in (str(ROOT), str(corpus), str(tmp_path)))  # no machine's path
     for png in ("layers.png", "throughput_memory.png", "quality.png"):

@@ -342,3 +342,29 @@ def test_the_transposed_residual_stream_is_read_where_it_lies(kind, options, tar
     torch.testing.assert_close(y1, y0, rtol=1e-6, atol=1e-6)
     for a, b in zip(g0, g1):
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6)
+
+
+#: the most Python-level calls a training step of each fused kind may make (measure/host.py), as a multiple of
+#: nn.LayerNorm's step in the same harness: what this code makes now, so that host work added to a step fails
+#: here. The goal is 2.0 for every kind (bench/run.py --sections host reports both)
+HOST_CALLS = {"triton": {"pn": 3.25, "bn": 3.7, "pn-v": 3.7, "scalenorm": 2.3, "rmsnorm": 2.3, "dyt": 1.1},
+              "cpu": {"pn": 1.7, "bn": 1.7, "pn-v": 1.7, "scalenorm": 1.95, "rmsnorm": 1.95, "dyt": 1.1}}
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+def test_a_steps_host_calls_stay_within_their_ceilings(backend):
+    from powernorm_fairseq.measure import host
+
+    backend_or_fail(backend)
+    counts = {}
+    with kernels.use(backend), (host.no_launches() if backend == "triton" else contextlib.nullcontext()):
+        for kind in ["nn.LayerNorm", *HOST_CALLS[backend]]:
+            step = host.step(kind)
+            for _ in range(3):  # caches and plans are made by the first steps
+                step()
+            counts[kind] = host.python_calls(step)
+            assert host.python_calls(step) == counts[kind]  # deterministic
+    ln = counts.pop("nn.LayerNorm")
+    over = {kind: round(n / ln, 2) for kind, n in counts.items() if n > HOST_CALLS[backend][kind] * ln}
+    assert over == {}, (over, ln)
+    assert counts["pn"] > ln  # the harness counts the norm's own work

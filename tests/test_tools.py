@@ -320,7 +320,8 @@ def test_every_console_tool_takes_flags_only_as_spelled_in_full():
     from powernorm_fairseq.common.flags import ArgumentParser
 
     found = []
-    for path in sorted([*(ROOT / "powernorm_fairseq").rglob("*.py"), *(ROOT / "scripts").glob("*.py")]):
+    for path in sorted([*(ROOT / "powernorm_fairseq").rglob("*.py"), *(ROOT / "scripts").glob("*.py"),
+                        *(ROOT / "bench").glob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
             f = getattr(node, "func", None)
             name = getattr(f, "attr", None) or getattr(f, "id", None)
@@ -330,5 +331,5 @@ def test_every_console_tool_takes_flags_only_as_spelled_in_full():
                 found.append(path.name)
                 assert ours or keywords.get("allow_abbrev") is False or keywords.get("add_help") is False, \
                     f"{path.relative_to(ROOT)}:{node.lineno}: a parser that takes prefixes of its flags"
-    assert {"study.py", "average.py", "progress.py", "docs_tables.py"} <= set(found)
+    assert {"study.py", "average.py", "progress.py", "docs_tables.py", "run.py"} <= set(found)
     assert ArgumentParser(prog="x").allow_abbrev is False
