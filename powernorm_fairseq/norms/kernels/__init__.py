@@ -90,7 +90,9 @@ def select(x: torch.Tensor):
     if name == "plain":
         _say("plain PyTorch path")
         return plain
-    _say(f"{name} kernels")
+    said = f"{name} kernels"
+    if said not in _said:  # a call less per step once said (measure/host.py counts them)
+        _say(said)
     if x.numel() == 0:  # an empty batch: nothing to launch; the plain path gives its (empty) result
         return plain
     return _MODULES[name]

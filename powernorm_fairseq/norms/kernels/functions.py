@@ -336,18 +336,21 @@ def row_norm(fused, x: Tensor, gain: Tensor, eps: float) -> Tensor:
     FusedRMSNorm) over the rows of x (T, B, C), on the backend that takes x,
     in a dtype that backend reads; y in x's dtype."""
     k = select(x)
-    xk = rows(x if x.dtype in k.DTYPES else upcast(x))
+    xk = x if x.dtype in k.DTYPES else upcast(x)
+    xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere
     # where nothing observes the call, the kernels' module itself, called without the ops' round trip
     backend = k if k.NAME != "plain" and not ops.observed((xk, gain)) else k.NAME
-    return _as(fused.apply(xk, gain, eps, backend), x)
+    y = fused.apply(xk, gain, (eps, backend))
+    return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class FusedScaleNorm(torch.autograd.Function):
-    """ScaleNorm in one pass each way. ``backend``: a backend's name (each call
-    through its op), or the backend's module where nothing observes the call."""
+    """ScaleNorm in one pass each way. ``how``: (eps, backend), the backend a
+    name (each call through its op) or, where nothing observes the call, its module."""
 
     @staticmethod
-    def forward(ctx, x, scale, eps, backend):
+    def forward(ctx, x, scale, how):
+        eps, backend = how
         y, norms = (P.scalenorm_forward(impl=backend, x=x, scale=scale, eps=eps) if type(backend) is str
                     else backend.scalenorm_forward(x, scale, eps))
         ctx.save_for_backward(x, norms, scale)
@@ -362,14 +365,15 @@ class FusedScaleNorm(torch.autograd.Function):
         grad_x, grad_scale = (
             P.scalenorm_backward(impl=ctx.backend, x=x, norms=norms, grad_y=gy, scale=scale, eps=ctx.eps)
             if type(ctx.backend) is str else ctx.backend.scalenorm_backward(x, norms, gy, scale, ctx.eps))
-        return grad_x.view_as(x), grad_scale, None, None
+        return grad_x.view_as(x), grad_scale, None
 
 
 class FusedRMSNorm(torch.autograd.Function):
     """RMSNorm in one pass each way."""
 
     @staticmethod
-    def forward(ctx, x, weight, eps, backend):
+    def forward(ctx, x, weight, how):
+        eps, backend = how
         y, rstd = (P.rmsnorm_forward(impl=backend, x=x, weight=weight, eps=eps) if type(backend) is str
                    else backend.rmsnorm_forward(x, weight, eps))
         ctx.save_for_backward(x, rstd, weight)
@@ -383,4 +387,4 @@ class FusedRMSNorm(torch.autograd.Function):
         gy = grad_y.contiguous()
         grad_x, grad_weight = (P.rmsnorm_backward(impl=ctx.backend, x=x, rstd=rstd, grad_y=gy, weight=weight)
                                if type(ctx.backend) is str else ctx.backend.rmsnorm_backward(x, rstd, gy, weight))
-        return grad_x.view_as(x), grad_weight, None, None
+        return grad_x.view_as(x), grad_weight, None

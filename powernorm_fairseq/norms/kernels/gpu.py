@@ -229,6 +229,9 @@ class _Plan:
 
 
 _PLANS = {}
+#: plans kept at most (of each kind): a layout per batch shape, and batch shapes vary; past this many,
+#: the plans are made anew as the shapes come
+_KEPT_PLANS = 4096
 
 
 def _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs):
@@ -253,12 +256,14 @@ def _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
     return plan
 
 
-def _planned(kernel, x, mask, groups, tall, want_rows, want_part, sums, **constexprs):
-    """The plan of a launch (``mask``: present, or None), made on its first use."""
-    key = (kernel, x.shape, x.stride(), x.dtype, x.device, None if mask is None else mask.shape, groups,
+def _planned(kernel, x, strides, mask, groups, tall, want_rows, want_part, sums, **constexprs):
+    """The plan of a launch over x (of ``strides``, the last 1; ``mask``: present, or None), made on its first use."""
+    key = (kernel, x.shape, strides, x.dtype, x.device, None if mask is None else mask.shape, groups,
            want_rows, want_part, *constexprs.values())
     plan = _PLANS.get(key)
     if plan is None:
+        if len(_PLANS) > _KEPT_PLANS:
+            _PLANS.clear()
         plan = _PLANS[key] = _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
     return plan
 
@@ -271,11 +276,13 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
-    if x.stride(-1) != 1:
+    strides = x.stride()
+    if strides[-1] != 1:
         x = x.contiguous()
+        strides = x.stride()
     mask = None if mask is None or not mask.numel() else mask  # absent: None or empty (the ops' empty tensors)
     mean = None if mean is None or not mean.numel() else mean
-    plan = _planned("_channel_forward", x, mask, groups, not want_y, want_y, want_stats, 3,
+    plan = _planned("_channel_forward", x, strides, mask, groups, not want_y, want_y, want_stats, 3,
                     HAS_MEAN=mean is not None, INV_RUNNING=inv_eps >= 0, WANT_Y=want_y, WANT_STATS=want_stats,
                     CENTER=center)
     acc, dev, none = _acc(x), x.device, plan.nothing
@@ -322,14 +329,16 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     dy*xh and xh^2 over the real rows, xh^2 over every row.
 
     Returns (dL/dx or empty, part or empty)."""
-    if x.stride(-1) != 1:
+    strides = x.stride()
+    if strides[-1] != 1:
         x = x.contiguous()
+        strides = x.stride()
     mask = None if mask is None or not mask.numel() else mask  # absent: None or empty (the ops' empty tensors)
     mean = None if mean is None or not mean.numel() else mean
     A = None if A is None or not A.numel() else A
     B = None if B is None or not B.numel() else B
     inv_bwd = None if inv_bwd is None or not inv_bwd.numel() else inv_bwd
-    plan = _planned("_channel_backward", x, mask, groups, not want_gx, want_gx, want_sums, 5,
+    plan = _planned("_channel_backward", x, strides, mask, groups, not want_gx, want_gx, want_sums, 5,
                     HAS_MEAN=mean is not None, HAS_A=A is not None, HAS_B=B is not None, CORRECT_PADS=correct_pads,
                     WANT_GX=want_gx, WANT_SUMS=want_sums)
     acc, dev, none = _acc(x), x.device, plan.nothing
@@ -385,29 +394,37 @@ def _row_layout(x, kernel):
 
 
 _ROW_PLANS = {}
+#: plans kept at most (of each kind): a layout per batch shape, and batch shapes vary; past this many,
+#: the plans are made anew as the shapes come
+_KEPT_PLANS = 4096
 
 
-def _row_plan(kernel, rows):
-    """(programs, the launch's integer arguments, its constexprs) of per-row
-    ``kernel`` over the rows (``_rows``) of x, worked out once per kernel,
-    layout and dtype: the kernel takes (x, its tensors, N, C, x's row
-    geometry, rows per program, its scalars)."""
-    x, N, C, geometry = rows
-    key = (kernel, N, C, geometry, x.dtype, x.device)
+def _row_plan(kernel, x):
+    """(x with unit column stride, its rows N, programs, the launch's integer
+    arguments, its constexprs) of per-row ``kernel`` over the rows of x
+    (``_rows``), worked out once per kernel, layout and dtype: the kernel
+    takes (x, its tensors, N, C, x's row geometry, rows per program, its scalars)."""
+    strides = x.stride()
+    if strides[-1] != 1:
+        x = x.contiguous()
+        strides = x.stride()
+    key = (kernel, x.shape, strides, x.dtype, x.device)
     plan = _ROW_PLANS.get(key)
     if plan is None:
+        _, N, C, geometry = _rows(x)
         block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
         f64 = x.dtype == torch.float64
-        plan = _ROW_PLANS[key] = (progs, (N, C, *geometry, per_prog), dict(
+        if len(_ROW_PLANS) > _KEPT_PLANS:
+            _ROW_PLANS.clear()
+        plan = _ROW_PLANS[key] = (N, C, progs, (N, C, *geometry, per_prog), dict(
             F64=f64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS,
             maxnreg=registers(kernel.__name__, f64)))
-    return plan
+    return (x, *plan)
 
 
 def scalenorm_forward(x, scale, eps):
     """y = g x / max(||x||, eps) per row; returns (y, the clamped norms (N,))."""
-    rows = x, N, C, _ = _rows(x)
-    progs, shape, constexprs = _row_plan(_scalenorm_forward, rows)
+    x, N, C, progs, shape, constexprs = _row_plan(_scalenorm_forward, x)
     y, norms = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
     _launch(_scalenorm_forward, (progs,), x, scale, y, norms, *shape, eps, **constexprs)
     return y, norms
@@ -416,8 +433,7 @@ def scalenorm_forward(x, scale, eps):
 def scalenorm_backward(x, norms, grad_y, scale, eps):
     """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg
     = sum <dy, x> / n, summed by the last program in a fixed order."""
-    rows = x, N, C, _ = _rows(x)
-    progs, shape, constexprs = _row_plan(_scalenorm_backward, rows)
+    x, N, C, progs, shape, constexprs = _row_plan(_scalenorm_backward, x)
     gx, grad_scale = x.new_empty(N, C), torch.empty_like(scale)
     part = torch.empty(progs, dtype=_acc(x), device=x.device)  # a program's sum of <dy, x> / n
     _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, norms[N:], *shape, eps,
@@ -427,8 +443,7 @@ def scalenorm_backward(x, norms, grad_y, scale, eps):
 
 def rmsnorm_forward(x, weight, eps):
     """y = x / sqrt(mean(x^2) + eps) * w per row; returns (y, 1 / rms (N,))."""
-    rows = x, N, C, _ = _rows(x)
-    progs, shape, constexprs = _row_plan(_rmsnorm_forward, rows)
+    x, N, C, progs, shape, constexprs = _row_plan(_rmsnorm_forward, x)
     y, rstd = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
     _launch(_rmsnorm_forward, (progs,), x, weight, y, rstd, *shape, eps, **constexprs)
     return y, rstd
@@ -437,8 +452,7 @@ def rmsnorm_forward(x, weight, eps):
 def rmsnorm_backward(x, rstd, grad_y, weight):
     """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, summed
     by the last program in a fixed order."""
-    rows = x, N, C, _ = _rows(x)
-    progs, shape, constexprs = _row_plan(_rmsnorm_backward, rows)
+    x, N, C, progs, shape, constexprs = _row_plan(_rmsnorm_backward, x)
     gx, grad_w = x.new_empty(N, C), torch.empty_like(weight)
     part = torch.empty(progs, C, dtype=_acc(x), device=x.device)  # a program's sums of dy x r
     _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:], *shape, **constexprs)

@@ -137,7 +137,7 @@ def observed(values) -> bool:
     among the arguments."""
     return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()
-            or torch.jit.is_tracing() or torch._C._autograd._profiler_enabled()
+            or torch._C._is_tracing() or torch._C._autograd._profiler_enabled()  # torch.jit.is_tracing's own test
             or not _PLAIN_TYPES.issuperset(map(type, values)))
 
 
