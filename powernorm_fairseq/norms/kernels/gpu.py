@@ -45,10 +45,13 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 failure = None if triton is not None else "triton is not installed"
 
 
-@functools.cache
+#: whether Triton's interpreter runs the kernels, read when this module (and so its kernels) is imported,
+#: as ``triton.jit`` reads it for each kernel then
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def interpreting() -> bool:
-    """Whether Triton's interpreter runs the kernels, as Triton reads it: once, at the first launch."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _INTERPRETING
 
 
 def available() -> bool:
