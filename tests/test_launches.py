@@ -345,10 +345,11 @@ def test_the_transposed_residual_stream_is_read_where_it_lies(kind, options, tar
 
 
 #: the most Python-level calls a training step of each fused kind may make (measure/host.py), as a multiple of
-#: nn.LayerNorm's step in the same harness: what this code makes now, so that host work added to a step fails
-#: here. The goal is 2.0 for every kind (bench/run.py --sections host reports both)
-HOST_CALLS = {"triton": {"pn": 3.2, "bn": 3.6, "pn-v": 3.6, "scalenorm": 2.0, "rmsnorm": 2.0, "dyt": 1.1},
-              "cpu": {"pn": 1.7, "bn": 1.7, "pn-v": 1.7, "scalenorm": 1.95, "rmsnorm": 1.95, "dyt": 1.1}}
+#: nn.LayerNorm's step in the same harness: what this code makes now and a call or two (the count moved by one
+#: between processes), so that host work added to a step fails here. The goal is 2.0 for every kind
+#: (bench/run.py --sections host reports both)
+HOST_CALLS = {"triton": {"pn": 3.2, "bn": 3.62, "pn-v": 3.6, "scalenorm": 2.03, "rmsnorm": 2.03, "dyt": 1.1},
+              "cpu": {"pn": 1.68, "bn": 1.65, "pn-v": 1.63, "scalenorm": 1.83, "rmsnorm": 1.83, "dyt": 1.1}}
 
 
 @pytest.mark.parametrize("backend", ["triton", "cpu"])

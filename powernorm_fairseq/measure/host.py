@@ -86,29 +86,47 @@ def step(kind: str, shape=SHAPE, seed: int = 0):
     return run
 
 
-def measure(kinds, backend: str, rounds: int = 7, reps: int = 50, shape=SHAPE):
+def measure(kinds, backend: str, rounds: int = 7, reps: int = 50, shape=SHAPE, block: int = 10):
     """{kind: (calls, time / nn.LayerNorm's)} on ``backend``, with
-    ``nn.LayerNorm``'s own row (calls, 1.0) first."""
+    ``nn.LayerNorm``'s own row (calls, 1.0) first. Each kind is timed in
+    blocks of ``block`` steps alternating with blocks of ``nn.LayerNorm``'s,
+    ``reps`` steps of each a round; its ratio is the median over the rounds
+    (a kind timed apart from its baseline took 0.4-1.7x of it from run to run
+    on a shared 2-core machine, by the order the steps ran in). One torch
+    thread: at this size the intra-op pool's wake-ups are not the host's work,
+    and with two threads they moved LayerNorm's own step by 2x."""
     from ..norms import kernels
 
     names = ["nn.LayerNorm", *kinds]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _measure(kernels, names, kinds, backend, rounds, reps, shape, block)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(kernels, names, kinds, backend, rounds, reps, shape, block):
     with kernels.use(backend), (no_launches() if backend == "triton" else _nothing()):
         steps = {name: step(name, shape) for name in names}
         for run in steps.values():
             for _ in range(3):  # the first calls build caches and kernels
                 run()
         calls = {name: python_calls(run) for name, run in steps.items()}
-        ratios = {name: [] for name in names}
+        ratios = {name: [] for name in kinds}
         for _ in range(rounds):
-            times = {}
-            for name, run in steps.items():
-                start = time.perf_counter()
-                for _ in range(reps):
-                    run()
-                times[name] = time.perf_counter() - start
-            for name in names:
-                ratios[name].append(times[name] / times["nn.LayerNorm"])
-    return {name: (calls[name], statistics.median(ratios[name])) for name in names}
+            for name in kinds:
+                spent = {name: 0.0, "nn.LayerNorm": 0.0}
+                for i in range(2 * max(1, reps // block)):
+                    timed = name if i % 2 else "nn.LayerNorm"
+                    run, start = steps[timed], time.perf_counter()
+                    for _ in range(block):
+                        run()
+                    spent[timed] += time.perf_counter() - start
+                ratios[name].append(spent[name] / spent["nn.LayerNorm"])
+    out = {"nn.LayerNorm": (calls["nn.LayerNorm"], 1.0)}
+    out.update({name: (calls[name], statistics.median(ratios[name])) for name in kinds})
+    return out
 
 
 @contextmanager
