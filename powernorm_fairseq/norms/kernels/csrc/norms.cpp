@@ -133,9 +133,10 @@ double round_to(double v, at::ScalarType dtype) {
   return dtype == at::kDouble ? v : double(static_cast<float>(v));
 }
 
-// a new tensor of dtype holding v, rounded as Tensor.to rounds
-Tensor from(const std::vector<double>& v, at::ScalarType dtype) {
-  Tensor out = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(dtype));
+// a new tensor of dtype holding v, rounded as Tensor.to rounds; a 0-dimensional one with scalar
+Tensor from(const std::vector<double>& v, at::ScalarType dtype, bool scalar = false) {
+  Tensor out = scalar ? at::empty({}, at::TensorOptions().dtype(dtype))
+                      : at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(dtype));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "from", [&] {
     scalar_t* p = out.data_ptr<scalar_t>();
     for (size_t i = 0; i < v.size(); ++i) p[i] = static_cast<scalar_t>(v[i]);
@@ -666,7 +667,8 @@ std::vector<Tensor> rows_forward(const Tensor& x, const std::vector<at::opmath_t
 // <gy, x> f over rows (ScaleNorm's g), or per channel of gy * x * f (RMSNorm's w).
 template <typename T>
 std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Tensor& gy,
-                                  const std::vector<at::opmath_type<T>>& w, double eps, bool scalenorm) {
+                                  const std::vector<at::opmath_type<T>>& w, double eps, bool scalenorm,
+                                  at::ScalarType param_dtype) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1);
   Tensor gx = at::empty({N, C}, x.options());
@@ -701,7 +703,9 @@ std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Ten
     }
     flush(stage, dst);
   });
-  return {gx, from(sums.total(), at::kDouble)};
+  // the parameter's gradient in its dtype, made here (a `to` or `sum` is a dispatcher call each):
+  // ScaleNorm's one g as a 0-dimensional tensor, RMSNorm's per channel
+  return {gx, from(sums.total(), param_dtype, scalenorm)};
 }
 
 #define DISPATCH(x, name, ...) AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, (x).scalar_type(), name, __VA_ARGS__)
@@ -738,11 +742,11 @@ std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& 
 }
 
 // ScaleNorm's g is read from its tensor's memory, not through an op: reading a
-// value through the dispatcher would count as a host wait
+// value through the dispatcher would count as a host wait, and a `to` is a call
 template <typename A>
 std::vector<A> scalar_weight(const Tensor& scale, int64_t C) {
   TORCH_CHECK(scale.numel() == 1, "scale: one value");
-  return std::vector<A>(C, A(scale.to(at::kDouble).data_ptr<double>()[0]));
+  return std::vector<A>(C, A(doubles(scale)[0]));
 }
 
 std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
@@ -761,9 +765,10 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
   std::vector<Tensor> out;
   DISPATCH(x, "scalenorm_backward", [&] {
     using A = at::opmath_type<scalar_t>;
-    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(-1)), eps, true);
+    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(-1)), eps, true,
+                                  scale.scalar_type());
   });
-  return {out[0], out[1].sum().reshape({}).to(scale.scalar_type())};
+  return out;
 }
 
 std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps) {
@@ -781,9 +786,9 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
   std::vector<Tensor> out;
   DISPATCH(x, "rmsnorm_backward", [&] {
     out = rows_backward<scalar_t>(x, rstd, grad_y.contiguous(), channels<at::opmath_type<scalar_t>>(weight, x.size(-1)),
-                                  0.0, false);
+                                  0.0, false, weight.scalar_type());
   });
-  return {out[0], out[1].to(weight.scalar_type())};
+  return out;
 }
 
 // The training step of BN, PN-V and PN as one autograd node: the calls of
