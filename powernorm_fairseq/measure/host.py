@@ -19,7 +19,7 @@ harness:
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -101,34 +101,31 @@ def measure(kinds, backend: str, rounds: int = 7, reps: int = 50, shape=SHAPE, b
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _measure(kernels, names, kinds, backend, rounds, reps, shape, block)
+        with kernels.use(backend), (no_launches() if backend == "triton" else nullcontext()):
+            return _measure(names, kinds, shape, rounds, reps, block)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(kernels, names, kinds, backend, rounds, reps, shape, block):
-    with kernels.use(backend), (no_launches() if backend == "triton" else _nothing()):
-        steps = {name: step(name, shape) for name in names}
-        for run in steps.values():
-            for _ in range(3):  # the first calls build caches and kernels
-                run()
-        calls = {name: python_calls(run) for name, run in steps.items()}
-        ratios = {name: [] for name in kinds}
-        for _ in range(rounds):
-            for name in kinds:
-                spent = {name: 0.0, "nn.LayerNorm": 0.0}
-                for i in range(2 * max(1, reps // block)):
-                    timed = name if i % 2 else "nn.LayerNorm"
-                    run, start = steps[timed], time.perf_counter()
-                    for _ in range(block):
-                        run()
-                    spent[timed] += time.perf_counter() - start
-                ratios[name].append(spent[name] / spent["nn.LayerNorm"])
+def _measure(names, kinds, shape, rounds, reps, block):
+    """:func:`measure`'s rows, on the backend and threads it set."""
+    steps = {name: step(name, shape) for name in names}
+    for run in steps.values():
+        for _ in range(3):  # the first calls build caches and kernels
+            run()
+    calls = {name: python_calls(run) for name, run in steps.items()}
+    ratios = {name: [] for name in kinds}
+    for _ in range(rounds):
+        for name in kinds:
+            spent = {name: 0.0, "nn.LayerNorm": 0.0}
+            for i in range(2 * max(1, reps // block)):
+                timed = name if i % 2 else "nn.LayerNorm"
+                run, start = steps[timed], time.perf_counter()
+                for _ in range(block):
+                    run()
+                spent[timed] += time.perf_counter() - start
+            ratios[name].append(spent[name] / spent["nn.LayerNorm"])
     out = {"nn.LayerNorm": (calls["nn.LayerNorm"], 1.0)}
     out.update({name: (calls[name], statistics.median(ratios[name])) for name in kinds})
     return out
 
-
-@contextmanager
-def _nothing():
-    yield

@@ -159,10 +159,6 @@ def parts(x, groups, kernel, tall):
 TICKET_ROWS, ROW_TICKET = 1, 1
 
 
-def _empty(t):
-    return t is None or t.numel() == 0
-
-
 _NOTHING = {}
 
 
@@ -174,8 +170,8 @@ def _nothing(device):
 
 
 def _mask_args(mask, device):
-    """(pointer, batch size, sequence length) of a (B, T) padding mask, rows r = t * B + b."""
-    if _empty(mask):
+    """(pointer, batch size, sequence length) of a (B, T) padding mask (None: none), rows r = t * B + b."""
+    if mask is None:
         return _nothing(device), 1, 1
     return mask, mask.size(0), mask.size(1)
 
@@ -255,8 +251,16 @@ def _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
     return plan
 
 
-def _planned(kernel, x, strides, mask, groups, tall, want_rows, want_part, sums, **constexprs):
-    """The plan of a launch over x (of ``strides``, the last 1; ``mask``: present, or None), made on its first use."""
+def _planned(kernel, x, mask, groups, tall, want_rows, want_part, sums, **constexprs):
+    """(x with unit column stride, the padding mask or None, the :class:`_Plan`
+    of the launch over x, made on its first use). The mask is absent as None
+    or empty (the ops' empty tensors). Inline tests, no helpers: a step's host
+    calls are counted (measure/host.py)."""
+    strides = x.stride()
+    if strides[-1] != 1:
+        x = x.contiguous()
+        strides = x.stride()
+    mask = None if mask is None or not mask.numel() else mask
     key = (kernel, x.shape, strides, x.dtype, x.device, None if mask is None else mask.shape, groups,
            want_rows, want_part, *constexprs.values())
     plan = _PLANS.get(key)
@@ -264,8 +268,7 @@ def _planned(kernel, x, strides, mask, groups, tall, want_rows, want_part, sums,
         if len(_PLANS) > _KEPT_PLANS:
             _PLANS.clear()
         plan = _PLANS[key] = _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
-    return plan
-
+    return x, mask, plan
 
 
 def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
@@ -275,14 +278,8 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
-    # inline here and in backward, not a helper: a step's host calls are counted (measure/host.py)
-    strides = x.stride()
-    if strides[-1] != 1:
-        x = x.contiguous()
-        strides = x.stride()
-    mask = None if mask is None or not mask.numel() else mask  # absent: None or empty (the ops' empty tensors)
-    mean = None if mean is None or not mean.numel() else mean
-    plan = _planned("_channel_forward", x, strides, mask, groups, not want_y, want_y, want_stats, 3,
+    mean = None if mean is None or not mean.numel() else mean  # absent: None or empty (the ops' empty tensors)
+    x, mask, plan = _planned("_channel_forward", x, mask, groups, not want_y, want_y, want_stats, 3,
                     HAS_MEAN=mean is not None, INV_RUNNING=inv_eps >= 0, WANT_Y=want_y, WANT_STATS=want_stats,
                     CENTER=center)
     acc, dev, none = _acc(x), x.device, plan.nothing
@@ -329,16 +326,11 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     dy*xh and xh^2 over the real rows, xh^2 over every row.
 
     Returns (dL/dx or empty, part or empty)."""
-    strides = x.stride()
-    if strides[-1] != 1:
-        x = x.contiguous()
-        strides = x.stride()
-    mask = None if mask is None or not mask.numel() else mask  # absent: None or empty (the ops' empty tensors)
-    mean = None if mean is None or not mean.numel() else mean
+    mean = None if mean is None or not mean.numel() else mean  # absent: None or empty (the ops' empty tensors)
     A = None if A is None or not A.numel() else A
     B = None if B is None or not B.numel() else B
     inv_bwd = None if inv_bwd is None or not inv_bwd.numel() else inv_bwd
-    plan = _planned("_channel_backward", x, strides, mask, groups, not want_gx, want_gx, want_sums, 5,
+    x, mask, plan = _planned("_channel_backward", x, mask, groups, not want_gx, want_gx, want_sums, 5,
                     HAS_MEAN=mean is not None, HAS_A=A is not None, HAS_B=B is not None, CORRECT_PADS=correct_pads,
                     WANT_GX=want_gx, WANT_SUMS=want_sums)
     acc, dev, none = _acc(x), x.device, plan.nothing
