@@ -825,9 +825,15 @@ def study(args, argv, p):
     writable_out(args, p)
     same_settings(args, p)
 
-    def finished(cell):
-        path = Path(args.out, "cells", cell["name"], "result.json")
-        return path.exists() and not wants_landscape(args, json.loads(path.read_text()))
+    def finished(members):
+        """{name: result} of the finished cells among ``members``, each result.json read once."""
+        done = {}
+        for cell in members:
+            path = Path(args.out, "cells", cell["name"], "result.json")
+            result = json.loads(path.read_text()) if path.exists() else None
+            if result is not None and not wants_landscape(args, result):
+                done[cell["name"]] = result
+        return done
 
     if args.print_commands:
         rest, skip = [], 0
@@ -841,7 +847,8 @@ def study(args, argv, p):
             else:
                 rest.append(a)
         script = Path(__file__).resolve().parents[2] / "scripts" / "norm-study.sh"
-        todo = [c for c in grid if not finished(c)]
+        done = finished(grid)
+        todo = [c for c in grid if c["name"] not in done]
         with atomic_path(args.out / "commands.sh") as tmp:
             Path(tmp).write_text("".join(
                 shlex.join(["bash", str(script), *rest_with_cell(rest, c["name"])]) + "\n" for c in todo))
@@ -849,8 +856,7 @@ def study(args, argv, p):
               "run them anywhere that sees OUT, then this command again without --print-commands to collect",
               file=sys.stderr)
         return
-    results = {c["name"]: json.loads(Path(args.out, "cells", c["name"], "result.json").read_text())
-               for c in grid if finished(c)}
+    results = finished(grid)
     todo = [c for c in grid if c["name"] not in results]
     print(f"norm-study: {len(grid)} cells, {len(results)} finished, {len(todo)} to run ({args.jobs} at once)",
           file=sys.stderr)
@@ -874,8 +880,7 @@ def study(args, argv, p):
     full = cells(args)
     with open(args.out / ".report.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one report at a time, each from every result on disk when it starts
-        results = {c["name"]: json.loads(Path(args.out, "cells", c["name"], "result.json").read_text())
-                   for c in full if finished(c)}
+        results = finished(full)
         try:
             figures(args, full, results)
             report(args, full, results)
