@@ -155,29 +155,34 @@ LENGTHS = [5, 9, 6, 12, 7, 5, 10, 8, 11, 6, 12, 9]
 
 
 class LinearThenNorm(torch.nn.Module):
-    def __init__(self, kind):
+    def __init__(self, kind, batch_first):
         super().__init__()
-        self.linear, self.norm = torch.nn.Linear(C, C), build_norm(kind, C)
+        self.linear, self.norm, self.batch_first = torch.nn.Linear(C, C), build_norm(kind, C), batch_first
 
-    def forward(self, x, pad):
-        return self.norm(self.linear(x), pad)
+    def forward(self, x, mask):
+        if self.batch_first:  # (B, T, C) with HuggingFace's 0/1 attention mask
+            return self.norm(self.linear(x), attention_mask=mask)
+        return self.norm(self.linear(x), mask)
 
 
 # the batch-statistic kinds on every backend (their per-program sums once followed the row count), the
-# per-row ones and dyt on one: a length is a dynamic dimension of the graph, not a new graph
-VARYING = [(kind, backend) for kind in ("pn", "bn", "pn-v") for backend in BACKENDS]
-VARYING += [(kind, "cpu") for kind in ("ln", "scalenorm", "rmsnorm", "dyt")]
+# per-row ones and dyt on one: a length is a dynamic dimension of the graph, not a new graph; pn also
+# batch-first with a 0/1 mask, the other layout and mask Norm.forward takes
+VARYING = [(kind, backend, "tbc-bool") for kind in ("pn", "bn", "pn-v") for backend in BACKENDS]
+VARYING += [(kind, "cpu", "tbc-bool") for kind in ("ln", "scalenorm", "rmsnorm", "dyt")]
+VARYING += [("pn", backend, "btc-int") for backend in BACKENDS]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, backend", VARYING, ids=[f"{k}-{b}" for k, b in VARYING])
-def test_compiled_steps_at_lengths_that_vary_compile_two_graphs_and_match_eager(kind, backend):
+@pytest.mark.parametrize("kind, backend, layout", VARYING, ids=["-".join(v) for v in VARYING])
+def test_compiled_steps_at_lengths_that_vary_compile_two_graphs_and_match_eager(kind, backend, layout):
     """torch.compile over 12 batches of 8 lengths: at most 2 graphs (the first
     length's, then a dynamic one), with eager's numbers, running statistics included."""
     backend_or_fail(backend)
     torch._dynamo.reset()
     torch.manual_seed(0)
-    compiled = LinearThenNorm(kind).train()
+    batch_first = layout == "btc-int"
+    compiled = LinearThenNorm(kind, batch_first).train()
     eager = copy.deepcopy(compiled)
     counting = Counting()
     step = torch.compile(compiled, backend=counting, fullgraph=True)
@@ -186,11 +191,14 @@ def test_compiled_steps_at_lengths_that_vary_compile_two_graphs_and_match_eager(
         for length in LENGTHS:
             x, dy = torch.randn(length, B, C, generator=g), torch.randn(length, B, C, generator=g)
             pad = torch.arange(length)[None, :] >= torch.randint(1, length + 1, (B,), generator=g)[:, None]
+            mask = pad
+            if batch_first:
+                x, dy, mask = x.transpose(0, 1).contiguous(), dy.transpose(0, 1).contiguous(), (~pad).long()
             outs = []
             for model, call in ((eager, eager), (compiled, step)):
                 xr = x.clone().requires_grad_(True)
                 model.zero_grad()
-                y = call(xr, pad)
+                y = call(xr, mask)
                 y.backward(dy)
                 outs.append([y.detach(), xr.grad] + [p.grad for p in model.parameters()] + list(model.buffers()))
             for a, b in zip(*outs):
