@@ -37,7 +37,7 @@ BIN = Path(sys.executable).parent
 #: words/s and memory of a training run / stock's
 TARGETS = {"layers": {"float32": {"pn": 1.0, "bn": 1.2, "pn-v": 1.2, "scalenorm": 1.0, "rmsnorm": 1.0},
                       "bfloat16": dict.fromkeys(("pn", "bn", "pn-v", "scalenorm", "rmsnorm"), 1.5),
-                      "cuda": {"pn": 1.3, "bn": 1.5, "pn-v": 1.5, "scalenorm": 1.0, "rmsnorm": 1.0}},
+                      "cuda": {"pn": 1.3, "bn": 1.5, "pn-v": 1.5, "scalenorm": 1.0, "rmsnorm": 1.0, "dyt": 1.1}},
            "throughput": 0.95, "memory": 1.05}
 
 
@@ -202,9 +202,10 @@ LAUNCH_ROWS = [
     ("bn --layer-scale", "bn", {"layer_scale": True, "groups": 4}),
     ("scalenorm", "scalenorm", {}),
     ("rmsnorm", "rmsnorm", {}),
+    ("dyt", "dyt", {}),
 ]
 LAUNCH_TARGETS = {"pn (Algorithm 2)": 4, "pn in warmup": 6, "pn-v": 6, "bn": 6, "bn --layer-scale": 6,
-                  "scalenorm": 2, "rmsnorm": 2}
+                  "scalenorm": 2, "rmsnorm": 2, "dyt": 2}
 
 
 def bench_launches(T=512, B=8, C=512):

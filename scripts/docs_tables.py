@@ -59,8 +59,8 @@ def targets() -> str:
     layers = bench.TARGETS["layers"]
     for label, launches in bench.LAUNCH_TARGETS.items():
         kind = label.split()[0]
-        f32, bf16 = layers["float32"].get(kind, "-"), layers["bfloat16"].get(kind, "-")
-        out.append(f"| {label} | <= {launches} | <= {f32} | <= {bf16} |")
+        f32, bf16 = (f"<= {layers[d][kind]}" if kind in layers[d] else "-" for d in ("float32", "bfloat16"))
+        out.append(f"| {label} | <= {launches} | {f32} | {bf16} |")
     return "\n".join(out)
 
 

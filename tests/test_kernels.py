@@ -25,7 +25,7 @@ pytestmark = pytest.mark.fast
 T, B, C = 23, 7, 200
 
 KINDS = [
-    ("bn", {}), ("pn-v", {}), ("scalenorm", {}), ("rmsnorm", {}),
+    ("bn", {}), ("pn-v", {}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {}),
     ("pn", {"warmup_updates": 2}),
     ("pn", {"warmup_updates": 2, "layer_scale": True, "groups": 4}),
     ("pn", {"warmup_updates": 2, "backward": "reference", "layer_scale": True, "groups": 2}),
@@ -88,9 +88,9 @@ def test_backends_match_the_plain_path_in_float32(backend, kind, options):
             assert scaled_error(u, v) < 1e-5, (step, i, scaled_error(u, v))
 
 
-WIDE = [("scalenorm", {}), ("rmsnorm", {}), ("pn", {"warmup_updates": 1, "layer_scale": True}),
+WIDE = [("scalenorm", {}), ("rmsnorm", {}), ("dyt", {}), ("pn", {"warmup_updates": 1, "layer_scale": True}),
         ("bn", {"layer_scale": True, "groups": 2})]
-WIDE_IDS = ["scalenorm", "rmsnorm", "pn-scaled", "bn-2-groups"]
+WIDE_IDS = ["scalenorm", "rmsnorm", "dyt", "pn-scaled", "bn-2-groups"]
 
 
 @pytest.mark.slow  # the fast tier keeps the kernels' common widths
@@ -244,7 +244,7 @@ def test_a_backend_that_cannot_run_fails_in_one_line(env, message):
 def sweep_kinds(C, groups=(2, 4, 5, 8)):
     """Every mode of every kernel norm, with the group scalings a model of C channels can have."""
     kinds = [("pn", {}), ("pn", {"warmup_updates": 1}), ("pn", {"warmup_updates": 1, "backward": "reference"}),
-             ("pn-v", {}), ("bn", {}), ("scalenorm", {}), ("rmsnorm", {})]
+             ("pn-v", {}), ("bn", {}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {})]
     for g in groups:
         if C % g == 0:
             kinds += [("pn", {"layer_scale": True, "groups": g}),
@@ -294,7 +294,7 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     built = sm90.build_in_fresh_process(sm90.distinct(launched))
     assert {b["kernel"] for b in built} == {
         "_channel_forward", "_finish_stats", "_channel_backward", "_finish_backward", "_scalenorm_forward",
-        "_scalenorm_backward", "_rmsnorm_forward", "_rmsnorm_backward"}
+        "_scalenorm_backward", "_rmsnorm_forward", "_rmsnorm_backward", "_dyt_forward", "_dyt_backward"}
     assert any(b["signature"].get("W") == "*fp32" and b["signature"].get("X") == "*fp16" for b in built)  # --amp
     spilled = [b for b in built if b["spill_bytes"]]
     assert not spilled, spilled[:3]

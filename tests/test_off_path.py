@@ -22,7 +22,7 @@ pytestmark = pytest.mark.fast
 BACKENDS = ["plain", "cpu", "triton"]
 T, B, C = 9, 4, 16
 #: the kinds with kernels, and the options that reach their distinct paths
-FUSED = [("bn", {}), ("pn-v", {}), ("pn", {"warmup_updates": 2}), ("scalenorm", {}), ("rmsnorm", {})]
+FUSED = [("bn", {}), ("pn-v", {}), ("pn", {"warmup_updates": 2}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {})]
 FUSED_IDS = [k for k, _ in FUSED]
 STATS = FUSED[:3]
 
@@ -261,9 +261,9 @@ def test_a_lone_real_token_gets_the_exact_gradient(backend, layer_scale):
     assert float((got - exact).abs().max() / exact.abs().max()) < 1e-5
 
 
-# 5: a second derivative raises, identically
+# 5: a second derivative raises, identically; DyT's is PyTorch's own
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind, options", FUSED, ids=FUSED_IDS)
+@pytest.mark.parametrize("kind, options", FUSED[:-1], ids=FUSED_IDS[:-1])
 def test_double_backward_raises_on_every_backend(backend, kind, options):
     backend_or_fail(backend)
     x, pad, _ = data(6)
@@ -273,10 +273,31 @@ def test_double_backward_raises_on_every_backend(backend, kind, options):
         torch.autograd.grad(norm(xr, pad).pow(2).sum(), xr, create_graph=True)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dyt_has_its_second_derivative_on_every_backend(backend):
+    """The fused DyT's backward, asked for a graph, is differentiable again: gradgradcheck in x, alpha and
+    the gain, the kernels' forward beneath it."""
+    backend_or_fail(backend)
+    assert FUSED[-1][0] == "dyt"
+    norm = build_norm("dyt", C).double().train()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(C, generator=g, dtype=torch.float64))
+    x = data(6)[0][:3, :2].clone().requires_grad_(True)
+    alpha, weight = (norm.alpha.detach().clone().requires_grad_(True),
+                     norm.weight.detach().clone().requires_grad_(True))
+
+    def layer(x, alpha, weight):
+        return torch.func.functional_call(norm, {"alpha": alpha, "weight": weight}, (x,))
+
+    with kernels.use(backend):
+        assert torch.autograd.gradgradcheck(layer, (x, alpha, weight), fast_mode=True)
+
+
 # 6: activation checkpointing: the recomputation updates nothing and replays the first forward
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "bn-original", "rmsnorm"])
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "bn-original", "rmsnorm", "dyt"])
 def test_checkpointed_equals_not_checkpointed(kind, backend, reentrant):
     backend_or_fail(backend)
     options = {"warmup_updates": 2} if kind == "pn" else {}
@@ -379,7 +400,8 @@ def test_padding_mask_serves_both_layouts(kind):
 
 # 11: each launch counts its own arrivals
 #: where each finishing kernel takes its arrival ticket (the argument index)
-TICKET_ARGUMENT = {"_finish_stats": 10, "_finish_backward": 10, "_scalenorm_backward": 7, "_rmsnorm_backward": 7}
+TICKET_ARGUMENT = {"_finish_stats": 10, "_finish_backward": 10, "_scalenorm_backward": 7, "_rmsnorm_backward": 7,
+                   "_dyt_backward": 9}
 
 
 @pytest.mark.parametrize("kind, options", FUSED, ids=FUSED_IDS)

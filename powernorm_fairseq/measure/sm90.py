@@ -75,9 +75,9 @@ def activation_tensors(variant) -> int:
         return 1 + int(c["WANT_Y"])
     if name == "_channel_backward":
         return 2 + int(c["WANT_GX"])
-    if name in ("_scalenorm_forward", "_rmsnorm_forward"):
+    if name in ("_scalenorm_forward", "_rmsnorm_forward", "_dyt_forward"):
         return 2
-    if name in ("_scalenorm_backward", "_rmsnorm_backward"):
+    if name in ("_scalenorm_backward", "_rmsnorm_backward", "_dyt_backward"):
         return 3
     return 0  # the finishing kernels read per-program sums, not activations
 

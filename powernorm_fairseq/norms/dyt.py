@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import Norm
+from .kernels.functions import FusedDyT, row_norm
 
 
 class DyT(Norm):
@@ -38,9 +39,9 @@ class DyT(Norm):
             self.alpha.fill_(self.alpha_init)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        # per entry: padding rows are computed and never mixed into a real one;
-        # the output keeps x's dtype, as every norm's does
-        return (torch.tanh(self.alpha * x) * self.weight + self.bias).to(x.dtype)
+        # per entry, one fused pass each way (kernels/functions.py, FusedDyT): padding rows are computed and
+        # never mixed into a real one; the output keeps x's dtype, as every norm's does
+        return row_norm(FusedDyT, x, (self.alpha, self.weight, self.bias))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, alpha_init={self.alpha_init}"

@@ -94,6 +94,11 @@ SCHEMAS = {
     "rmsnorm_forward": ("Tensor x, Tensor weight, float eps", 2),
     # returns (dL/dx, dL/dweight)
     "rmsnorm_backward": ("Tensor x, Tensor rstd, Tensor grad_y, Tensor weight", 2),
+    # DyT: y = weight * tanh(alpha * x) + bias per entry, alpha one value; returns (y, the backward's arrival
+    # ticket: one value set to 0 on the GPU, empty elsewhere)
+    "dyt_forward": ("Tensor x, Tensor alpha, Tensor weight, Tensor bias", 2),
+    # returns (dL/dx, dL/dalpha, dL/dweight, dL/dbias)
+    "dyt_backward": ("Tensor x, Tensor grad_y, Tensor alpha, Tensor weight, Tensor ticket", 4),
 }
 #: name -> its argument names, in order: what every backend's function takes
 CONTRACT = {name: tuple(arg.split()[-1] for arg in args.split(", ")) for name, (args, _) in SCHEMAS.items()}

@@ -67,7 +67,8 @@ def takes(x: torch.Tensor) -> bool:
 #: registers to what this allows (``registers``, ptxas's .maxnreg), and every
 #: variant compiled for sm_90 spills nothing within it (measure/sm90.py, checked in CI)
 PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 3, "_scalenorm_forward": 4,
-                   "_scalenorm_backward": 3, "_rmsnorm_forward": 4, "_rmsnorm_backward": 3}
+                   "_scalenorm_backward": 3, "_rmsnorm_forward": 4, "_rmsnorm_backward": 3, "_dyt_forward": 4,
+                   "_dyt_backward": 3}
 WARPS = 4  # of every kernel (triton's default)
 REGISTERS_PER_SM, WARP = 65536, 32
 #: elements of a tile (rows x columns) of a channel kernel and of a per-row one
@@ -449,6 +450,26 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
     part = torch.empty(progs, C, dtype=_acc(x), device=x.device)  # a program's sums of dy x r
     _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:], *shape, **constexprs)
     return gx, grad_w
+
+
+def dyt_forward(x, alpha, weight, bias):
+    """y = w tanh(alpha x) + b per entry; returns (y, the backward's arrival ticket, set to 0)."""
+    x, N, C, progs, shape, constexprs = _row_plan(_dyt_forward, x)
+    y, ticket = x.new_empty(N, C), torch.empty(ROW_TICKET, dtype=_acc(x), device=x.device)
+    _launch(_dyt_forward, (progs,), x, alpha, weight, bias, y, ticket, *shape, **constexprs)
+    return y, ticket
+
+
+def dyt_backward(x, grad_y, alpha, weight, ticket):
+    """dL/dx = alpha d, d = dy w (1 - t^2), t = tanh(alpha x); dL/dalpha, dL/dw and dL/db summed by the
+    last program in a fixed order."""
+    x, N, C, progs, shape, constexprs = _row_plan(_dyt_backward, x)
+    gx, grad_alpha = x.new_empty(N, C), torch.empty_like(alpha)
+    grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
+    part = torch.empty(progs * (2 * C + 1), dtype=_acc(x), device=x.device)  # a program's sums (the kernel's doc)
+    _launch(_dyt_backward, (progs,), x, grad_y, alpha, weight, gx, grad_alpha, grad_w, grad_b, part, ticket, *shape,
+            **constexprs)
+    return gx, grad_alpha, grad_w, grad_b
 
 
 # Integer arguments that change with every batch (row counts, per-program
@@ -1027,6 +1048,81 @@ if triton is not None:
             tl.store(part + cols, gw, mask=cols < C)
         if _last_to_arrive(TICKET):  # dL/dw: the programs' sums, in a fixed order
             _sum_parts(PART, GW, C, cols, BLOCK_C)
+
+    @triton.jit
+    def _tanh(u):
+        """tanh(u) from exp alone (the interpreter has no libdevice): sign(u) (1 - e) / (1 + e), e = exp(-2|u|),
+        which cannot overflow; below |u| = 1/16, where 1 - e would cancel, its odd series to u^9 (within a
+        float64 rounding there), its coefficients as integer ratios that round in u's own dtype."""
+        au = tl.abs(u)
+        e = tl.exp(-2.0 * au)
+        u2 = u * u
+        near = au * (1 - u2 / 3 * (1 - u2 * 2 / 5 * (1 - u2 * 17 / 42 * (1 - u2 * 62 / 153))))
+        t = tl.where(au < 0.0625, near, (1.0 - e) / (1.0 + e))
+        return tl.where(u < 0, -t, t)
+
+    @triton.jit(do_not_specialize=["N", "per_prog"])
+    def _dyt_forward(X, ALPHA, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr, WIDE: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        """y = w tanh(alpha x) + b per entry (Zhu et al., 2025, Eq. 1), a wide row in blocks of columns;
+        program 0 sets the backward's arrival ticket to 0."""
+        cols = tl.arange(0, BLOCK_C)
+        a = _f(tl.load(ALPHA), F64)
+        if tl.program_id(0) == 0:
+            tl.store(TICKET, 0.0)
+        start = tl.program_id(0) * per_prog
+        for r0 in range(0, per_prog, BLOCK_N):
+            for c0 in range(0, C, BLOCK_C):
+                cc = c0 + cols
+                _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
+                w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
+                b = _f(tl.load(B + cc, mask=cc < C, other=0.0), F64)
+                tl.store(Y + at, (_tanh(a * x) * w[None, :] + b[None, :]).to(Y.dtype.element_ty), mask=m2)
+
+    @triton.jit(do_not_specialize=["N", "per_prog"])
+    def _dyt_backward(X, GY, ALPHA, W, GX, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
+                      F64: tl.constexpr, WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        """dL/dx = alpha d, d = dy w (1 - t^2), t = tanh(alpha x). Each program's sums go to PART: dy t
+        (dL/dw) in its row of a (P, C) block, dy (dL/db) in a second, d x (dL/dalpha) in a (P,) one; in
+        registers, or with WIDE in PART itself, added to block by block (as _rmsnorm_backward's)."""
+        cols = tl.arange(0, BLOCK_C)
+        P = tl.num_programs(0)
+        pid = tl.program_id(0).to(tl.int64)
+        pw, pb = PART + pid * C, PART + (P + pid) * C
+        a = _f(tl.load(ALPHA), F64)
+        gw = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
+        gb = gw
+        ga = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
+        if WIDE:
+            for c0 in range(0, C, BLOCK_C):
+                tl.store(pw + c0 + cols, gw, mask=c0 + cols < C)
+                tl.store(pb + c0 + cols, gw, mask=c0 + cols < C)
+        start = tl.program_id(0) * per_prog
+        for r0 in range(0, per_prog, BLOCK_N):
+            for c0 in range(0, C, BLOCK_C):
+                cc = c0 + cols
+                _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
+                gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
+                w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
+                t = _tanh(a * x)
+                d = gy * w[None, :] * (1 - t * t)
+                tl.store(GX + at, (a * d).to(GX.dtype.element_ty), mask=m2)
+                ga += tl.sum(d * x, axis=1)
+                if WIDE:  # one program reads back what it wrote: a barrier orders it
+                    tl.store(pw + cc, tl.load(pw + cc, mask=cc < C, other=0.0) + tl.sum(gy * t, axis=0), mask=cc < C)
+                    tl.store(pb + cc, tl.load(pb + cc, mask=cc < C, other=0.0) + tl.sum(gy, axis=0), mask=cc < C)
+                    tl.debug_barrier()
+                else:
+                    gw += tl.sum(gy * t, axis=0)
+                    gb += tl.sum(gy, axis=0)
+        if not WIDE:
+            tl.store(pw + cols, gw, mask=cols < C)
+            tl.store(pb + cols, gb, mask=cols < C)
+        tl.store(PART + 2 * P * C + pid, tl.sum(ga, axis=0))
+        if _last_to_arrive(TICKET):  # the programs' sums, in a fixed order
+            _sum_parts(PART, GW, C, cols, BLOCK_C)
+            _sum_parts(PART + P * C, GB, C, cols, BLOCK_C)
+            _sum_parts(PART + 2 * P * C, GA, 1, tl.arange(0, 1), 1)
 
 
 contract.check(sys.modules[__name__], "triton")

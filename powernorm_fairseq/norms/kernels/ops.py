@@ -93,10 +93,19 @@ def _fake_rmsnorm_backward(k, x, weight, **_):
     return _rows(x), torch.empty_like(weight)
 
 
+def _fake_dyt_forward(k, x, **_):
+    return _rows(x), x.new_empty(k.ROW_TICKET, dtype=_stat(x))
+
+
+def _fake_dyt_backward(k, x, alpha, weight, **_):
+    return _rows(x), torch.empty_like(alpha), torch.empty_like(weight), torch.empty_like(weight)
+
+
 _FAKES = dict(forward=_fake_forward, finish_stats=_fake_finish_stats, backward=_fake_backward,
               finish_backward=_fake_finish_backward, scalenorm_forward=_fake_rows,
               scalenorm_backward=_fake_scalenorm_backward, rmsnorm_forward=_fake_rows,
-              rmsnorm_backward=_fake_rmsnorm_backward)
+              rmsnorm_backward=_fake_rmsnorm_backward, dyt_forward=_fake_dyt_forward,
+              dyt_backward=_fake_dyt_backward)
 
 
 def _define(name: str):

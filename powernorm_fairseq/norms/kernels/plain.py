@@ -239,4 +239,22 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
     return gx, (gy.double() * xr.double()).sum(rows).to(weight.dtype)
 
 
+def dyt_forward(x, alpha, weight, bias):
+    xa = x.to(_acc(x))
+    y, out = _into(x)
+    torch.addcmul(bias.to(xa), torch.tanh(alpha.to(xa) * xa), weight.to(xa), out=out)
+    return y, xa.new_empty(0)
+
+
+def dyt_backward(x, grad_y, alpha, weight, ticket):
+    _, rows = _rows(x)
+    xa, gy = x.to(_acc(x)), grad_y.view(x.shape).to(_acc(x))
+    t = torch.tanh(alpha.to(xa) * xa)
+    g = gy * weight.to(xa) * (1 - t * t)  # dL/d(alpha x)
+    gx, out = _into(x)
+    torch.mul(g, alpha.to(xa), out=out)
+    return (gx, (g.double() * xa.double()).sum().to(alpha.dtype), (gy.double() * t.double()).sum(rows).to(weight.dtype),
+            gy.double().sum(rows).to(weight.dtype))
+
+
 contract.check(sys.modules[__name__], "plain")

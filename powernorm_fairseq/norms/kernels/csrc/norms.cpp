@@ -791,6 +791,108 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
   return out;
 }
 
+// tanh for DyT's loops: in float a rational approximation that vectorizes (std::tanh does not, and took
+// 10x the rest of a step), x P(x^2) / Q(x^2) on x clamped to where tanh rounds to +-1, and x itself below
+// 4e-4: within 6 ulp of tanh over every float (Eigen's generic_fast_tanh_float; torch's is within 1). In
+// double (the tests' precision), std::tanh.
+inline float tanh_of(float x) {
+  const float c = std::min(std::max(x, -7.90531110763549805f), 7.90531110763549805f), x2 = c * c;
+  float p = -2.76076847742355e-16f;
+  p = p * x2 + 2.00018790482477e-13f;
+  p = p * x2 - 8.60467152213735e-11f;
+  p = p * x2 + 5.12229709037114e-08f;
+  p = p * x2 + 1.48572235717979e-05f;
+  p = p * x2 + 6.37261928875436e-04f;
+  p = p * x2 + 4.89352455891786e-03f;
+  float q = 1.19825839466702e-06f;
+  q = q * x2 + 1.18534705686654e-04f;
+  q = q * x2 + 2.26843463243900e-03f;
+  q = q * x2 + 4.89352518554385e-03f;
+  return std::abs(x) < 0.0004f ? x : c * p / q;
+}
+inline double tanh_of(double x) { return std::tanh(x); }
+
+// DyT (Zhu et al., 2025, Eq. 1), contract "dyt_forward": y = w * tanh(a * x) + b per entry. The ticket is
+// the GPU kernels' (gpu.py); none here.
+template <typename T>
+std::vector<Tensor> dyt_forward_impl(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
+  using A = at::opmath_type<T>;
+  const int64_t N = rows_in(x), C = x.size(-1);
+  const A a = A(doubles(alpha)[0]);
+  const std::vector<A> w = channels<A>(weight, C), b = channels<A>(bias, C);
+  Tensor y = at::empty({N, C}, x.options());
+  const RowsOf<T> xp(x);
+  T* yp = y.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    const A *__restrict__ wp = w.data(), *__restrict__ bp = b.data();
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp(n);
+      T* __restrict__ yr = yp + n * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = put<T>(tanh_of(a * val(xr[c])) * wp[c] + bp[c]);
+    }
+  });
+  return {y, at::empty({0}, x.options().dtype(stat_dtype<T>()))};
+}
+
+// Contract "dyt_backward": with t = tanh(a x) and d = dy * w * (1 - t^2), dL/dx = a d, dL/da = the sum of
+// d x, dL/dw = the sum over rows of dy t, dL/db = the sum over rows of dy; the sums in doubles, in order.
+template <typename T>
+std::vector<Tensor> dyt_backward_impl(const Tensor& x, const Tensor& gy, const Tensor& alpha, const Tensor& weight) {
+  using A = at::opmath_type<T>;
+  const int64_t N = rows_in(x), C = x.size(-1);
+  const A a = A(doubles(alpha)[0]);
+  const std::vector<A> w = channels<A>(weight, C);
+  Tensor gx = at::empty({N, C}, x.options());
+  Sums<A> sums(2 * C + 1);  // dL/dw's, dL/db's, then dL/da's
+  const RowsOf<T> xp(x);
+  const T* gp = gy.data_ptr<T>();
+  T* op = gx.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<A> stage(2 * C, A(0));
+    A *__restrict__ sw = stage.data(), *__restrict__ sb = sw + C;
+    const A* __restrict__ wp = w.data();
+    double* dst = sums.local();
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp(n);
+      const T* __restrict__ gr = gp + n * C;
+      T* __restrict__ out = op + n * C;
+      A da = 0;
+#pragma omp simd reduction(+ : da)
+      for (int64_t c = 0; c < C; ++c) {
+        const A xv = val(xr[c]), g = val(gr[c]), t = tanh_of(a * xv), d = g * wp[c] * (A(1) - t * t);
+        out[c] = put<T>(a * d);
+        sw[c] += g * t;
+        sb[c] += g;
+        da += d * xv;
+      }
+      dst[2 * C] += double(da);  // a row's sum, added in doubles: the rows' terms cancel
+      if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
+    }
+    flush(stage, dst);
+  });
+  const std::vector<double> s = sums.total();
+  return {gx, from({s[2 * C]}, alpha.scalar_type(), true), from({s.begin(), s.begin() + C}, weight.scalar_type()),
+          from({s.begin() + C, s.begin() + 2 * C}, weight.scalar_type())};
+}
+
+std::vector<Tensor> dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
+  check_rows(x);
+  TORCH_CHECK(alpha.numel() == 1, "alpha: one value");
+  std::vector<Tensor> out;
+  DISPATCH(x, "dyt_forward", [&] { out = dyt_forward_impl<scalar_t>(x, alpha, weight, bias); });
+  return out;
+}
+
+std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Tensor& alpha, const Tensor& weight,
+                                 const Tensor& ticket) {
+  check_rows(x);
+  TORCH_CHECK(alpha.numel() == 1, "alpha: one value");
+  std::vector<Tensor> out;
+  DISPATCH(x, "dyt_backward", [&] { out = dyt_backward_impl<scalar_t>(x, grad_y.contiguous(), alpha, weight); });
+  return out;
+}
+
 // The training step of BN, PN-V and PN as one autograd node: the calls of
 // functions.py's FusedChannelNorm, mode for mode (see it for the math), made
 // here so that an eager step on the CPU costs one call from Python each way.
@@ -923,6 +1025,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("eps"));
   m.def("rmsnorm_forward", &rmsnorm_forward, arg("x"), arg("weight"), arg("eps"));
   m.def("rmsnorm_backward", &rmsnorm_backward, arg("x"), arg("rstd"), arg("grad_y"), arg("weight"));
+  m.def("dyt_forward", &dyt_forward, arg("x"), arg("alpha"), arg("weight"), arg("bias"));
+  m.def("dyt_backward", &dyt_backward, arg("x"), arg("grad_y"), arg("alpha"), arg("weight"), arg("ticket"));
   m.def("channel_step", &channel_step, arg("x"), arg("mask"), arg("weight"), arg("bias"), arg("mean_buf"),
         arg("second_buf"), arg("steps"), arg("nu"), arg("given_mean"), arg("given_inv"), arg("gs_eps"),
         arg("groups"), arg("center"), arg("update"), arg("mode"), arg("momentum"), arg("eps"), arg("warmup"),
