@@ -58,8 +58,9 @@ class Step(NamedTuple):
     rate: float = 0.0  # PN's 1 - alpha_bwd
     sync: str = "none"  # --norm-sync where workers are synchronised: "batch" or "running" (sync.py)
     clock: int = -1  # the key of PN's warmup clock, advanced once the step is committed (norms/clock.py)
-    #: the backend's module, called directly where nothing observed the forward (absent tensors None);
-    #: else None, and each call goes through its op (``ops.py``), which compile, export and modes see
+    #: the backend's passes (``gpu.DIRECT``), called directly where nothing observed the forward (absent
+    #: tensors None both ways); else None, and each call goes through its op (``ops.py``), which compile,
+    #: export and modes see
     direct: object = None
     #: the direct path's tensors that take no gradient (mask, buffers, given statistics): autograd's
     #: ``apply`` costs the host a little for each argument, and these need nothing of it
@@ -96,7 +97,7 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
                                        rate)  # absent tensors as None
         clocks.advance(clock, steps)  # as the finish_stats op does (ops.py)
     elif direct:  # the Triton kernels, called from the autograd function without their ops' round trip
-        step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock, k,
+        step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock, k.DIRECT,
                     (mask, *tensors[4:]))
         y, inv = DirectChannelNorm.direct_apply(x2, weight, bias, step)
     else:  # absent tensors as distinct empty ones (dynamo takes no input twice)
@@ -135,9 +136,9 @@ class FusedChannelNorm(torch.autograd.Function):
             y, scale, part = _forward(s, x, mask, mean=given_mean, inv=given_inv, weight=weight, bias=bias,
                                       center=s.center)
             _, _, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
-            # the direct path's absent mean is None: saved as the statistics' empty one, as a recomputation
-            # (activation checkpointing) must save what its first forward did
-            mean, inv = (x.new_empty(0) if given_mean is None else given_mean), given_inv
+            # an absent mean saved as the statistics' own (the ops' empty one, the direct path's None), as a
+            # recomputation (activation checkpointing) must save what its first forward did
+            mean, inv = given_mean if given_mean is not None or s.direct is not None else x.new_empty(0), given_inv
         elif s.update.running_scale:
             y, scale, part = _forward(s, x, mask, inv=second_buf, inv_eps=s.eps, weight=weight, bias=bias)
             mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)

@@ -28,6 +28,7 @@ import contextlib
 import functools
 import os
 import sys
+import types
 
 import torch
 
@@ -221,7 +222,7 @@ class _Plan:
     per input layout and variant (``_PLANS``): a step then allocates its
     outputs and launches, with no other host arithmetic."""
 
-    __slots__ = ("rows", "C", "grid", "scalars", "constexprs", "part", "scale", "dots", "nothing")
+    __slots__ = ("rows", "C", "grid", "scalars", "constexprs", "part", "scale", "dots", "nothing", "acc")
 
 
 _PLANS = {}
@@ -238,38 +239,50 @@ def _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
     acc, wide = _acc(x), block_c < cw
     m, nb, nt = _mask_args(mask, x.device)
     plan = _Plan()
-    plan.rows, plan.C, plan.nothing = N, C, _nothing(x.device)
+    plan.rows, plan.C, plan.nothing, plan.acc = N, C, _nothing(x.device), acc
     # with the part, one program more than the rows need: it has no rows, and so writes the part's last row
     # as zeros, the first of which is the finishing kernel's ticket
     plan.grid = (progs + int(want_part), chunks)
     plan.scalars = (N, C, *geometry, nb, nt, per_prog, cw)
-    plan.constexprs = dict(constexprs, HAS_MASK=mask is not None, GROUPED=groups > 0, F64=acc == torch.float64,
-                           WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c, CW=0 if wide else cw, num_warps=WARPS,
-                           maxnreg=registers(kernel, acc == torch.float64))
+    plan.constexprs = dict(zip(constexprs[::2], constexprs[1::2]), HAS_MASK=mask is not None, GROUPED=groups > 0,
+                           F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c,
+                           CW=0 if wide else cw, num_warps=WARPS, maxnreg=registers(kernel, acc == torch.float64))
     plan.part = (progs + 1, sums, C) if want_part else None
     plan.scale = (N, groups) if groups > 0 else None
     plan.dots = (N, groups) if wide and want_rows and kernel == "_channel_backward" else None
     return plan
 
 
-def _planned(kernel, x, mask, groups, tall, want_rows, want_part, sums, **constexprs):
-    """(x with unit column stride, the padding mask or None, the :class:`_Plan`
-    of the launch over x, made on its first use). The mask is absent as None
-    or empty (the ops' empty tensors). Inline tests, no helpers: a step's host
-    calls are counted (measure/host.py)."""
+def _planned(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs):
+    """(x with unit column stride, the :class:`_Plan` of the launch over x with
+    padding ``mask`` (None: none), made on its first use); ``constexprs``: the
+    variant's, as a flat (name, value, ...) tuple. Inline tests, no helpers:
+    a step's host calls are counted (measure/host.py)."""
     strides = x.stride()
     if strides[-1] != 1:
         x = x.contiguous()
         strides = x.stride()
-    mask = None if mask is None or not mask.numel() else mask
-    key = (kernel, x.shape, strides, x.dtype, x.device, None if mask is None else mask.shape, groups,
-           want_rows, want_part, *constexprs.values())
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) > _KEPT_PLANS:
-            _PLANS.clear()
-        plan = _PLANS[key] = _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
-    return x, mask, plan
+    key = (kernel, x.shape, strides, x.dtype, x.device, None if mask is None else mask.shape, groups, constexprs)
+    if key in _PLANS:
+        return x, _PLANS[key]
+    if len(_PLANS) > _KEPT_PLANS:
+        _PLANS.clear()
+    plan = _PLANS[key] = _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
+    return x, plan
+
+
+# The contract's four channel entry points take absent tensors as None or
+# empty, and give empty ones back (ops take and give tensors). Each calls its
+# pass with absent tensors as None, which gives None back: functions.py calls
+# those (``DIRECT``) where nothing observes the step, without the conversions.
+
+def _given(t):
+    """An absent tensor (None, or an op's empty one) as None."""
+    return None if t is None or not t.numel() else t
+
+
+def _or_empty(t, like, dtype=None):
+    return like.new_empty(0, dtype=dtype) if t is None else t
 
 
 def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
@@ -279,19 +292,24 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
-    mean = None if mean is None or not mean.numel() else mean  # absent: None or empty (the ops' empty tensors)
-    x, mask, plan = _planned("_channel_forward", x, mask, groups, not want_y, want_y, want_stats, 3,
-                    HAS_MEAN=mean is not None, INV_RUNNING=inv_eps >= 0, WANT_Y=want_y, WANT_STATS=want_stats,
-                    CENTER=center)
-    acc, dev, none = _acc(x), x.device, plan.nothing
-    y = x.new_empty(plan.rows, plan.C) if want_y else x.new_empty(0)
-    scale = torch.empty(plan.scale, dtype=acc, device=dev) if plan.scale else x.new_empty(0)
-    part = torch.empty(plan.part, dtype=acc, device=dev) if plan.part else x.new_empty(0)
+    y, scale, part = _forward_pass(x, _given(mask), groups, gs_eps, _given(mean), _given(inv), inv_eps, _given(weight),
+                              _given(bias), want_y, want_stats, center)
+    return _or_empty(y, x), _or_empty(scale, x), _or_empty(part, x, _acc(x))
+
+
+def _forward_pass(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
+    """:func:`forward`'s pass, absent tensors None both ways."""
+    x, plan = _planned("_channel_forward", x, mask, groups, not want_y, want_y, want_stats, 3,
+                       ("HAS_MEAN", mean is not None, "INV_RUNNING", inv_eps >= 0, "WANT_Y", want_y,
+                        "WANT_STATS", want_stats, "CENTER", center))
+    none, dev = plan.nothing, x.device
+    y = x.new_empty(plan.rows, plan.C) if want_y else None
+    scale = torch.empty(plan.scale, dtype=plan.acc, device=dev) if plan.scale else None
+    part = torch.empty(plan.part, dtype=plan.acc, device=dev) if plan.part else None
     _launch(_channel_forward, plan.grid, x, none if mask is None else mask, none if mean is None else mean,
-            none if inv is None or not inv.numel() else inv, none if weight is None or not weight.numel() else weight,
-            none if bias is None or not bias.numel() else bias, y if want_y else none,
-            scale if plan.scale else none, part if plan.part else none, *plan.scalars, gs_eps, inv_eps,
-            **plan.constexprs)
+            none if inv is None else inv, none if weight is None else weight, none if bias is None else bias,
+            none if y is None else y, none if scale is None else scale, none if part is None else part,
+            *plan.scalars, gs_eps, inv_eps, **plan.constexprs)
     return y, scale, part
 
 
@@ -300,23 +318,28 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
     running statistics' update, in one kernel (contract.py; plain.py has the same in PyTorch ops)."""
     if type(update) is not Update:
         update = Update(update)  # a ValueError names an unknown one
+    mean, inv, inv_batch, n = _finish_stats_pass(part, _given(mean_buf), second_buf, _given(steps), update, momentum,
+                                                 eps, warmup)
+    return _or_empty(mean, second_buf), inv, inv_batch, n
+
+
+def _finish_stats_pass(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
+    """:func:`finish_stats`, absent tensors None both ways (the mean but for BN's)."""
     P, _, C = part.shape
     P -= 1  # the last row: the arrival ticket
     dev, sd = part.device, second_buf.dtype
-    none = _nothing(dev)
+    none = _NOTHING[dev] if dev in _NOTHING else _nothing(dev)
     progs = -(-C // _FINISH_BLOCK)
     bn = update == Update.BN
-    mean = torch.empty(C if bn else 0, dtype=sd, device=dev)
+    mean = torch.empty(C, dtype=sd, device=dev) if bn else None
     inv, inv_batch = torch.empty(C, dtype=sd, device=dev), torch.empty(C, dtype=sd, device=dev)
     n = torch.empty(1, dtype=torch.float64, device=dev)
     scratch = torch.empty(2, C, dtype=sd, device=dev)
     flags = torch.empty(progs, dtype=torch.int32, device=dev)
-    has_steps = steps is not None and steps.numel() > 0  # absent: None or empty (the ops' empty tensors)
     _launch(_finish_stats, (progs,),
-            part, none if mean_buf is None or not mean_buf.numel() else mean_buf, second_buf,
-            steps if has_steps else none, mean if bn else none, inv, inv_batch, n, scratch, flags,
-            part[P], P, C, momentum, eps, warmup,
-            UPDATE=int(update), HAS_STEPS=has_steps, BLOCK=_FINISH_BLOCK)
+            part, none if mean_buf is None else mean_buf, second_buf, none if steps is None else steps,
+            none if mean is None else mean, inv, inv_batch, n, scratch, flags, part[P], P, C, momentum, eps, warmup,
+            UPDATE=int(update), HAS_STEPS=steps is not None, BLOCK=_FINISH_BLOCK)
     return mean, inv, inv_batch, n
 
 
@@ -327,23 +350,27 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     dy*xh and xh^2 over the real rows, xh^2 over every row.
 
     Returns (dL/dx or empty, part or empty)."""
-    mean = None if mean is None or not mean.numel() else mean  # absent: None or empty (the ops' empty tensors)
-    A = None if A is None or not A.numel() else A
-    B = None if B is None or not B.numel() else B
-    inv_bwd = None if inv_bwd is None or not inv_bwd.numel() else inv_bwd
-    x, mask, plan = _planned("_channel_backward", x, mask, groups, not want_gx, want_gx, want_sums, 5,
-                    HAS_MEAN=mean is not None, HAS_A=A is not None, HAS_B=B is not None, CORRECT_PADS=correct_pads,
-                    WANT_GX=want_gx, WANT_SUMS=want_sums)
-    acc, dev, none = _acc(x), x.device, plan.nothing
-    gx = x.new_empty(plan.rows, plan.C) if want_gx else x.new_empty(0)
-    part = torch.empty(plan.part, dtype=acc, device=dev) if plan.part else x.new_empty(0)
+    gx, part = _backward_pass(x, _given(mask), _given(scale), grad_y, weight, _given(mean), inv_fwd, _given(inv_bwd),
+                         _given(A), _given(B), b_scale, groups, correct_pads, want_gx, want_sums)
+    return _or_empty(gx, x), _or_empty(part, x, _acc(x))
+
+
+def _backward_pass(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
+              want_gx, want_sums):
+    """:func:`backward`'s pass, absent tensors None both ways."""
+    x, plan = _planned("_channel_backward", x, mask, groups, not want_gx, want_gx, want_sums, 5,
+                       ("HAS_MEAN", mean is not None, "HAS_A", A is not None, "HAS_B", B is not None,
+                        "CORRECT_PADS", correct_pads, "WANT_GX", want_gx, "WANT_SUMS", want_sums))
+    none, dev = plan.nothing, x.device
+    gx = x.new_empty(plan.rows, plan.C) if want_gx else None
+    part = torch.empty(plan.part, dtype=plan.acc, device=dev) if plan.part else None
     # a wide group: each row's dot product with its group's gradient, from a first pass
-    dots = torch.empty(plan.dots, dtype=acc, device=dev) if plan.dots else none
+    dots = torch.empty(plan.dots, dtype=plan.acc, device=dev) if plan.dots else none
     _launch(_channel_backward, plan.grid,  # the ticket row as in forward
-            x, none if mask is None else mask, none if scale is None or not scale.numel() else scale, grad_y,
-            weight, none if mean is None else mean, inv_fwd, none if inv_bwd is None else inv_bwd,
-            none if A is None else A, none if B is None else B, gx if want_gx else none,
-            part if plan.part else none, dots, *plan.scalars, b_scale, **plan.constexprs)
+            x, none if mask is None else mask, none if scale is None else scale, grad_y, weight,
+            none if mean is None else mean, inv_fwd, none if inv_bwd is None else inv_bwd, none if A is None else A,
+            none if B is None else B, none if gx is None else gx, none if part is None else part, dots,
+            *plan.scalars, b_scale, **plan.constexprs)
     return gx, part
 
 
@@ -353,24 +380,37 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     (contract.py; plain.py has the same in PyTorch ops)."""
     if type(kind) is not Mode:
         kind = Mode(kind)  # a ValueError names an unknown one
+    nu = _given(nu)
+    grad_w, grad_b, A, B = _finish_backward_pass(part, weight, n, nu, rate, kind, center, rows)
+    sd = torch.float64 if part.dtype == torch.float64 else torch.float32
+    return grad_w, grad_b, _or_empty(A, part, nu.dtype if nu is not None else sd), _or_empty(
+        B, part, nu.dtype if nu is not None else sd)
+
+
+def _finish_backward_pass(part, weight, n, nu, rate, kind, center, rows):
+    """:func:`finish_backward`, absent tensors None both ways."""
     P, _, C = part.shape
     P -= 1  # the last row: the arrival ticket
     dev = part.device
-    none = _nothing(dev)
-    has_nu = nu is not None and nu.numel() > 0  # absent: None or empty (the ops' empty tensors)
-    sd = nu.dtype if has_nu else (torch.float64 if part.dtype == torch.float64 else torch.float32)
+    none = _NOTHING[dev] if dev in _NOTHING else _nothing(dev)
+    sd = nu.dtype if nu is not None else (torch.float64 if part.dtype == torch.float64 else torch.float32)
     progs = -(-C // _FINISH_BLOCK)
     grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
     exact = kind == Mode.EXACT
-    A = torch.empty(C if exact and center else 0, dtype=sd, device=dev)
-    B = torch.empty(C if exact else 0, dtype=sd, device=dev)
-    scratch = torch.empty(C, dtype=sd, device=dev) if has_nu else none
+    A = torch.empty(C, dtype=sd, device=dev) if exact and center else None
+    B = torch.empty(C, dtype=sd, device=dev) if exact else None
+    scratch = torch.empty(C, dtype=sd, device=dev) if nu is not None else none
     flags = torch.empty(progs, dtype=torch.int32, device=dev)
     _launch(_finish_backward, (progs,),
-            part, weight, n, nu if has_nu else none, grad_w, grad_b, A if exact and center else none,
-            B if exact else none, scratch, flags, part[P], P, C, rate, rows,
-            MODE=int(kind), CENTER=center, HAS_NU=has_nu, BLOCK=_FINISH_BLOCK)
+            part, weight, n, none if nu is None else nu, grad_w, grad_b, none if A is None else A,
+            none if B is None else B, scratch, flags, part[P], P, C, rate, rows,
+            MODE=int(kind), CENTER=center, HAS_NU=nu is not None, BLOCK=_FINISH_BLOCK)
     return grad_w, grad_b, A, B
+
+
+#: the channel passes as functions.py calls them where nothing observes a step: absent tensors None both ways
+DIRECT = types.SimpleNamespace(forward=_forward_pass, finish_stats=_finish_stats_pass, backward=_backward_pass,
+                               finish_backward=_finish_backward_pass)
 
 
 def _row_layout(x, kernel):
