@@ -78,20 +78,21 @@ class Norm(nn.Module):
         elif pad_mask is None and self.pad_mask is not None:
             pad_mask, name = self.pad_mask, "pad_mask"
             batch_first = self.mask_batch_first if batch_first is None else batch_first
-        else:
-            pad_mask = None if pad_mask is None else as_bool_mask(pad_mask, "pad_mask")
+        else:  # a bool mask as it is, without a call (a small layer's step is host time: measure/host.py)
+            if pad_mask is not None and pad_mask.dtype is not torch.bool:
+                pad_mask = as_bool_mask(pad_mask, "pad_mask")
             name = "pad_mask"
         batch_first = bool(batch_first)
-        if x.dim() == 2:  # (N, C): every row a token
+        if x.ndim == 2:  # (N, C): every row a token
             if pad_mask is not None:
                 raise ValueError(f"x of shape {tuple(x.shape)} is (tokens, channels) and takes no {name}; "
                                  "pass only the real tokens, or x as (T, B, C) / (B, T, C) with the mask")
             return self.normalize(x.unsqueeze(1), None).squeeze(1)
-        if x.dim() != 3:
+        if x.ndim != 3:
             raise ValueError(f"x has shape {tuple(x.shape)}: expected (seq_len, batch, channels), "
                              "(batch, seq_len, channels) with batch_first=True, or (tokens, channels)")
         xt = x.transpose(0, 1) if batch_first else x  # (T, B, C)
-        if pad_mask is not None and pad_mask.shape != (xt.size(1), xt.size(0)):
+        if pad_mask is not None and pad_mask.shape != (xt.shape[1], xt.shape[0]):
             layout = "(batch, seq_len, channels) with batch_first=True" if batch_first else "(seq_len, batch, channels)"
             raise ValueError(
                 f"{name} has shape {tuple(pad_mask.shape)}, expected (batch, seq_len) = "
