@@ -25,11 +25,14 @@ from torch import Tensor
 MODES = ("none", "batch", "running")
 
 
+_DISTRIBUTED = dist.is_available()  # whether this torch was built with it: fixed for the process
+
+
 def active(mode: str) -> bool:
     """Whether ``mode`` needs collectives in this process."""
     if mode not in MODES:
         raise ValueError(f"sync must be one of {', '.join(MODES)}, got {mode!r}")
-    return mode != "none" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return mode != "none" and _DISTRIBUTED and dist.is_initialized() and dist.get_world_size() > 1
 
 
 class _AllReduceSum(torch.autograd.Function):

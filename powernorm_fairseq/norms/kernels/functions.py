@@ -99,10 +99,10 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     elif direct:  # the Triton kernels, called from the autograd function without their ops' round trip
         step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock, k.DIRECT,
                     (mask, *tensors[4:]))
-        y, inv = DirectChannelNorm.direct_apply(x2, weight, bias, step)
+        y, inv = FusedChannelNorm.direct_apply(x2, weight, bias, step)
     else:  # absent tensors as distinct empty ones (dynamo takes no input twice)
         step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock)
-        y, inv = FusedChannelNorm.apply(x2, _none(x2, mask, torch.bool), weight, bias,
+        y, inv = FusedChannelNorm.apply(x2, weight, bias, _none(x2, mask, torch.bool),
                                         *(_none(x2, t) for t in tensors[4:]), step)
     return _as(y, x), inv
 
@@ -127,11 +127,16 @@ class FusedChannelNorm(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv, step: Step):
-        """x: (T, B, C) rows (:func:`rows`); mask: the (B, T) padding mask or empty;
-        mean_buf, second_buf: the running statistics (BN's mean or empty);
-        steps: PN's step counter or empty; nu: PN's running nu or empty."""
-        s = step
+    def forward(ctx, x, weight, bias, *args):
+        """x: (T, B, C) rows (:func:`rows`); args: the step (:class:`Step`)
+        alone where nothing observes it, its other tensors then in
+        ``step.rest`` (autograd's ``apply`` costs the host a little for each
+        argument, and these take no gradient); else those tensors first:
+        mask, the (B, T) padding mask or empty; mean_buf, second_buf: the
+        running statistics (BN's mean or empty); steps: PN's step counter or
+        empty; nu: PN's running nu or empty; given_mean, given_inv."""
+        *tensors, s = args
+        mask, mean_buf, second_buf, steps, nu, given_mean, given_inv = tensors or s.rest
         if given_inv is not None and given_inv.numel():
             y, scale, part = _forward(s, x, mask, mean=given_mean, inv=given_inv, weight=weight, bias=bias,
                                       center=s.center)
@@ -147,7 +152,7 @@ class FusedChannelNorm(torch.autograd.Function):
             mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
             y, scale, _ = _forward(s, x, mask, mean=mean, inv=inv, weight=weight, bias=bias, want_stats=False)
         ctx.save_for_backward(x, mask, scale, weight, mean, inv, inv_batch, n, n_all)
-        ctx.step, ctx.nu = s, nu  # nu: a buffer the backward updates, not a saved value
+        ctx.step, ctx.nu, ctx.rest = s, nu, len(args)  # nu: a buffer the backward updates, not a saved value
         ctx.mark_non_differentiable(inv)
         ctx.set_materialize_grads(False)  # inv's gradient is never used: no zeros made for it
         return y.view_as(x), inv
@@ -155,7 +160,7 @@ class FusedChannelNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y, _):
         if grad_y is None:  # no gradient reached y (gradients are not materialised): nothing flows back
-            return (None,) * 11
+            return (None,) * (3 + ctx.rest)
         first_derivative_only("bn, pn-v and pn", grad_y)
         x, mask, scale, weight, mean, inv, inv_batch, n, n_all = ctx.saved_tensors
         s, nu, gy = ctx.step, ctx.nu, grad_y.contiguous()
@@ -172,23 +177,7 @@ class FusedChannelNorm(torch.autograd.Function):
                                      B=nu if s.mode != Mode.FIXED else None, b_scale=s.rate if reference else 1.0,
                                      correct_pads=reference)
             grad_w, grad_b, _, _ = _backward_terms(s, part, weight, n, n_all, nu, x.numel() // x.size(-1))
-        return grad_x.view_as(x), None, grad_w, grad_b, None, None, None, None, None, None, None
-
-
-class DirectChannelNorm(FusedChannelNorm):
-    """:class:`FusedChannelNorm` where nothing observes the step: the tensors
-    that take no gradient ride in ``step.rest``, not as ``apply``'s arguments."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, step: Step):
-        mask, mean_buf, second_buf, steps, nu, given_mean, given_inv = step.rest
-        return FusedChannelNorm.forward(ctx, x, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean,
-                                        given_inv, step)
-
-    @staticmethod
-    def backward(ctx, grad_y, grad_inv):
-        grads = FusedChannelNorm.backward(ctx, grad_y, grad_inv)
-        return grads[0], grads[2], grads[3], None
+        return (grad_x.view_as(x), grad_w, grad_b) + (None,) * ctx.rest
 
 
 def _none(like: Tensor, t, dtype=None) -> Tensor:
@@ -434,5 +423,5 @@ def _without_wrapper(function):
     return super(torch.autograd.Function, function).apply
 
 
-for _function in (DirectChannelNorm, FusedScaleNorm, FusedRMSNorm, FusedDyT):
+for _function in (FusedChannelNorm, FusedScaleNorm, FusedRMSNorm, FusedDyT):
     _function.direct_apply = _without_wrapper(_function)
