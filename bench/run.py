@@ -68,6 +68,10 @@ def steady_allocator() -> bool:
     return bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 30))
 
 
+#: torch's own layers timed beside the norms (rows without a target)
+TORCH_REFERENCES = ("torch BatchNorm1d", "torch F.rms_norm")
+
+
 def bench_layers(shapes, reps, dtypes, device="cpu"):
     """Forward+backward time of every norm over F.layer_norm, interleaved."""
     rows = []
@@ -89,6 +93,11 @@ def bench_layers(shapes, reps, dtypes, device="cpu"):
 
             norms = {k: build_norm(k, C, **layer_options(k, C)).to(device, dtype).train() for k in NORM_TYPES}
             calls = {k: (lambda m=m: m(x, pad).backward(grad)) for k, m in norms.items()}
+            # torch's own, beside the kinds they resemble: BatchNorm1d over the same (T * B, C) rows (padding
+            # included: it takes no mask), and F.rms_norm (the route for RMSNorm on a GPU, where faster)
+            batchnorm = torch.nn.BatchNorm1d(C).to(device, dtype).train()
+            calls[TORCH_REFERENCES[0]] = lambda: batchnorm(x.view(T * B, C)).backward(grad.view(T * B, C))
+            calls[TORCH_REFERENCES[1]] = lambda: F.rms_norm(x, (C,), w, 1e-5).backward(grad)
             for f in [ln, *calls.values()] * 3:  # warm-up
                 f()
             ratios = {k: [] for k in calls}

@@ -27,7 +27,8 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     layers = results["layers"]
-    assert {(r["norm"], r["dtype"]) for r in layers} == {(k, d) for k in NORM_TYPES for d in ("float32", "bfloat16")}
+    timed = [*NORM_TYPES, "torch BatchNorm1d", "torch F.rms_norm"]  # with torch's own beside them
+    assert {(r["norm"], r["dtype"]) for r in layers} == {(k, d) for k in timed for d in ("float32", "bfloat16")}
     assert all(r["ratio_to_ln"] > 0 and (r["gbps"] is None) == (r["norm"] == "none") for r in layers)
     assert all(r["gbps"] > 0 for r in layers if r["norm"] != "none")
     launched = results["launches"]
@@ -130,3 +131,31 @@ def test_the_gpu_training_runs_time_pn_after_its_warmup():
         cmd = bench.gpu_train_command(ROOT, ROOT, variant, 4096, 100)
         return cmd[cmd.index("--pn-warmup-updates") + 1] if "--pn-warmup-updates" in cmd else None
     assert [flag(v) for v in ("stock-ln", "ln", "pn", "pn-v", "bn")] == [None, None, "0", None, None]
+
+
+@pytest.mark.slow
+def test_the_gpu_script_keeps_its_deadline_and_returns_what_it_wrote(tmp_path):
+    """bench/gpu.sh, here with a .gpu that sets nothing up and no GPU: each
+    step ends within what is left of the deadline, or is skipped, and the
+    results and logs land in $OUT; without .gpu it stops in one line."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".git", ".venv", "build", "data", "out", "*.so",
+                                                                "__pycache__", "third_party"))
+    env = dict(os.environ, PATH=f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}")
+    proc = subprocess.run(["bash", "bench/gpu.sh"], cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "bench/gpu.sh: no .gpu here: cp -r ../shared/gpu .gpu, and carry it"], proc.stderr
+    (repo / ".gpu").mkdir()
+    (repo / ".gpu" / "setup.sh").write_text("sleep 3\n")
+    (repo / ".gpu" / "env.sh").write_text("export PYTHONPATH=$PWD\n")
+    out = tmp_path / "out"
+    subprocess.run(["bash", "bench/gpu.sh"], cwd=repo, env=dict(env, OUT=str(out), DEADLINE="22"),
+                   capture_output=True, text=True, timeout=120)
+    steps = (out / "steps.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in steps[:-1]] == ["== setup", "== tests", "== layers", "== train"], steps
+    assert steps[0] in ("== setup: exit 0 after 3 s (limit 22 s)", "== setup: exit 0 after 4 s (limit 22 s)"), steps
+    assert all(line.endswith("s left") and "skipped" in line for line in steps[1:4]), steps  # under 20 s left
+    assert steps[-1].startswith("== total ") and int(steps[-1].split()[2]) <= 22, steps
+    assert (out / "results-cuda.json").exists() and (out / "setup.log").exists()
