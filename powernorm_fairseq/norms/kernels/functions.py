@@ -161,7 +161,8 @@ class FusedChannelNorm(torch.autograd.Function):
     def backward(ctx, grad_y, _):
         if grad_y is None:  # no gradient reached y (gradients are not materialised): nothing flows back
             return (None,) * (3 + ctx.rest)
-        first_derivative_only("bn, pn-v and pn", grad_y)
+        if grad_y.requires_grad:  # only a backward that builds a graph: no call otherwise
+            first_derivative_only("bn, pn-v and pn", grad_y)
         x, mask, scale, weight, mean, inv, inv_batch, n, n_all = ctx.saved_tensors
         s, nu, gy = ctx.step, ctx.nu, grad_y.contiguous()
         saved = dict(x=x, mask=mask, scale=scale, grad_y=gy, weight=weight, mean=mean, inv_fwd=inv)
@@ -352,7 +353,8 @@ class FusedScaleNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        first_derivative_only("scalenorm", grad_y)
+        if grad_y.requires_grad:  # only a backward that builds a graph: no call otherwise
+            first_derivative_only("scalenorm", grad_y)
         x, norms, scale = ctx.saved_tensors
         gy = grad_y.contiguous()
         grad_x, grad_scale = (
@@ -375,7 +377,8 @@ class FusedRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        first_derivative_only("rmsnorm", grad_y)
+        if grad_y.requires_grad:  # only a backward that builds a graph: no call otherwise
+            first_derivative_only("rmsnorm", grad_y)
         x, rstd, weight = ctx.saved_tensors
         gy = grad_y.contiguous()
         grad_x, grad_weight = (P.rmsnorm_backward(impl=ctx.backend, x=x, rstd=rstd, grad_y=gy, weight=weight)
@@ -401,7 +404,7 @@ class FusedDyT(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, alpha, weight, ticket = ctx.saved_tensors
-        if torch.is_grad_enabled() and grad_y.requires_grad:  # a graph of the gradient: PyTorch ops
+        if grad_y.requires_grad and torch.is_grad_enabled():  # a graph of the gradient: PyTorch ops
             t = torch.tanh(alpha * x)
             d = grad_y * weight * (1 - t * t)
             rows = tuple(range(x.dim() - 1))

@@ -434,7 +434,7 @@ _KEPT_PLANS = 4096
 
 def _row_plan(kernel, x):
     """(x with unit column stride, its rows N, programs, the launch's integer
-    arguments, its constexprs) of per-row ``kernel`` over the rows of x
+    arguments, its constexprs, the accumulation dtype) of per-row ``kernel`` over the rows of x
     (``_rows``), worked out once per kernel, layout and dtype: the kernel
     takes (x, its tensors, N, C, x's row geometry, rows per program, its scalars)."""
     strides = x.stride()
@@ -442,23 +442,23 @@ def _row_plan(kernel, x):
         x = x.contiguous()
         strides = x.stride()
     key = (kernel, x.shape, strides, x.dtype, x.device)
-    plan = _ROW_PLANS.get(key)
-    if plan is None:
-        _, N, C, geometry = _rows(x)
-        block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
-        f64 = x.dtype == torch.float64
-        if len(_ROW_PLANS) > _KEPT_PLANS:
-            _ROW_PLANS.clear()
-        plan = _ROW_PLANS[key] = (N, C, progs, (N, C, *geometry, per_prog), dict(
-            F64=f64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS,
-            maxnreg=registers(kernel.__name__, f64)))
+    if key in _ROW_PLANS:
+        return (x, *_ROW_PLANS[key])
+    _, N, C, geometry = _rows(x)
+    block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
+    f64 = x.dtype == torch.float64
+    if len(_ROW_PLANS) > _KEPT_PLANS:
+        _ROW_PLANS.clear()
+    plan = _ROW_PLANS[key] = (N, C, progs, (N, C, *geometry, per_prog), dict(
+        F64=f64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS,
+        maxnreg=registers(kernel.__name__, f64)), _acc(x))
     return (x, *plan)
 
 
 def scalenorm_forward(x, scale, eps):
     """y = g x / max(||x||, eps) per row; returns (y, the clamped norms (N,))."""
-    x, N, C, progs, shape, constexprs = _row_plan(_scalenorm_forward, x)
-    y, norms = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
+    x, N, C, progs, shape, constexprs, acc = _row_plan(_scalenorm_forward, x)
+    y, norms = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=acc, device=x.device)
     _launch(_scalenorm_forward, (progs,), x, scale, y, norms, *shape, eps, **constexprs)
     return y, norms
 
@@ -466,9 +466,9 @@ def scalenorm_forward(x, scale, eps):
 def scalenorm_backward(x, norms, grad_y, scale, eps):
     """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg
     = sum <dy, x> / n, summed by the last program in a fixed order."""
-    x, N, C, progs, shape, constexprs = _row_plan(_scalenorm_backward, x)
+    x, N, C, progs, shape, constexprs, acc = _row_plan(_scalenorm_backward, x)
     gx, grad_scale = x.new_empty(N, C), torch.empty_like(scale)
-    part = torch.empty(progs, dtype=_acc(x), device=x.device)  # a program's sum of <dy, x> / n
+    part = torch.empty(progs, dtype=acc, device=x.device)  # a program's sum of <dy, x> / n
     _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, norms[N:], *shape, eps,
             **constexprs)
     return gx, grad_scale
@@ -476,8 +476,8 @@ def scalenorm_backward(x, norms, grad_y, scale, eps):
 
 def rmsnorm_forward(x, weight, eps):
     """y = x / sqrt(mean(x^2) + eps) * w per row; returns (y, 1 / rms (N,))."""
-    x, N, C, progs, shape, constexprs = _row_plan(_rmsnorm_forward, x)
-    y, rstd = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=_acc(x), device=x.device)
+    x, N, C, progs, shape, constexprs, acc = _row_plan(_rmsnorm_forward, x)
+    y, rstd = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=acc, device=x.device)
     _launch(_rmsnorm_forward, (progs,), x, weight, y, rstd, *shape, eps, **constexprs)
     return y, rstd
 
@@ -485,17 +485,17 @@ def rmsnorm_forward(x, weight, eps):
 def rmsnorm_backward(x, rstd, grad_y, weight):
     """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, summed
     by the last program in a fixed order."""
-    x, N, C, progs, shape, constexprs = _row_plan(_rmsnorm_backward, x)
+    x, N, C, progs, shape, constexprs, acc = _row_plan(_rmsnorm_backward, x)
     gx, grad_w = x.new_empty(N, C), torch.empty_like(weight)
-    part = torch.empty(progs, C, dtype=_acc(x), device=x.device)  # a program's sums of dy x r
+    part = torch.empty(progs, C, dtype=acc, device=x.device)  # a program's sums of dy x r
     _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:], *shape, **constexprs)
     return gx, grad_w
 
 
 def dyt_forward(x, alpha, weight, bias):
     """y = w tanh(alpha x) + b per entry; returns (y, the backward's arrival ticket, set to 0)."""
-    x, N, C, progs, shape, constexprs = _row_plan(_dyt_forward, x)
-    y, ticket = x.new_empty(N, C), torch.empty(ROW_TICKET, dtype=_acc(x), device=x.device)
+    x, N, C, progs, shape, constexprs, acc = _row_plan(_dyt_forward, x)
+    y, ticket = x.new_empty(N, C), torch.empty(ROW_TICKET, dtype=acc, device=x.device)
     _launch(_dyt_forward, (progs,), x, alpha, weight, bias, y, ticket, *shape, **constexprs)
     return y, ticket
 
@@ -503,10 +503,10 @@ def dyt_forward(x, alpha, weight, bias):
 def dyt_backward(x, grad_y, alpha, weight, ticket):
     """dL/dx = alpha d, d = dy w (1 - t^2), t = tanh(alpha x); dL/dalpha, dL/dw and dL/db summed by the
     last program in a fixed order."""
-    x, N, C, progs, shape, constexprs = _row_plan(_dyt_backward, x)
+    x, N, C, progs, shape, constexprs, acc = _row_plan(_dyt_backward, x)
     gx, grad_alpha = x.new_empty(N, C), torch.empty_like(alpha)
     grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
-    part = torch.empty(progs * (2 * C + 1), dtype=_acc(x), device=x.device)  # a program's sums (the kernel's doc)
+    part = torch.empty(progs * (2 * C + 1), dtype=acc, device=x.device)  # a program's sums (the kernel's doc)
     _launch(_dyt_backward, (progs,), x, grad_y, alpha, weight, gx, grad_alpha, grad_w, grad_b, part, ticket, *shape,
             **constexprs)
     return gx, grad_alpha, grad_w, grad_b
