@@ -292,8 +292,8 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
-    y, scale, part = _forward_pass(x, _given(mask), groups, gs_eps, _given(mean), _given(inv), inv_eps, _given(weight),
-                              _given(bias), want_y, want_stats, center)
+    y, scale, part = _forward_pass(x, _given(mask), groups, gs_eps, _given(mean), _given(inv), inv_eps,
+                                   _given(weight), _given(bias), want_y, want_stats, center)
     return _or_empty(y, x), _or_empty(scale, x), _or_empty(part, x, _acc(x))
 
 
@@ -350,13 +350,13 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     dy*xh and xh^2 over the real rows, xh^2 over every row.
 
     Returns (dL/dx or empty, part or empty)."""
-    gx, part = _backward_pass(x, _given(mask), _given(scale), grad_y, weight, _given(mean), inv_fwd, _given(inv_bwd),
-                         _given(A), _given(B), b_scale, groups, correct_pads, want_gx, want_sums)
+    gx, part = _backward_pass(x, _given(mask), _given(scale), grad_y, weight, _given(mean), inv_fwd,
+                              _given(inv_bwd), _given(A), _given(B), b_scale, groups, correct_pads, want_gx, want_sums)
     return _or_empty(gx, x), _or_empty(part, x, _acc(x))
 
 
 def _backward_pass(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
-              want_gx, want_sums):
+                   want_gx, want_sums):
     """:func:`backward`'s pass, absent tensors None both ways."""
     x, plan = _planned("_channel_backward", x, mask, groups, not want_gx, want_gx, want_sums, 5,
                        ("HAS_MEAN", mean is not None, "HAS_A", A is not None, "HAS_B", B is not None,
@@ -382,9 +382,8 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
         kind = Mode(kind)  # a ValueError names an unknown one
     nu = _given(nu)
     grad_w, grad_b, A, B = _finish_backward_pass(part, weight, n, nu, rate, kind, center, rows)
-    sd = torch.float64 if part.dtype == torch.float64 else torch.float32
-    return grad_w, grad_b, _or_empty(A, part, nu.dtype if nu is not None else sd), _or_empty(
-        B, part, nu.dtype if nu is not None else sd)
+    sd = nu.dtype if nu is not None else _acc(part)  # the statistics' dtype, as the pass makes A and B in
+    return grad_w, grad_b, _or_empty(A, part, sd), _or_empty(B, part, sd)
 
 
 def _finish_backward_pass(part, weight, n, nu, rate, kind, center, rows):
@@ -426,10 +425,7 @@ def _row_layout(x, kernel):
     return block_c, block_n, per_prog, _cdiv(N, per_prog)
 
 
-_ROW_PLANS = {}
-#: plans kept at most (of each kind): a layout per batch shape, and batch shapes vary; past this many,
-#: the plans are made anew as the shapes come
-_KEPT_PLANS = 4096
+_ROW_PLANS = {}  # at most _KEPT_PLANS, as _PLANS
 
 
 def _row_plan(kernel, x):
