@@ -82,7 +82,8 @@ class BatchStatNorm(Norm):
             self._given = None if replay else given
         else:
             self.warn_leak("bn" if self.center else "pn-v")
-        y, _ = fused.channel_norm(x, pad_mask, self.weight, self.bias, update=self.update, mode=mode,
+        params = self._parameters  # not nn.Module's __getattr__, a call each (measure/host.py)
+        y, _ = fused.channel_norm(x, pad_mask, params["weight"], params["bias"], update=self.update, mode=mode,
                                   center=self.center, groups=self.groups if self.layer_scale else 0,
                                   momentum=self.momentum, eps=self.eps, sync=self.sync, mean_buf=mean_buf,
                                   second_buf=second_buf, given_mean=given[0], given_inv=given[1], replay=replay)
@@ -107,7 +108,8 @@ class BatchStatNorm(Norm):
         raise NotImplementedError
 
     def kernel_buffers(self) -> Tuple[Optional[Tensor], Tensor]:
-        """(running mean or None, running second moment) that the kernels update in place."""
+        """(running mean or None, running second moment) that the kernels update in place (from
+        ``_buffers``, not through nn.Module's __getattr__, a call each: measure/host.py)."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
@@ -135,7 +137,7 @@ class MaskedBatchNorm(BatchStatNorm):
         return self.running_mean.to(like), self.running_var.to(like)
 
     def kernel_buffers(self):
-        return self.running_mean, self.running_var
+        return self._buffers["running_mean"], self._buffers["running_var"]
 
     def diagnostics_view(self, x, pad_mask):
         xs = self.scaled(upcast(x))

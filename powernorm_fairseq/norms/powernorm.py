@@ -28,7 +28,7 @@ from .batchnorm import BatchStatNorm
 from .clock import Clock
 from .kernels import functions as fused
 from .kernels import plain
-from .kernels.contract import Mode, Update
+from .kernels.contract import RUNNING_SCALE, Mode, Update
 from .stats import group_scale, real_tokens, token_mean, upcast
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class PowerNormV(BatchStatNorm):
         return None, self.running_psi2.to(like)
 
     def kernel_buffers(self):
-        return None, self.running_psi2
+        return None, self._buffers["running_psi2"]
 
 
 class PowerNorm(Norm):
@@ -187,14 +187,15 @@ class PowerNorm(Norm):
                 self.warn_leak("pn (in its warmup)")
         else:
             update, mode = Update.PN, Mode.PAPER
-        y, inv = fused.channel_norm(x, pad_mask, self.weight, self.bias, update=update, mode=mode, center=False,
-                                    groups=self.groups if self.layer_scale else 0, momentum=1.0 - self.alpha_fwd,
-                                    eps=self.eps, sync=self.sync, second_buf=self.running_psi2,
-                                    steps=self.num_steps, nu=self.running_nu, given_inv=given,
-                                    warmup=self.warmup_updates, rate=1.0 - self.alpha_bwd, clock=self._clock.key,
-                                    replay=replay)
-        if not replay:  # what a recomputation of this forward must use again (a plain attribute)
-            object.__setattr__(self, "_last", (warm, inv if update.running_scale or given is not None else None))
+        params, bufs = self._parameters, self._buffers  # not nn.Module's __getattr__, a call each
+        y, inv = fused.channel_norm(x, pad_mask, params["weight"], params["bias"], update=update, mode=mode,
+                                    center=False, groups=self.groups if self.layer_scale else 0,
+                                    momentum=1.0 - self.alpha_fwd, eps=self.eps, sync=self.sync,
+                                    second_buf=bufs["running_psi2"], steps=bufs["num_steps"], nu=bufs["running_nu"],
+                                    given_inv=given, warmup=self.warmup_updates, rate=1.0 - self.alpha_bwd,
+                                    clock=self._clock.key, replay=replay)
+        if not replay:  # what a recomputation of this forward must use again (a plain attribute, set without a call)
+            self.__dict__["_last"] = (warm, inv if given is not None or update in RUNNING_SCALE else None)
         return y
 
     def scaled(self, xf: Tensor) -> Tensor:

@@ -26,13 +26,19 @@ MODES = ("none", "batch", "running")
 
 
 _DISTRIBUTED = dist.is_available()  # whether this torch was built with it: fixed for the process
+#: torch.distributed's registry of process groups, where this torch has one: with no default group, a
+#: process runs alone, which is known without dist.is_initialized()'s three calls (measure/host.py)
+_WORLD = getattr(dist.distributed_c10d, "_world", None) if _DISTRIBUTED else None
+_WORLD = _WORLD if hasattr(_WORLD, "_default_pg") else None
 
 
 def active(mode: str) -> bool:
     """Whether ``mode`` needs collectives in this process."""
     if mode not in MODES:
         raise ValueError(f"sync must be one of {', '.join(MODES)}, got {mode!r}")
-    return mode != "none" and _DISTRIBUTED and dist.is_initialized() and dist.get_world_size() > 1
+    if mode == "none" or not _DISTRIBUTED or (_WORLD is not None and _WORLD._default_pg is None):
+        return False
+    return dist.is_initialized() and dist.get_world_size() > 1
 
 
 class _AllReduceSum(torch.autograd.Function):

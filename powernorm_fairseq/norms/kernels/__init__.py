@@ -71,8 +71,23 @@ def use(name: Optional[str]):
         _forced = before
 
 
+#: (use()'s backend, the environment's, device) -> the backend module chosen there, once its choice
+#: was said (the environment's is read by the first choice: no key holds it unread)
+_CHOSEN = {}
+
+
 def select(x: torch.Tensor):
     """The backend module for input ``x``."""
+    if (_forced, _environment, x.device) in _CHOSEN and 0 not in x.shape:  # no call: a step is host time
+        return _CHOSEN[_forced, _environment, x.device]
+    k = _select(x)
+    if 0 not in x.shape:
+        _CHOSEN[_forced, _environment, x.device] = k
+    return k
+
+
+def _select(x: torch.Tensor):
+    """:func:`select`'s choice, each time."""
     name = forced()
     if name is None:  # automatic: the device's kernels where they are available
         name = "triton" if x.is_cuda else "cpu" if x.is_cpu else "plain"

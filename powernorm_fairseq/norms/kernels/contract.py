@@ -44,6 +44,10 @@ class Update(_Enumeration):
         return self in (Update.PN, Update.REFERENCE)
 
 
+#: the updates whose forward normalises with the running psi^2_{t-1} (a set: a property is a call)
+RUNNING_SCALE = frozenset(u for u in Update if u.running_scale)
+
+
 class Mode(_Enumeration):
     """Which backward (``functions.py``): the exact gradient (Eq. 3 / Eq. 6),
     Algorithm 2's, the released code's, or statistics that are constants of

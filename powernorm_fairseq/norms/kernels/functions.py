@@ -38,7 +38,7 @@ from .. import sync as sync_mod
 from .. import clock as clocks
 from ..stats import GROUP_EPS, update_nu, upcast
 from . import ops  # registers torch.ops.powernorm
-from . import select
+from . import cpu, select
 from .contract import Mode, Update
 
 P = ops.CALLS
@@ -77,26 +77,32 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     the first forward's output again (with its ``given_*`` statistics) and
     updates copies of the running statistics.
 
-    On the CPU backend, where nothing observes the call (``ops.observed``)
-    and no workers synchronise, the step is one C++ autograd node
-    (``csrc/norms.cpp``, ChannelStep) that makes :class:`FusedChannelNorm`'s
-    calls: the same kernels in the same order, with one call from Python each
-    way instead of two or three (the host code between them took longer than
-    the kernels of a small layer)."""
+    Where nothing observes the call (``ops.observed``) and no workers
+    synchronise, the step is one C++ autograd node (``csrc/norms.cpp``,
+    ChannelStep) that makes :class:`FusedChannelNorm`'s calls: the same passes
+    in the same order, the CPU kernels' own or the Triton kernels' (gpu.py's
+    DIRECT, bound into the node once), with one call from Python each way
+    and no autograd code in Python (the host code between the kernels took
+    longer than the kernels of a small layer). Without the compiled module
+    (no compiler), :class:`FusedChannelNorm` calls the passes directly."""
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
-    x2 = rows(xk)
-    mask = None if pad_mask is None else pad_mask.contiguous()
     if replay:
         mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
-    sync, clock = sync if sync_mod.active(sync) else "none", -1 if replay else clock
-    tensors = (x2, mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv)
-    direct = sync == "none" and k.NAME != "plain" and not ops.observed(tensors)
-    if direct and k.NAME == "cpu":
-        y, inv = k.load().channel_step(*tensors, GROUP_EPS, groups, center, update, mode, momentum, eps, warmup,
-                                       rate)  # absent tensors as None
+    sync, clock = sync if sync != "none" and sync_mod.active(sync) else "none", -1 if replay else clock
+    tensors = (xk, pad_mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv)
+    node = cpu.load() if sync == "none" and k.NAME != "plain" and not ops.observed(tensors) else None
+    if node is not None:  # one C++ autograd node (ChannelStep) around the backend's passes
+        bound_as = _BOUND[k] if k in _BOUND else _bind(k, node)
+        y, inv = node.channel_step(*tensors, GROUP_EPS, groups, center, update, mode, momentum, eps, warmup, rate,
+                                   bound_as)  # absent tensors as None; x and the mask as they are
         clocks.advance(clock, steps)  # as the finish_stats op does (ops.py)
-    elif direct:  # the Triton kernels, called from the autograd function without their ops' round trip
+        return (y if y.dtype == x.dtype else y.to(x.dtype)), inv
+    x2 = rows(xk)
+    mask = None if pad_mask is None else pad_mask.contiguous()
+    tensors = (x2, mask, *tensors[2:])
+    if sync == "none" and k.NAME != "plain" and not ops.observed(tensors):
+        # no C++ node (no compiler): the passes called from the autograd function without the ops' round trip
         step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock, k.DIRECT,
                     (mask, *tensors[4:]))
         y, inv = FusedChannelNorm.direct_apply(x2, weight, bias, step)
@@ -105,6 +111,17 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
         y, inv = FusedChannelNorm.apply(x2, weight, bias, _none(x2, mask, torch.bool),
                                         *(_none(x2, t) for t in tensors[4:]), step)
     return _as(y, x), inv
+
+
+#: backend module -> the index its passes are bound under in the C++ node (the CPU kernels' own: -1)
+_BOUND = {}
+
+
+def _bind(k, node) -> int:
+    """Bind backend ``k``'s channel passes into the C++ node, once."""
+    _BOUND[k] = -1 if k.NAME == "cpu" else node.bind_passes(k.DIRECT.forward, k.DIRECT.finish_stats,
+                                                           k.DIRECT.backward, k.DIRECT.finish_backward)
+    return _BOUND[k]
 
 
 class FusedChannelNorm(torch.autograd.Function):

@@ -28,6 +28,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <array>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -895,44 +896,115 @@ std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Te
 
 // The training step of BN, PN-V and PN as one autograd node: the calls of
 // functions.py's FusedChannelNorm, mode for mode (see it for the math), made
-// here so that an eager step on the CPU costs one call from Python each way.
-// (The host code between the kernels took longer than the kernels of a small
-// layer.) Not under --norm-sync, whose all-reduces run between the calls.
+// here so that an eager step costs one call from Python each way. (The host
+// code between the kernels took longer than the kernels of a small layer.)
+// Not under --norm-sync, whose all-reduces run between the calls.
+//
+// The passes are this file's kernels, or another backend's, bound once from
+// Python (``bind_passes``: gpu.py's DIRECT, absent tensors None both ways):
+// the Triton kernels' host code then runs between the same calls, and the
+// step has no autograd code in Python.
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+namespace py = pybind11;
 
-// the contract's passes, under names that the node's own forward and backward do not hide
-constexpr auto run_forward = &forward;
-constexpr auto run_backward = &backward;
+// the bound backends' passes: forward, finish_stats, backward, finish_backward (never freed: these
+// are Python objects, and a static's destructor could run after the interpreter is gone)
+std::vector<std::array<py::object, 4>>& bound() {
+  static auto* passes = new std::vector<std::array<py::object, 4>>();
+  return *passes;
+}
+
+int64_t bind_passes(py::object forward, py::object finish_stats, py::object backward, py::object finish_backward) {
+  bound().push_back({forward, finish_stats, backward, finish_backward});
+  return static_cast<int64_t>(bound().size()) - 1;
+}
+
+// an absent tensor (empty here) as the bound passes take it, None
+py::object given(const Tensor& t) { return t.numel() ? py::cast(t) : py::none(); }
+
+// the bound passes' results, None as `none`
+std::vector<Tensor> taken(const py::handle& results, const Tensor& none) {
+  std::vector<Tensor> out;
+  for (const auto& r : results) out.push_back(r.is_none() ? none : r.cast<Tensor>());
+  return out;
+}
+
+// The contract's four channel passes, this file's (-1) or bound ones (their index).
+struct Passes {
+  int64_t bound_as;
+  Tensor none;
+
+  std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups, double gs_eps,
+                              const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
+                              const Tensor& bias, bool want_y, bool want_stats, bool center) const {
+    if (bound_as < 0)
+      return ::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center);
+    py::gil_scoped_acquire gil;
+    return taken(bound()[bound_as][0](x, given(mask), groups, gs_eps, given(mean), given(inv), inv_eps,
+                                      given(weight), given(bias), want_y, want_stats, center), none);
+  }
+
+  std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
+                                   const Tensor& steps, int64_t update, double momentum, double eps,
+                                   int64_t warmup) const {
+    if (bound_as < 0) return ::finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
+    py::gil_scoped_acquire gil;
+    return taken(bound()[bound_as][1](part, given(mean_buf), second_buf, given(steps), update, momentum, eps,
+                                      warmup), none);
+  }
+
+  std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& grad_y,
+                               const Tensor& weight, const Tensor& mean, const Tensor& inv_fwd,
+                               const Tensor& inv_bwd, const Tensor& A, const Tensor& B, double b_scale,
+                               int64_t groups, bool correct_pads, bool want_gx, bool want_sums) const {
+    if (bound_as < 0)
+      return ::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
+                        correct_pads, want_gx, want_sums);
+    py::gil_scoped_acquire gil;
+    return taken(bound()[bound_as][2](x, given(mask), given(scale), grad_y, weight, given(mean), inv_fwd,
+                                      given(inv_bwd), given(A), given(B), b_scale, groups, correct_pads, want_gx,
+                                      want_sums), none);
+  }
+
+  std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n, const Tensor& nu,
+                                      double rate, int64_t kind, bool center, int64_t rows) const {
+    if (bound_as < 0) return ::finish_backward(part, weight, n, nu, rate, kind, center, rows);
+    py::gil_scoped_acquire gil;
+    return taken(bound()[bound_as][3](part, weight, n, given(nu), rate, kind, center, rows), none);
+  }
+};
 
 struct ChannelStep : torch::autograd::Function<ChannelStep> {
   static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& mask, const Tensor& weight,
                                const Tensor& bias, const Tensor& mean_buf, const Tensor& second_buf,
                                const Tensor& steps, const Tensor& nu, const Tensor& given_mean,
                                const Tensor& given_inv, double gs_eps, int64_t groups, bool center, int64_t update,
-                               int64_t mode, double momentum, double eps, int64_t warmup, double rate) {
+                               int64_t mode, double momentum, double eps, int64_t warmup, double rate,
+                               int64_t bound_as) {
     const Tensor none = at::empty({0}, x.options());
+    const Passes k{bound_as, none};
     Tensor y, scale, mean, inv, inv_batch, n;
     const auto finish = [&](const Tensor& part) {
-      return finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
+      return k.finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
     };
     if (given_inv.numel()) {  // statistics fixed by the caller: one pass, which still sums the batch's
-      auto f = run_forward(x, mask, groups, gs_eps, given_mean, given_inv, /*inv_eps=*/-1.0, weight, bias,
+      auto f = k.forward(x, mask, groups, gs_eps, given_mean, given_inv, /*inv_eps=*/-1.0, weight, bias,
                            /*want_y=*/true, /*want_stats=*/true, center);
       y = f[0], scale = f[1];
       auto s = finish(f[2]);
       mean = given_mean, inv = given_inv, inv_batch = s[2], n = s[3];
     } else if (update == PN || update == REFERENCE_RUN) {  // the running psi^2_{t-1}: one pass
-      auto f = run_forward(x, mask, groups, gs_eps, none, second_buf, /*inv_eps=*/eps, weight, bias,
+      auto f = k.forward(x, mask, groups, gs_eps, none, second_buf, /*inv_eps=*/eps, weight, bias,
                            /*want_y=*/true, /*want_stats=*/true, /*center=*/false);
       y = f[0], scale = f[1];
       auto s = finish(f[2]);
       mean = s[0], inv = s[1], inv_batch = s[2], n = s[3];
     } else {  // the batch's statistics, then normalising
-      auto s = finish(run_forward(x, mask, groups, gs_eps, none, none, /*inv_eps=*/-1.0, none, none,
+      auto s = finish(k.forward(x, mask, groups, gs_eps, none, none, /*inv_eps=*/-1.0, none, none,
                                   /*want_y=*/false, /*want_stats=*/true, center)[2]);
       mean = s[0], inv = s[1], inv_batch = s[2], n = s[3];
-      auto f = run_forward(x, mask, groups, gs_eps, mean, inv, /*inv_eps=*/-1.0, weight, bias, /*want_y=*/true,
+      auto f = k.forward(x, mask, groups, gs_eps, mean, inv, /*inv_eps=*/-1.0, weight, bias, /*want_y=*/true,
                            /*want_stats=*/false, /*center=*/false);
       y = f[0], scale = f[1];
     }
@@ -942,13 +1014,14 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     ctx->saved_data["center"] = center;
     ctx->saved_data["mode"] = mode;
     ctx->saved_data["rate"] = rate;
+    ctx->saved_data["bound_as"] = bound_as;
     ctx->mark_non_differentiable({inv});
     ctx->set_materialize_grads(false);
     return {y.view(x.sizes()), inv};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(19);
+    variable_list out(20);
     const Tensor& grad_y = grads[0];
     if (!grad_y.defined()) return out;
     TORCH_CHECK(!(at::GradMode::is_enabled() && grad_y.requires_grad()),
@@ -961,22 +1034,23 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     const int64_t groups = ctx->saved_data["groups"].toInt(), mode = ctx->saved_data["mode"].toInt();
     const bool center = ctx->saved_data["center"].toBool();
     const double rate = ctx->saved_data["rate"].toDouble();
+    const Passes k{ctx->saved_data["bound_as"].toInt(), none};
     const int64_t rows = x.numel() / x.size(-1);
     Tensor grad_x;
     std::vector<Tensor> terms;
     if (mode == EXACT) {  // the batch terms of Eq. 3 / Eq. 6 first, then the gradient
-      auto part = run_backward(x, mask, scale, gy, weight, mean, inv, none, none, none, /*b_scale=*/1.0, groups,
+      auto part = k.backward(x, mask, scale, gy, weight, mean, inv, none, none, none, /*b_scale=*/1.0, groups,
                                /*correct_pads=*/false, /*want_gx=*/false, /*want_sums=*/true)[1];
-      terms = finish_backward(part, weight, n, nu, rate, EXACT, center, rows);
-      grad_x = run_backward(x, mask, scale, gy, weight, mean, inv, inv, terms[2], terms[3], /*b_scale=*/1.0, groups,
+      terms = k.finish_backward(part, weight, n, nu, rate, EXACT, center, rows);
+      grad_x = k.backward(x, mask, scale, gy, weight, mean, inv, inv, terms[2], terms[3], /*b_scale=*/1.0, groups,
                             /*correct_pads=*/false, /*want_gx=*/true, /*want_sums=*/false)[0];
     } else {  // B = nu_{t-1}, the released code's (1 - alpha_bwd) nu, or none (FIXED)
       const bool reference = mode == REFERENCE;
-      auto b = run_backward(x, mask, scale, gy, weight, mean, inv, reference ? inv_batch : inv, none,
+      auto b = k.backward(x, mask, scale, gy, weight, mean, inv, reference ? inv_batch : inv, none,
                             mode != FIXED ? nu : none, reference ? rate : 1.0, groups, /*correct_pads=*/reference,
                             /*want_gx=*/true, /*want_sums=*/true);
       grad_x = b[0];
-      terms = finish_backward(b[1], weight, n, nu, rate, mode == FIXED ? PAPER : mode, center, rows);
+      terms = k.finish_backward(b[1], weight, n, nu, rate, mode == FIXED ? PAPER : mode, center, rows);
     }
     out[0] = grad_x.view(x.sizes()), out[2] = terms[0], out[3] = terms[1];
     return out;
@@ -984,19 +1058,24 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
 };
 
 // Absent tensors come as None (one empty tensor stands for them here): making
-// them in Python cost more than this call's host code.
+// them in Python cost more than this call's host code. x is taken at any
+// strides, its channels made adjacent here where they are not (functions.py's
+// rows), and the mask made contiguous: each is a call less in Python.
+// ``bound_as``: the passes, this file's (-1) or a bound backend's.
 variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, const Tensor& weight,
                            const Tensor& bias, const std::optional<Tensor>& mean_buf, const Tensor& second_buf,
                            const std::optional<Tensor>& steps, const std::optional<Tensor>& nu,
                            const std::optional<Tensor>& given_mean, const std::optional<Tensor>& given_inv,
                            double gs_eps, int64_t groups, bool center, int64_t update, int64_t mode, double momentum,
-                           double eps, int64_t warmup, double rate) {
+                           double eps, int64_t warmup, double rate, int64_t bound_as) {
   TORCH_CHECK(mode >= EXACT && mode <= FIXED, "unknown mode ", mode, " (contract.py's Mode: 0 to 3)");
+  TORCH_CHECK(bound_as >= -1 && bound_as < static_cast<int64_t>(bound().size()), "no passes bound as ", bound_as);
   const Tensor empty = at::empty({0}, x.options());
   const auto or_empty = [&](const std::optional<Tensor>& t) { return t ? *t : empty; };
-  return ChannelStep::apply(x, or_empty(mask), weight, bias, or_empty(mean_buf), second_buf, or_empty(steps),
-                            or_empty(nu), or_empty(given_mean), or_empty(given_inv), gs_eps, groups, center, update,
-                            mode, momentum, eps, warmup, rate);
+  return ChannelStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), mask ? mask->contiguous() : empty, weight, bias,
+                            or_empty(mean_buf), second_buf, or_empty(steps), or_empty(nu), or_empty(given_mean),
+                            or_empty(given_inv), gs_eps, groups, center, update, mode, momentum, eps, warmup, rate,
+                            bound_as);
 }
 
 }  // namespace
@@ -1030,5 +1109,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("channel_step", &channel_step, arg("x"), arg("mask"), arg("weight"), arg("bias"), arg("mean_buf"),
         arg("second_buf"), arg("steps"), arg("nu"), arg("given_mean"), arg("given_inv"), arg("gs_eps"),
         arg("groups"), arg("center"), arg("update"), arg("mode"), arg("momentum"), arg("eps"), arg("warmup"),
-        arg("rate"));
+        arg("rate"), arg("bound_as") = -1);
+  m.def("bind_passes", &bind_passes, arg("forward"), arg("finish_stats"), arg("backward"), arg("finish_backward"));
 }
