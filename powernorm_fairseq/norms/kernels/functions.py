@@ -346,18 +346,35 @@ def row_norm(fused, x: Tensor, params: tuple, eps=None) -> Tensor:
     reads; y in x's dtype."""
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
-    xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere
-    # where nothing observes the call, the kernels' module itself, called without the ops' round trip
-    if k.NAME != "plain" and not ops.observed((xk, *params)):
-        y = fused.direct_apply(xk, *params, (eps, k))
-    else:
-        y = fused.apply(xk, *params, (eps, k.NAME))
+    # where nothing observes the call: one C++ autograd node (RowStep) around the backend's passes
+    node = cpu.load() if k.NAME != "plain" and not ops.observed((xk, *params)) else None
+    if node is not None:
+        p = params + (None, None)
+        bound_as = _BOUND_ROWS[k] if k in _BOUND_ROWS else _bind_rows(k, node)
+        y = node.row_step(fused.ROW_KIND, xk, p[0], p[1], p[2], 0.0 if eps is None else eps, bound_as)
+    else:  # each call through its op (no compiled module: the backend's own functions)
+        xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere
+        y = (fused.apply(xk, *params, (eps, k.NAME)) if k.NAME == "plain" or ops.observed((xk, *params))
+             else fused.direct_apply(xk, *params, (eps, k)))
     return y if y.dtype == x.dtype else y.to(x.dtype)
+
+
+_BOUND_ROWS = {}
+
+
+def _bind_rows(k, node) -> int:
+    """Bind backend ``k``'s row passes into the C++ node, once (the CPU kernels' own: -1)."""
+    _BOUND_ROWS[k] = -1 if k.NAME == "cpu" else node.bind_row_passes(
+        k.scalenorm_forward, k.scalenorm_backward, k.rmsnorm_forward, k.rmsnorm_backward, k.dyt_forward,
+        k.dyt_backward)
+    return _BOUND_ROWS[k]
 
 
 class FusedScaleNorm(torch.autograd.Function):
     """ScaleNorm in one pass each way. ``how``: (eps, backend), the backend a
     name (each call through its op) or, where nothing observes the call, its module."""
+
+    ROW_KIND = 0  # csrc/norms.cpp's RowKind, for RowStep, the same step as one C++ node
 
     @staticmethod
     def forward(ctx, x, scale, how):
@@ -382,6 +399,8 @@ class FusedScaleNorm(torch.autograd.Function):
 
 class FusedRMSNorm(torch.autograd.Function):
     """RMSNorm in one pass each way."""
+
+    ROW_KIND = 1
 
     @staticmethod
     def forward(ctx, x, weight, how):
@@ -408,6 +427,8 @@ class FusedDyT(torch.autograd.Function):
     backward, so only x is kept. A backward that builds a graph
     (``create_graph=True``) takes the same formula in PyTorch ops, which
     autograd differentiates again: DyT keeps its second derivative."""
+
+    ROW_KIND = 2
 
     @staticmethod
     def forward(ctx, x, alpha, weight, bias, how):

@@ -24,12 +24,15 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/tanh.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 #include <array>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -1078,6 +1081,98 @@ variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, c
                             bound_as);
 }
 
+// The per-row and per-entry norms (ScaleNorm, RMSNorm, DyT) as one autograd
+// node each way, as ChannelStep is for the channel norms: the contract's two
+// calls of functions.py's FusedScaleNorm, FusedRMSNorm and FusedDyT, on this
+// file's kernels or a bound backend's (``bind_row_passes``).
+enum RowKind : int64_t { SCALENORM = 0, RMSNORM = 1, DYT = 2 };
+
+// the bound backends' row passes: each kind's forward and backward, in RowKind's order
+std::vector<std::array<py::object, 6>>& bound_rows() {
+  static auto* passes = new std::vector<std::array<py::object, 6>>();
+  return *passes;
+}
+
+int64_t bind_row_passes(py::object scalenorm_forward, py::object scalenorm_backward, py::object rmsnorm_forward,
+                        py::object rmsnorm_backward, py::object dyt_forward, py::object dyt_backward) {
+  bound_rows().push_back({scalenorm_forward, scalenorm_backward, rmsnorm_forward, rmsnorm_backward, dyt_forward,
+                          dyt_backward});
+  return static_cast<int64_t>(bound_rows().size()) - 1;
+}
+
+// {y, the statistic the backward reads}: ScaleNorm's p = (g), RMSNorm's (weight), DyT's (alpha, weight, bias)
+std::vector<Tensor> row_forward(int64_t kind, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
+                                double eps, int64_t bound_as) {
+  if (bound_as >= 0) {
+    py::gil_scoped_acquire gil;
+    const py::object& f = bound_rows()[bound_as][2 * kind];
+    return taken(kind == DYT ? f(x, p0, p1, p2) : f(x, p0, eps), Tensor());
+  }
+  return kind == SCALENORM ? scalenorm_forward(x, p0, eps)
+         : kind == RMSNORM ? rmsnorm_forward(x, p0, eps)
+                           : dyt_forward(x, p0, p1, p2);
+}
+
+// the gradients of x and of each parameter
+std::vector<Tensor> row_backward(int64_t kind, const Tensor& x, const Tensor& stat, const Tensor& gy, const Tensor& p0,
+                                 const Tensor& p1, double eps, int64_t bound_as) {
+  if (bound_as >= 0) {
+    py::gil_scoped_acquire gil;
+    const py::object& f = bound_rows()[bound_as][2 * kind + 1];
+    return taken(kind == SCALENORM ? f(x, stat, gy, p0, eps)
+                 : kind == RMSNORM ? f(x, stat, gy, p0)
+                                   : f(x, gy, p0, p1, stat), Tensor());
+  }
+  return kind == SCALENORM ? scalenorm_backward(x, stat, gy, p0, eps)
+         : kind == RMSNORM ? rmsnorm_backward(x, stat, gy, p0)
+                           : dyt_backward(x, gy, p0, p1, stat);
+}
+
+struct RowStep : torch::autograd::Function<RowStep> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
+                        int64_t kind, double eps, int64_t bound_as) {
+    auto f = row_forward(kind, x, p0, p1, p2, eps, bound_as);
+    ctx->save_for_backward({x, f[1], p0, p1});
+    ctx->saved_data["kind"] = kind;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["bound_as"] = bound_as;
+    return f[0].view(x.sizes());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &stat = saved[1], &p0 = saved[2], &p1 = saved[3], &gy = grads[0];
+    const int64_t kind = ctx->saved_data["kind"].toInt();
+    variable_list out(7);
+    if (at::GradMode::is_enabled() && gy.requires_grad()) {  // a graph of the gradient
+      TORCH_CHECK(kind == DYT, kind == SCALENORM ? "scalenorm" : "rmsnorm",
+                  " have no second derivative here (a backward with create_graph=True went through one): use "
+                  "ln, layernorm-simple or none for double backward");
+      // DyT's in ATen ops, which autograd differentiates again: t = tanh(alpha x), y = w t + b
+      const Tensor t = at::tanh(p0 * x), d = gy * p1 * (1 - t * t);
+      std::vector<int64_t> rows(x.dim() - 1);
+      std::iota(rows.begin(), rows.end(), 0);
+      out[0] = d * p0, out[1] = (d * x).sum(), out[2] = (gy * t).sum(rows), out[3] = gy.sum(rows);
+      return out;
+    }
+    auto g = row_backward(kind, x, stat, gy.contiguous(), p0, p1, ctx->saved_data["eps"].toDouble(),
+                          ctx->saved_data["bound_as"].toInt());
+    out[0] = g[0].view(x.sizes());
+    for (size_t i = 1; i < g.size(); ++i) out[i] = g[i];
+    return out;
+  }
+};
+
+Tensor row_step(int64_t kind, const Tensor& x, const Tensor& p0, const std::optional<Tensor>& p1,
+                const std::optional<Tensor>& p2, double eps, int64_t bound_as) {
+  TORCH_CHECK(kind >= SCALENORM && kind <= DYT, "unknown row kind ", kind, " (0: scalenorm, 1: rmsnorm, 2: dyt)");
+  TORCH_CHECK(bound_as >= -1 && bound_as < static_cast<int64_t>(bound_rows().size()), "no passes bound as ",
+              bound_as);
+  const Tensor empty = at::empty({0}, x.options());
+  return RowStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), p0, p1 ? *p1 : empty, p2 ? *p2 : empty, kind, eps,
+                        bound_as);
+}
+
 }  // namespace
 
 #ifndef POWERNORM_SOURCE  // set by setup.py's build: which version of this file the module was built from
@@ -1110,5 +1205,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("second_buf"), arg("steps"), arg("nu"), arg("given_mean"), arg("given_inv"), arg("gs_eps"),
         arg("groups"), arg("center"), arg("update"), arg("mode"), arg("momentum"), arg("eps"), arg("warmup"),
         arg("rate"), arg("bound_as") = -1);
+  m.def("row_step", &row_step, arg("kind"), arg("x"), arg("p0"), arg("p1"), arg("p2"), arg("eps"),
+        arg("bound_as") = -1);
+  m.def("bind_row_passes", &bind_row_passes, arg("scalenorm_forward"), arg("scalenorm_backward"),
+        arg("rmsnorm_forward"), arg("rmsnorm_backward"), arg("dyt_forward"), arg("dyt_backward"));
   m.def("bind_passes", &bind_passes, arg("forward"), arg("finish_stats"), arg("backward"), arg("finish_backward"));
 }
