@@ -27,8 +27,9 @@ NAME = "cpu"
 DTYPES = (torch.bfloat16, torch.float32, torch.float64)  # float16 inputs are upcast by the caller
 
 _SOURCE = Path(__file__).parent / "csrc" / "norms.cpp"
-#: the compiler's flags for a build on first use: one for this machine's CPU
-JIT_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+#: the compiler's flags for a build on first use: one for this machine's CPU (-fno-trapping-math, as in
+#: setup.py's build: DyT's tanh vectorizes; values are the same, only FP exception flags are not kept)
+JIT_CFLAGS = ["-O3", "-fno-trapping-math", "-march=native", "-fopenmp"]
 def build_wait() -> int:
     """How long a process waits for another one's build of the kernels
     (``POWERNORM_BUILD_WAIT``, seconds; a build takes about a minute)."""
