@@ -856,6 +856,7 @@ std::vector<Tensor> dyt_backward_impl(const Tensor& x, const Tensor& gy, const T
     std::vector<A> stage(2 * C, A(0));
     A *__restrict__ sw = stage.data(), *__restrict__ sb = sw + C;
     const A* __restrict__ wp = w.data();
+    const A al = a;  // a local: read through the closure, it kept the loop below from vectorizing
     double* dst = sums.local();
     for (int64_t n = begin; n < end; ++n) {
       const T* __restrict__ xr = xp(n);
@@ -864,8 +865,8 @@ std::vector<Tensor> dyt_backward_impl(const Tensor& x, const Tensor& gy, const T
       A da = 0;
 #pragma omp simd reduction(+ : da)
       for (int64_t c = 0; c < C; ++c) {
-        const A xv = val(xr[c]), g = val(gr[c]), t = tanh_of(a * xv), d = g * wp[c] * (A(1) - t * t);
-        out[c] = put<T>(a * d);
+        const A xv = val(xr[c]), g = val(gr[c]), t = tanh_of(al * xv), d = g * wp[c] * (A(1) - t * t);
+        out[c] = put<T>(al * d);
         sw[c] += g * t;
         sb[c] += g;
         da += d * xv;
