@@ -154,8 +154,9 @@ def test_the_gpu_script_keeps_its_deadline_and_returns_what_it_wrote(tmp_path):
     subprocess.run(["bash", "bench/gpu.sh"], cwd=repo, env=dict(env, OUT=str(out), DEADLINE="22"),
                    capture_output=True, text=True, timeout=120)
     steps = (out / "steps.txt").read_text().splitlines()
-    assert [line.split(":")[0] for line in steps[:-1]] == ["== setup", "== tests", "== layers", "== train"], steps
+    assert [line.split(":")[0] for line in steps[:-1]] == ["== setup", "== build", "== tests", "== layers",
+                                                          "== train"], steps
     assert steps[0] in ("== setup: exit 0 after 3 s (limit 22 s)", "== setup: exit 0 after 4 s (limit 22 s)"), steps
-    assert all(line.endswith("s left") and "skipped" in line for line in steps[1:4]), steps  # under 20 s left
+    assert all(line.endswith("s left") and "skipped" in line for line in steps[1:5]), steps  # under 20 s left
     assert steps[-1].startswith("== total ") and int(steps[-1].split()[2]) <= 22, steps
     assert (out / "results-cuda.json").exists() and (out / "setup.log").exists()

@@ -431,6 +431,22 @@ def test_an_aborted_finishing_grid_leaves_later_steps_right(kind, options, monke
             torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-6)
 
 
+# 11b: the Triton passes inside the C++ autograd node, or called from Python where it cannot be built
+@pytest.mark.parametrize("kind, options", FUSED, ids=FUSED_IDS)
+def test_the_triton_step_is_the_same_without_the_compiled_node(kind, options, monkeypatch):
+    """Where no compiler built the CPU module, the Triton passes run from the
+    autograd functions in Python: bit for bit the node's step, over PN's
+    warmup and a batch of padding, on x and on its transposed (B, T, C) view."""
+    backend_or_fail("triton")
+    batches = [data(0), data(1, pad_all=True), data(2), data(3)]
+    batches += [(x.transpose(0, 1).contiguous().transpose(0, 1), pad, dy) for x, pad, dy in batches[2:]]
+    outs = [run(build_norm(kind, C, **options).double().train(), "triton", batches)]
+    monkeypatch.setattr(kernels.cpu, "load", lambda: None)
+    outs.append(run(build_norm(kind, C, **options).double().train(), "triton", batches))
+    for step, (a, b) in enumerate(zip(*outs)):
+        assert all(torch.equal(u, v) for u, v in zip(a, b)), (kind, step)
+
+
 # 12: long reductions
 @pytest.mark.slow
 def test_triton_sums_a_long_row_range_in_float64():
