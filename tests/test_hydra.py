@@ -9,7 +9,7 @@ from support import ROOT, USER_DIR, cli
 pytestmark = pytest.mark.slow
 
 TINY = {"iwslt14-pn": ["encoder_layers=1", "decoder_layers=1", "encoder_embed_dim=32", "decoder_embed_dim=32",
-                       "encoder_ffn_embed_dim=64", "decoder_ffn_embed_dim=64"],
+                       "encoder_ffn_embed_dim=64", "decoder_ffn_embed_dim=64", "norm_placement=sandwich"],
         "lm-ptb-pn": ["decoder_embed_dim=32", "decoder_ffn_embed_dim=64", "decoder_attention_heads=4"]}
 
 
@@ -32,6 +32,8 @@ def test_the_example_configs_train_through_fairseq_hydra_train(config, data, nor
     assert model_cfg["norm_type"] == "pn"
     assert model_cfg.get("decoder_norm_type") == ("ln" if config.startswith("iwslt") else "pn")
     models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(save / "checkpoint_last.pt")])
+    if config.startswith("iwslt"):  # a placement other than the config's, through hydra and the checkpoint
+        assert model_cfg["norm_placement"] == "sandwich" and len(models[0].encoder.layers[0].output_norms) == 2
     for part, cls in norms.items():
         kinds = {type(m).__name__ for name, m in models[0].named_modules()
                  if name.startswith(part) and name.endswith(("_layer_norm", "layer_norm"))}
@@ -43,6 +45,8 @@ def test_the_example_configs_train_through_fairseq_hydra_train(config, data, nor
     # hydra takes any key: a misspelling would train the default norm (pn) with exit status 0
     ("+model.norm_typ=bn", "model.norm_typ: not a setting of powernorm_transformer_iwslt_de_en "
                            "(did you mean model.norm_type?)"),
+    ("model.norm_placement=rezero", "--norm-placement rezero has no norms in its layers (a residual gate that "
+                                    "starts at 0 instead): pass --norm-type none, not ln, pn"),
 ])
 def test_a_bad_value_or_key_in_a_hydra_config_is_refused_naming_it(toy_data, tmp_path, override, message):
     proc = cli("fairseq-hydra-train", "--config-dir", ROOT / "configs" / "hydra", "--config-name", "iwslt14-pn",

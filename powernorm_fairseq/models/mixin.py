@@ -13,6 +13,7 @@ from torch import nn
 from .. import patches
 from ..common.errors import PowerNormConfigError
 from ..modules import FixNormEmbedding, PowerNormDecoderLayer, PowerNormEncoderLayer
+from ..norms.placement import deepnorm_
 from ..norms import NORM_TYPES, Norm, build_norm, kernels, norm_type_of
 from .diagnostics import NormDiagnostics
 from .options import check_args
@@ -56,7 +57,7 @@ class PowerNormModelMixin:
             # drop the keys it does not declare (the norm flags); a namespace keeps them all
             args = argparse.Namespace(**OmegaConf.to_container(args, resolve=True))
             check_model_keys(cls, args)
-        check_args(args)
+        check_args(args, tuple(cls.NORM_FLAGS))
         try:
             kernels.check_environment()
         except ValueError as err:
@@ -68,6 +69,8 @@ class PowerNormModelMixin:
                                        "train on a GPU, or add --cpu --fp16-no-flatten-grads")
         model = super().build_model(args, task)
         initialize_(model, "smallinit" if args.small_init else args.init)
+        if args.norm_placement == "deepnorm":
+            deepnorm_(model)
         if args.norm_diagnostics:
             model.norm_diagnostics = NormDiagnostics(model, args.norm_diagnostics_interval)
         return model

@@ -15,6 +15,7 @@ from fairseq.dataclass import FairseqDataclass
 from .. import patches
 from ..common.errors import PowerNormConfigError
 from ..common.flags import at_least, fraction, positive
+from ..norms.placement import NORMALIZE_BEFORE, PLACEMENTS, check_placement
 from ..norms import NORM_TYPES
 from ..norms.sync import MODES as SYNC_MODES
 
@@ -54,8 +55,8 @@ def _flag(default, help, lm=True, **argparse_options):
 
 
 def _sublayer(flag, lm=True):
-    return _flag(None, f"the norm of {SUBLAYER_FLAGS[flag]}, overriding the type of its side (default: that "
-                 "type); also takes the original code's layer, batch, power", lm=lm, type=_sublayer_kind,
+    return _flag(None, f"the norm of {SUBLAYER_FLAGS[flag]} (default: its side's type)", lm=lm,
+                 type=_sublayer_kind,
                  metavar=KINDS)
 
 
@@ -94,8 +95,9 @@ class NormConfig(FairseqDataclass):
     decoder_norm_self: Optional[str] = _sublayer("--decoder-norm-self")
     decoder_norm_cross: Optional[str] = _sublayer("--decoder-norm-cross", lm=False)
     decoder_norm_ff: Optional[str] = _sublayer("--decoder-norm-ff")
-    norm_placement: str = _flag("pre", "norm before each sublayer (pre) or after the residual sum (post)",
-                                **_choice(("pre", "post")))
+    norm_placement: str = _flag("pre", "where the norms sit (docs/norms.md#placements): before or after each "
+                                "sublayer, both, DeepNet's post-norm, or none but ReZero's gates",
+                                **_choice(PLACEMENTS))
     fixnorm: bool = _flag(False, "unit-length word embeddings times a learned scale (needs tied embeddings)",
                           action="store_true")
     small_init: bool = _flag(False, "attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))",
@@ -186,9 +188,21 @@ def check_values(args):
                 raise PowerNormConfigError(text if text.startswith(flag) else f"{flag} {text}") from None
 
 
-def check_args(args):
-    """Reject flag combinations that would leave a norm the flags did not ask for."""
+def side_kinds(args, sides):
+    """The norm types the flags put in the model's ``sides`` (encoder, decoder)."""
+    flags = {"encoder": ("norm_type", "encoder_norm_self", "encoder_norm_ff"),
+             "decoder": ("decoder_norm_type", "decoder_norm_self", "decoder_norm_cross", "decoder_norm_ff")}
+    return {getattr(args, name, None) for side in sides for name in flags[side]} - {None}
+
+
+def check_args(args, sides=("encoder", "decoder")):
+    """Reject flag combinations that would leave a norm the flags did not ask
+    for (``sides``: those the model has)."""
     kinds = all_kinds(args)
+    try:
+        check_placement(args, side_kinds(args, sides))
+    except ValueError as err:
+        raise PowerNormConfigError(str(err)) from None
     if getattr(args, "layernorm_embedding", False):
         raise PowerNormConfigError(
             "--layernorm-embedding adds a LayerNorm that --norm-type does not control; "
@@ -233,15 +247,15 @@ def powernorm_defaults(args):
         if getattr(args, f.name, None) is None:
             setattr(args, f.name, f.default)
     check_values(args)  # a hydra config's values have not been through argparse
-    pre = args.norm_placement == "pre"
+    before = NORMALIZE_BEFORE[args.norm_placement]
     for side in ("encoder", "decoder"):
         flag = f"{side}_normalize_before"
-        if getattr(args, flag, False) and not pre:
+        if getattr(args, flag, False) and not before:
             raise PowerNormConfigError(
-                f"--{flag.replace('_', '-')} contradicts --norm-placement post; "
-                "use --norm-placement {pre,post} alone"
+                f"--{flag.replace('_', '-')} contradicts --norm-placement {args.norm_placement}; "
+                "use --norm-placement alone"
             )
-        setattr(args, flag, pre)
+        setattr(args, flag, before)
     if args.fixnorm:  # the FixNorm length g replaces fairseq's sqrt(d) embedding scale
         args.no_scale_embedding = True
     if args.pn_warmup_updates is None:

@@ -15,6 +15,7 @@ import inspect
 
 from ..common.errors import PowerNormConfigError
 from ..norms import NORMS, build_norm
+from ..norms.placement import Placed
 
 
 def norm_options(cfg, kind: str, heads: int, final: bool = False) -> dict:
@@ -51,27 +52,33 @@ def decoder_norm(cfg, kind=None, final=False, dim=None, flag=None):
     return norm
 
 
-class PowerNormEncoderLayer(TransformerEncoderLayerBase):
+class PowerNormEncoderLayer(Placed, TransformerEncoderLayerBase):
     """Encoder layer: attention norm ``--encoder-norm-self``, FFN norm
-    ``--encoder-norm-ff``, each ``--norm-type`` unless given."""
+    ``--encoder-norm-ff``, each ``--norm-type`` unless given, placed as
+    ``--norm-placement`` says (``placement.py``)."""
 
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
-        self.self_attn_layer_norm = encoder_norm(cfg, getattr(cfg, "encoder_norm_self", None))
-        self.final_layer_norm = encoder_norm(cfg, getattr(cfg, "encoder_norm_ff", None))
+        kinds = [getattr(cfg, "encoder_norm_self", None), getattr(cfg, "encoder_norm_ff", None)]
+        self.self_attn_layer_norm = encoder_norm(cfg, kinds[0])
+        self.final_layer_norm = encoder_norm(cfg, kinds[1])
+        self.place(getattr(cfg, "norm_placement", "post"), lambda i: encoder_norm(cfg, kinds[i]))
 
 
-class PowerNormDecoderLayer(TransformerDecoderLayerBase):
+class PowerNormDecoderLayer(Placed, TransformerDecoderLayerBase):
     """Decoder layer: ``--decoder-norm-self``, ``--decoder-norm-cross`` and
     ``--decoder-norm-ff``, each ``--decoder-norm-type`` unless given; with
-    NormFormer's flags, its norms of the same kinds."""
+    NormFormer's flags, its norms of the same kinds; placed as ``--norm-placement`` says."""
 
     def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
         super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
-        self.self_attn_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_self", None))
+        kinds = [getattr(cfg, "decoder_norm_self", None), getattr(cfg, "decoder_norm_ff", None)]
+        self.self_attn_layer_norm = decoder_norm(cfg, kinds[0])
         if self.encoder_attn_layer_norm is not None:
             self.encoder_attn_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_cross", None))
+            kinds.insert(1, getattr(cfg, "decoder_norm_cross", None))  # fairseq's order of the sublayers
         self.final_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_ff", None))
+        self.place(getattr(cfg, "norm_placement", "post"), lambda i: decoder_norm(cfg, kinds[i]))
         # NormFormer's extra norms (--scale-attn after self-attention, --scale-fc inside the FFN):
         # the kinds of the self-attention and FFN norms
         if self.attn_ln is not None:

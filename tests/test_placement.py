@@ -1,0 +1,181 @@
+"""``--norm-placement``: each placement's forward against plain PyTorch, its
+refusals, and training, checkpoints, generation and the hub with each."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from support import TINY, TINY_LM, USER_DIR, build_model, cli, losses, train_args
+from powernorm_fairseq.common.errors import PowerNormConfigError
+from powernorm_fairseq.norms.placement import PLACEMENTS, deepnorm_constants
+from powernorm_fairseq.norms import Norm
+
+pytestmark = pytest.mark.fast
+
+#: each placement with the norm kinds it builds (rezero has none)
+KINDS = {p: ("none" if p == "rezero" else "ln") for p in PLACEMENTS}
+
+
+def build(data, placement, *flags, arch="powernorm_transformer_iwslt_de_en"):
+    kind = KINDS[placement]
+    return build_model(data, "--arch", arch, "--optimizer", "adam", "--lr-scheduler", "inverse_sqrt",
+                       "--warmup-updates", "7", "--dropout", "0", *TINY, "--norm-placement", placement,
+                       "--norm-type", kind, "--decoder-norm-type", kind, *flags, seed=0)
+
+
+def attention(x, pad, a):
+    """fairseq's self-attention in plain PyTorch, float64: (T, B, C), heads of a."""
+    T, B, C = x.shape
+    H, D = a.num_heads, C // a.num_heads
+
+    def heads(t):
+        return t.reshape(T, B * H, D).transpose(0, 1)  # (B H, T, D)
+
+    q = heads(F.linear(x, a.q_proj.weight, a.q_proj.bias) * D ** -0.5)
+    k, v = (heads(F.linear(x, p.weight, p.bias)) for p in (a.k_proj, a.v_proj))
+    scores = (q @ k.transpose(1, 2)).view(B, H, T, T).masked_fill(pad[:, None, None, :], float("-inf"))
+    out = scores.view(B * H, T, T).softmax(-1) @ v
+    return F.linear(out.transpose(0, 1).reshape(T, B, C), a.out_proj.weight, a.out_proj.bias)
+
+
+def reference_encoder(encoder, x, pad, placement):
+    """Two encoder layers and the final norm, each placement written out (placement.py's docstring)."""
+    def ln(norm, h):
+        return F.layer_norm(h, h.shape[-1:], norm.weight, norm.bias, norm.eps)
+
+    for layer in encoder.layers:
+        sublayers = [(lambda h: attention(h, pad, layer.self_attn), layer.self_attn_layer_norm),
+                     (lambda h: layer.fc2(F.relu(layer.fc1(h))), layer.final_layer_norm)]
+        for i, (f, norm) in enumerate(sublayers):
+            if placement == "pre":
+                x = x + f(ln(norm, x))
+            elif placement == "post":
+                x = ln(norm, x + f(x))
+            elif placement == "sandwich":
+                x = x + ln(layer.output_norms[i], f(ln(norm, x)))
+            elif placement == "deepnorm":
+                alpha = deepnorm_constants(2, 2)["encoder"][0]
+                x = ln(norm, alpha * x + f(x))
+            else:  # rezero
+                x = x + layer.rezero_gates[i] * f(x)
+    return ln(encoder.layer_norm, x) if placement in ("pre", "sandwich") else x
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_two_encoder_layers_compute_their_placement(toy_data, placement):
+    model, _ = build(toy_data, placement)
+    model = model.double().eval()
+    encoder = model.encoder
+    with torch.no_grad():  # parameters off their start, so that gates and gains are seen
+        for p in encoder.layers.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 3, 32, generator=g, dtype=torch.float64)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    y = x
+    for layer in encoder.layers:
+        y = layer(y, pad)
+    y = encoder.layer_norm(y) if encoder.layer_norm is not None else y
+    want = reference_encoder(encoder, x, pad, placement)
+    real = ~pad.t()
+    torch.testing.assert_close(y[real], want[real], rtol=1e-10, atol=1e-10)
+
+
+def test_each_placement_builds_its_own_parts(toy_data):
+    parts = {}
+    for placement in PLACEMENTS:
+        model, _ = build(toy_data, placement)
+        layer, dec = model.encoder.layers[0], model.decoder.layers[0]
+        parts[placement] = (layer.normalize_before, model.encoder.layer_norm is not None,
+                            len(getattr(layer, "output_norms", ())), len(getattr(dec, "output_norms", ())),
+                            tuple(getattr(dec, "rezero_gates", torch.ones(0)).shape), layer.residual_scale)
+    alpha_enc = 0.81 * (2 ** 4 * 2) ** (1 / 16)
+    assert parts == {"pre": (True, True, 0, 0, (0,), 1.0), "post": (False, False, 0, 0, (0,), 1.0),
+                     "sandwich": (True, True, 2, 3, (0,), 1.0), "deepnorm": (False, False, 0, 0, (0,), alpha_enc),
+                     "rezero": (False, False, 0, 0, (3,), 1.0)}
+    model, _ = build(toy_data, "rezero")
+    assert all(type(m).__name__ == "NoNorm" for m in model.modules() if isinstance(m, Norm))
+    assert all(not g.any() for layer in model.encoder.layers for g in layer.rezero_gates)
+
+
+def test_deepnorm_constants_and_initialisation(toy_data):
+    """DeepNet's Figure 2: alpha and beta per model kind, and the Xavier-normal gains."""
+    assert deepnorm_constants(6, 0) == {"encoder": ((12) ** 0.25, 48 ** -0.25)}
+    assert deepnorm_constants(0, 6) == {"decoder": ((12) ** 0.25, 48 ** -0.25)}
+    both = deepnorm_constants(6, 6)
+    assert both["decoder"] == (18 ** 0.25, 72 ** -0.25)
+    assert math.isclose(both["encoder"][0], 0.81 * (6 ** 5) ** (1 / 16))
+    model, _ = build(toy_data, "deepnorm", "--encoder-layers", "6", "--decoder-layers", "6",
+                     "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512")
+    beta = both["encoder"][1]
+    fc = torch.cat([layer.fc1.weight.flatten() for layer in model.encoder.layers])
+    q = torch.cat([layer.self_attn.q_proj.weight.flatten() for layer in model.encoder.layers])
+    xavier = math.sqrt(2 / (32 + 512))
+    assert abs(fc.std().item() / (beta * xavier) - 1) < 0.05
+    assert abs(q.std().item() / math.sqrt(2 / 64) - 1) < 0.05
+    assert model.decoder.layers[0].residual_scale == both["decoder"][0]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--norm-placement", "rezero"], "--norm-placement rezero has no norms in its layers .* pass --norm-type none"),
+    (["--norm-placement", "rezero", "--norm-type", "none"], "not ln"),  # the decoder's ln
+    (["--norm-placement", "deepnorm", "--init", "xavier-kaiming"],
+     "--init xavier-kaiming contradicts --norm-placement deepnorm"),
+    (["--norm-placement", "sandwich", "--encoder-normalize-before"], None),  # sandwich is pre-norm: agrees
+    (["--norm-placement", "deepnorm", "--decoder-normalize-before"],
+     "--decoder-normalize-before contradicts --norm-placement deepnorm"),
+])
+def test_combinations_train_or_are_refused_in_one_line(toy_data, flags, message):
+    if message is None:
+        build_model(toy_data, "--arch", "powernorm_transformer_iwslt_de_en", *TINY, *flags)
+        return
+    with pytest.raises(PowerNormConfigError, match=message):
+        build_model(toy_data, "--arch", "powernorm_transformer_iwslt_de_en", *TINY, *flags)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_fairseq_train_generate_and_the_hub_with_each_placement(toy_data, tmp_path, placement):
+    from fairseq.models.transformer import TransformerModel
+
+    kind = KINDS[placement] if placement == "rezero" else "pn"
+    proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-placement", placement, "--norm-type", kind,
+                                            "--decoder-norm-type", KINDS[placement], max_update=6))
+    trained = losses(proc.stdout + proc.stderr)
+    assert len(trained) == 6 and all(math.isfinite(v) for v in trained), trained
+    gen = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
+              "--beam", "2", "--max-len-b", "5", "--batch-size", "8")
+    assert "Generate test with beam=2: BLEU4" in gen.stdout
+    hub = TransformerModel.from_pretrained(str(tmp_path), checkpoint_file="checkpoint_last.pt",
+                                           data_name_or_path=str(toy_data), user_dir=USER_DIR)
+    assert hub.cfg.model.norm_placement == placement
+    assert isinstance(hub.translate("haus baum katze"), str)
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_the_language_model_and_the_classifier_take_each_placement(lm_data, toy_data, placement):
+    """Decoder-only and encoder-only: DeepNorm's constants of their kind, a forward that stays finite."""
+    kind = KINDS[placement]
+    lm, _ = build_model(lm_data, "--task", "language_modeling", "--arch", "powernorm_transformer_lm",
+                        "--tokens-per-sample", "32", "--sample-break-mode", "eos", *TINY_LM,
+                        "--norm-placement", placement, "--norm-type", kind)
+    tokens = torch.randint(4, 20, (2, 6))
+    assert torch.isfinite(lm(tokens)[0]).all()
+    assert lm.decoder.layers[0].residual_scale == (deepnorm_constants(0, 2)["decoder"][0]
+                                                   if placement == "deepnorm" else 1.0)
+    assert (lm.decoder.layer_norm is not None) == (placement in ("pre", "sandwich"))
+    classifier, _ = build_model(toy_data, "--task", "translation", "--arch", "powernorm_classifier",
+                                "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim",
+                                "64", "--encoder-attention-heads", "4", "--max-source-positions", "64",
+                                "--norm-placement", placement, "--norm-type", kind)
+    assert classifier.encoder.layers[0].residual_scale == (deepnorm_constants(2, 0)["encoder"][0]
+                                                           if placement == "deepnorm" else 1.0)
+
+
+def test_sandwich_refuses_normformers_attention_norm(lm_data):
+    with pytest.raises(PowerNormConfigError, match="--scale-attn .* --norm-placement sandwich already has"):
+        build_model(lm_data, "--task", "language_modeling", "--arch", "powernorm_transformer_lm",
+                    "--tokens-per-sample", "32", *TINY_LM, "--norm-placement", "sandwich", "--scale-attn")
