@@ -447,6 +447,24 @@ def test_the_triton_step_is_the_same_without_the_compiled_node(kind, options, mo
         assert all(torch.equal(u, v) for u, v in zip(a, b)), (kind, step)
 
 
+# 11c: torch's convention: a norm's output takes in-place ops, with the gradient of their out-of-place form
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind, options", FUSED, ids=FUSED_IDS)
+def test_an_in_place_op_on_the_output_keeps_the_gradient(backend, kind, options):
+    backend_or_fail(backend)
+    x, pad, dy = data(0)
+    grads = []
+    for in_place in (False, True):
+        norm = build_norm(kind, C, **options).double().train()
+        xr = x.clone().requires_grad_(True)
+        with kernels.use(backend):
+            y = norm(xr, pad)
+            y = y.mul_(3.0) if in_place else y * 3.0
+        y.backward(dy)
+        grads.append(xr.grad)
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=0)
+
+
 # 12: long reductions
 @pytest.mark.slow
 def test_triton_sums_a_long_row_range_in_float64():

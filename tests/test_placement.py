@@ -33,10 +33,18 @@ def attention(x, pad, a):
     def heads(t):
         return t.reshape(T, B * H, D).transpose(0, 1)  # (B H, T, D)
 
-    q = heads(F.linear(x, a.q_proj.weight, a.q_proj.bias) * D ** -0.5)
-    k, v = (heads(F.linear(x, p.weight, p.bias)) for p in (a.k_proj, a.v_proj))
+    def qk(p):  # --qk-norm ln: LayerNorm over each head's channels
+        t = F.linear(x, p.weight, p.bias)
+        if hasattr(p, "norm"):
+            t = F.layer_norm(t.view(T, B, H, D), (D,), p.norm.weight, p.norm.bias, p.norm.eps).view(T, B, C)
+        return t
+
+    q = heads(qk(a.q_proj) * D ** -0.5)
+    k, v = heads(qk(a.k_proj)), heads(F.linear(x, a.v_proj.weight, a.v_proj.bias))
     scores = (q @ k.transpose(1, 2)).view(B, H, T, T).masked_fill(pad[:, None, None, :], float("-inf"))
-    out = scores.view(B * H, T, T).softmax(-1) @ v
+    # fairseq's attention through its projections (QK-norm) takes its softmax in float32 (utils.softmax)
+    weights = scores.view(B * H, T, T).softmax(-1, dtype=torch.float32 if hasattr(a.q_proj, "norm") else None)
+    out = weights.to(v) @ v
     return F.linear(out.transpose(0, 1).reshape(T, B, C), a.out_proj.weight, a.out_proj.bias)
 
 
@@ -63,9 +71,10 @@ def reference_encoder(encoder, x, pad, placement):
     return ln(encoder.layer_norm, x) if placement in ("pre", "sandwich") else x
 
 
-@pytest.mark.parametrize("placement", PLACEMENTS)
-def test_two_encoder_layers_compute_their_placement(toy_data, placement):
-    model, _ = build(toy_data, placement)
+@pytest.mark.parametrize("placement, qk", [(p, None) for p in PLACEMENTS] + [("pre", "ln"), ("deepnorm", "ln")])
+def test_two_encoder_layers_compute_their_placement(toy_data, placement, qk):
+    model, _ = build(toy_data, placement, *(["--qk-norm", qk] if qk else []))
+    assert (type(model.encoder.layers[0].self_attn.q_proj).__name__ == "HeadNormProjection") == (qk is not None)
     model = model.double().eval()
     encoder = model.encoder
     with torch.no_grad():  # parameters off their start, so that gates and gains are seen
@@ -125,6 +134,9 @@ def test_deepnorm_constants_and_initialisation(toy_data):
     (["--norm-placement", "deepnorm", "--init", "xavier-kaiming"],
      "--init xavier-kaiming contradicts --norm-placement deepnorm"),
     (["--norm-placement", "sandwich", "--encoder-normalize-before"], None),  # sandwich is pre-norm: agrees
+    (["--qk-norm", "rmsnorm", "--norm-placement", "post"], None),
+    (["--qk-norm", "pn"], "--qk-norm pn: the norm of each head's queries and keys must take one vector at a time"),
+    (["--qk-norm", "groupnorm"], "--qk-norm groupnorm: .* choose one of ln, scalenorm, rmsnorm"),
     (["--norm-placement", "deepnorm", "--decoder-normalize-before"],
      "--decoder-normalize-before contradicts --norm-placement deepnorm"),
 ])
@@ -137,13 +149,15 @@ def test_combinations_train_or_are_refused_in_one_line(toy_data, flags, message)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", PLACEMENTS)
-def test_fairseq_train_generate_and_the_hub_with_each_placement(toy_data, tmp_path, placement):
+@pytest.mark.parametrize("placement, qk", [(p, None) for p in PLACEMENTS] + [("pre", "rmsnorm")])
+def test_fairseq_train_generate_and_the_hub_with_each_placement(toy_data, tmp_path, placement, qk):
+    """Training, beam search (incremental decoding, with QK-norm's cached keys) and the hub."""
     from fairseq.models.transformer import TransformerModel
 
     kind = KINDS[placement] if placement == "rezero" else "pn"
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-placement", placement, "--norm-type", kind,
-                                            "--decoder-norm-type", KINDS[placement], max_update=6))
+                                            "--decoder-norm-type", KINDS[placement],
+                                            *(["--qk-norm", qk] if qk else []), max_update=6))
     trained = losses(proc.stdout + proc.stderr)
     assert len(trained) == 6 and all(math.isfinite(v) for v in trained), trained
     gen = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
@@ -151,7 +165,7 @@ def test_fairseq_train_generate_and_the_hub_with_each_placement(toy_data, tmp_pa
     assert "Generate test with beam=2: BLEU4" in gen.stdout
     hub = TransformerModel.from_pretrained(str(tmp_path), checkpoint_file="checkpoint_last.pt",
                                            data_name_or_path=str(toy_data), user_dir=USER_DIR)
-    assert hub.cfg.model.norm_placement == placement
+    assert hub.cfg.model.norm_placement == placement and hub.cfg.model.qk_norm == qk
     assert isinstance(hub.translate("haus baum katze"), str)
 
 

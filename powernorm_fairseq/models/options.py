@@ -16,6 +16,7 @@ from .. import patches
 from ..common.errors import PowerNormConfigError
 from ..common.flags import at_least, fraction, positive
 from ..norms.placement import NORMALIZE_BEFORE, PLACEMENTS, check_placement
+from ..norms.qk_norm import check_qk_norm
 from ..norms import NORM_TYPES
 from ..norms.sync import MODES as SYNC_MODES
 
@@ -98,6 +99,9 @@ class NormConfig(FairseqDataclass):
     norm_placement: str = _flag("pre", "where the norms sit (docs/norms.md#placements): before or after each "
                                 "sublayer, both, DeepNet's post-norm, or none but ReZero's gates",
                                 **_choice(PLACEMENTS))
+    qk_norm: Optional[str] = _flag(None, "a norm of each attention head's queries and keys (default: none; a "
+                                   "per-token kind)",
+                                   type=_sublayer_kind, metavar=KINDS)
     fixnorm: bool = _flag(False, "unit-length word embeddings times a learned scale (needs tied embeddings)",
                           action="store_true")
     small_init: bool = _flag(False, "attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))",
@@ -201,6 +205,7 @@ def check_args(args, sides=("encoder", "decoder")):
     kinds = all_kinds(args)
     try:
         check_placement(args, side_kinds(args, sides))
+        check_qk_norm(args.qk_norm)
     except ValueError as err:
         raise PowerNormConfigError(str(err)) from None
     if getattr(args, "layernorm_embedding", False):

@@ -16,6 +16,7 @@ import inspect
 from ..common.errors import PowerNormConfigError
 from ..norms import NORMS, build_norm
 from ..norms.placement import Placed
+from ..norms.qk_norm import add_qk_norm_
 
 
 def norm_options(cfg, kind: str, heads: int, final: bool = False) -> dict:
@@ -52,6 +53,14 @@ def decoder_norm(cfg, kind=None, final=False, dim=None, flag=None):
     return norm
 
 
+def with_qk_norm(cfg, attentions, heads):
+    """``--qk-norm``: each attention's queries and keys normalised per head."""
+    kind = getattr(cfg, "qk_norm", None)
+    for attention in attentions:
+        if kind is not None and attention is not None:  # (none: the flag's explicit "no norm")
+            add_qk_norm_(attention, kind, norm_options(cfg, kind, heads))
+
+
 class PowerNormEncoderLayer(Placed, TransformerEncoderLayerBase):
     """Encoder layer: attention norm ``--encoder-norm-self``, FFN norm
     ``--encoder-norm-ff``, each ``--norm-type`` unless given, placed as
@@ -63,6 +72,7 @@ class PowerNormEncoderLayer(Placed, TransformerEncoderLayerBase):
         self.self_attn_layer_norm = encoder_norm(cfg, kinds[0])
         self.final_layer_norm = encoder_norm(cfg, kinds[1])
         self.place(getattr(cfg, "norm_placement", "post"), lambda i: encoder_norm(cfg, kinds[i]))
+        with_qk_norm(cfg, [self.self_attn], cfg.encoder.attention_heads)
 
 
 class PowerNormDecoderLayer(Placed, TransformerDecoderLayerBase):
@@ -79,6 +89,7 @@ class PowerNormDecoderLayer(Placed, TransformerDecoderLayerBase):
             kinds.insert(1, getattr(cfg, "decoder_norm_cross", None))  # fairseq's order of the sublayers
         self.final_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_ff", None))
         self.place(getattr(cfg, "norm_placement", "post"), lambda i: decoder_norm(cfg, kinds[i]))
+        with_qk_norm(cfg, [self.self_attn, self.encoder_attn], cfg.decoder.attention_heads)
         # NormFormer's extra norms (--scale-attn after self-attention, --scale-fc inside the FFN):
         # the kinds of the self-attention and FFN norms
         if self.attn_ln is not None:

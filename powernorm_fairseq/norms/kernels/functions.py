@@ -110,7 +110,7 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
         step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock)
         y, inv = FusedChannelNorm.apply(x2, weight, bias, _none(x2, mask, torch.bool),
                                         *(_none(x2, t) for t in tensors[4:]), step)
-    return _as(y, x), inv
+    return _as(y.view(x2.shape), x), inv  # a view outside the function: in-place ops on y work
 
 
 #: backend module -> the index its passes are bound under in the C++ node (the CPU kernels' own: -1)
@@ -172,7 +172,7 @@ class FusedChannelNorm(torch.autograd.Function):
         ctx.step, ctx.nu, ctx.rest = s, nu, len(args)  # nu: a buffer the backward updates, not a saved value
         ctx.mark_non_differentiable(inv)
         ctx.set_materialize_grads(False)  # inv's gradient is never used: no zeros made for it
-        return y.view_as(x), inv
+        return y, inv  # (N, C): the caller views it as x, a view autograd records
 
     @staticmethod
     def backward(ctx, grad_y, _):
@@ -355,7 +355,7 @@ def row_norm(fused, x: Tensor, params: tuple, eps=None) -> Tensor:
     else:  # each call through its op (no compiled module: the backend's own functions)
         xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere
         y = (fused.apply(xk, *params, (eps, k.NAME)) if k.NAME == "plain" or ops.observed((xk, *params))
-             else fused.direct_apply(xk, *params, (eps, k)))
+             else fused.direct_apply(xk, *params, (eps, k))).view(xk.shape)  # (N, C) rows, viewed outside
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
@@ -383,7 +383,7 @@ class FusedScaleNorm(torch.autograd.Function):
                     else backend.scalenorm_forward(x, scale, eps))
         ctx.save_for_backward(x, norms, scale)
         ctx.eps, ctx.backend = eps, backend
-        return y.view_as(x)
+        return y  # (N, C), as FusedChannelNorm's
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -409,7 +409,7 @@ class FusedRMSNorm(torch.autograd.Function):
                    else backend.rmsnorm_forward(x, weight, eps))
         ctx.save_for_backward(x, rstd, weight)
         ctx.backend = backend
-        return y.view_as(x)
+        return y
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -437,12 +437,13 @@ class FusedDyT(torch.autograd.Function):
                      else backend.dyt_forward(x, alpha, weight, bias))
         ctx.save_for_backward(x, alpha, weight, ticket)
         ctx.backend = backend
-        return y.view_as(x)
+        return y
 
     @staticmethod
     def backward(ctx, grad_y):
         x, alpha, weight, ticket = ctx.saved_tensors
         if grad_y.requires_grad and torch.is_grad_enabled():  # a graph of the gradient: PyTorch ops
+            grad_y = grad_y.view_as(x)  # y's rows in x's shape
             t = torch.tanh(alpha * x)
             d = grad_y * weight * (1 - t * t)
             rows = tuple(range(x.dim() - 1))

@@ -1021,7 +1021,7 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     ctx->saved_data["bound_as"] = bound_as;
     ctx->mark_non_differentiable({inv});
     ctx->set_materialize_grads(false);
-    return {y.view(x.sizes()), inv};
+    return {y, inv};  // (N, C): the caller's view of it is one autograd records (in-place ops on it work)
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -1076,10 +1076,12 @@ variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, c
   TORCH_CHECK(bound_as >= -1 && bound_as < static_cast<int64_t>(bound().size()), "no passes bound as ", bound_as);
   const Tensor empty = at::empty({0}, x.options());
   const auto or_empty = [&](const std::optional<Tensor>& t) { return t ? *t : empty; };
-  return ChannelStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), mask ? mask->contiguous() : empty, weight, bias,
-                            or_empty(mean_buf), second_buf, or_empty(steps), or_empty(nu), or_empty(given_mean),
-                            or_empty(given_inv), gs_eps, groups, center, update, mode, momentum, eps, warmup, rate,
-                            bound_as);
+  auto out = ChannelStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), mask ? mask->contiguous() : empty, weight,
+                                bias, or_empty(mean_buf), second_buf, or_empty(steps), or_empty(nu),
+                                or_empty(given_mean), or_empty(given_inv), gs_eps, groups, center, update, mode,
+                                momentum, eps, warmup, rate, bound_as);
+  out[0] = out[0].view(x.sizes());  // a view autograd records, not one made inside the node
+  return out;
 }
 
 // The per-row and per-entry norms (ScaleNorm, RMSNorm, DyT) as one autograd
@@ -1137,7 +1139,7 @@ struct RowStep : torch::autograd::Function<RowStep> {
     ctx->saved_data["kind"] = kind;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["bound_as"] = bound_as;
-    return f[0].view(x.sizes());
+    return f[0];  // (N, C), as ChannelStep's y
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -1150,10 +1152,10 @@ struct RowStep : torch::autograd::Function<RowStep> {
                   " have no second derivative here (a backward with create_graph=True went through one): use "
                   "ln, layernorm-simple or none for double backward");
       // DyT's in ATen ops, which autograd differentiates again: t = tanh(alpha x), y = w t + b
-      const Tensor t = at::tanh(p0 * x), d = gy * p1 * (1 - t * t);
+      const Tensor g = gy.view(x.sizes()), t = at::tanh(p0 * x), d = g * p1 * (1 - t * t);  // y's rows as x
       std::vector<int64_t> rows(x.dim() - 1);
       std::iota(rows.begin(), rows.end(), 0);
-      out[0] = d * p0, out[1] = (d * x).sum(), out[2] = (gy * t).sum(rows), out[3] = gy.sum(rows);
+      out[0] = d * p0, out[1] = (d * x).sum(), out[2] = (g * t).sum(rows), out[3] = g.sum(rows);
       return out;
     }
     auto g = row_backward(kind, x, stat, gy.contiguous(), p0, p1, ctx->saved_data["eps"].toDouble(),
@@ -1171,7 +1173,7 @@ Tensor row_step(int64_t kind, const Tensor& x, const Tensor& p0, const std::opti
               bound_as);
   const Tensor empty = at::empty({0}, x.options());
   return RowStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), p0, p1 ? *p1 : empty, p2 ? *p2 : empty, kind, eps,
-                        bound_as);
+                        bound_as).view(x.sizes());
 }
 
 }  // namespace
