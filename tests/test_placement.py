@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from support import TINY, TINY_LM, USER_DIR, build_model, cli, losses, train_args
+from support import TINY, TINY_LM, USER_DIR, build_model, cli, losses, sample, train_args
 from powernorm_fairseq.common.errors import PowerNormConfigError
 from powernorm_fairseq.norms.placement import PLACEMENTS, deepnorm_constants
-from powernorm_fairseq.norms import Norm
+from powernorm_fairseq.norms import NORM_TYPES, Norm
+from powernorm_fairseq.norms.qk_norm import QK_KINDS
 
 pytestmark = pytest.mark.fast
 
@@ -193,3 +194,21 @@ def test_sandwich_refuses_normformers_attention_norm(lm_data):
     with pytest.raises(PowerNormConfigError, match="--scale-attn .* --norm-placement sandwich already has"):
         build_model(lm_data, "--task", "language_modeling", "--arch", "powernorm_transformer_lm",
                     "--tokens-per-sample", "32", *TINY_LM, "--norm-placement", "sandwich", "--scale-attn")
+
+
+@pytest.mark.parametrize("kind", NORM_TYPES)
+def test_every_kind_as_qk_norm_trains_a_step_or_is_refused_in_one_line(toy_data, kind):
+    """Each registered kind: a per-token one normalises the heads' queries and keys (a training step's
+    gradient reaches its parameters), the others are refused naming the allowed ones."""
+    if kind not in QK_KINDS + ("none",):
+        with pytest.raises(PowerNormConfigError, match=f"^--qk-norm {kind}: .* choose one of {', '.join(QK_KINDS)}$"):
+            build(toy_data, "pre", "--qk-norm", kind)
+        return
+    model, task = build(toy_data, "pre", "--qk-norm", kind)
+    batch = sample(task)
+    model.train()
+    model(**batch["net_input"])[0].float().logsumexp(-1).mean().backward()
+    q = model.decoder.layers[0].self_attn.q_proj
+    assert hasattr(q, "norm") == (kind != "none")
+    if kind != "none" and list(q.norm.parameters()):
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in q.norm.parameters())
