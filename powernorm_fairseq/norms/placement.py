@@ -72,10 +72,11 @@ class Placed:
 
     placement = "post"
 
-    def place(self, placement: str, output_norms, alpha: float = 1.0):
+    def place(self, placement: str, output_norms):
         """``output_norms``: a callable giving each sublayer's output norm, in
-        fairseq's order (sandwich); ``alpha``: DeepNorm's residual scale."""
-        self.placement, self.residual_scale = placement, alpha
+        fairseq's order (sandwich). DeepNorm's residual scale is 1 until
+        :func:`deepnorm_` sets it, which knows the whole model."""
+        self.placement, self.residual_scale = placement, 1.0
         sublayers = 2 + (getattr(self, "encoder_attn", None) is not None)
         if placement == "sandwich":
             self.output_norms = nn.ModuleList(output_norms(i) for i in range(sublayers))
