@@ -275,7 +275,12 @@ def test_print_commands_and_bad_grids(study, demo, tmp_path, capsys):
                            (["--out", str(tmp_path / "a-file"), "--data", str(demo)], "is a file, not a directory"),
                            (["--data", str(demo), "--", "--dropuot", "0.1"],
                             "fairseq-train (the flags after --): unrecognized arguments: --dropuot 0.1"),
-                           (["--data", str(demo), "--", "--no-save"], "after --: --no-save: a cell's result")):
+                           (["--data", str(demo), "--", "--no-save"], "after --: --no-save: a cell's result"),
+                           (["--data", str(demo), "--placement", "post", "--placements", "pre"],
+                            "--placement and --placements: give one"),
+                           (["--data", str(demo), "--qk-norms", "pn"],
+                            "--qk-norms: 'pn' cannot normalise a head's queries and keys; choose from ln,"),
+                           (["--data", str(demo), "--placements", "pre", "pre"], "--placements lists a value twice")):
         with pytest.raises(SystemExit) as end:
             norm_study.main([*GRID, "--out", str(new), *flags])
         error = capsys.readouterr().err.strip().splitlines()
@@ -509,3 +514,28 @@ def test_a_read_only_out_and_a_full_disk_at_the_report_are_one_line(study, demo,
     assert error[-1].startswith(f"norm-study.sh: error: {out / 'init_grads.png'}: could not be written (No space "
                                 "left on device); every finished cell is kept"), error
     assert (out / "study.md").read_text() == before and not list(out.glob(".*.tmp")) and not list(out.glob(".*png"))
+
+
+def test_a_study_over_placements_groups_its_tables_and_pairs_them(demo, tmp_path):
+    """--placements and --qk-norms join the grid: a table per placement (rezero's cells take norm none),
+    names that hold the placement, and the paired differences to the first norm and the first placement."""
+    out = tmp_path / "placed"
+    sh("scripts/norm-study.sh", "--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32",
+       "--norms", "ln", "pn", "--placements", "pre", "rezero", "--qk-norms", "none", "rmsnorm", "--seeds", "1", "2",
+       "--max-update", "4", "--log-interval", "2", "--threads", "1", "--jobs", "2", "--data", demo, "--out", out)
+    names = sorted(p.name for p in (out / "cells").iterdir())
+    assert len(names) == 12 and "d1-w32-ln-pre-xavier-kaiming-lr0.1-s1" in names
+    assert "d1-w32-none-rezero-qkrmsnorm-xavier-kaiming-lr0.1-s2" in names
+    text = (out / "study.md").read_text()
+    assert "placements pre, rezero" in text
+    for heading in ("## pre, depth 1", "## pre, qk-norm rmsnorm, depth 1", "## rezero, depth 1",
+                    "## rezero, qk-norm rmsnorm, depth 1"):
+        assert heading in text, heading
+    assert "| lr | none |" in text and "| lr | ln | pn |" in text
+    study = json.loads((out / "study.json").read_text())
+    rows = {(r["placement"], r["qk"], r["norm"]): r for r in study["seeds"]}
+    assert len(rows) == 6
+    assert rows["pre", "none", "pn"]["difference"] is not None
+    assert rows["pre", "none", "pn"]["placement_difference"] is None
+    moved = rows["rezero", "rmsnorm", "none"]["placement_difference"]  # against pre's first norm, ln
+    assert moved is not None and moved["n"] == 2

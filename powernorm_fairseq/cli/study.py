@@ -87,13 +87,31 @@ def check_width(w):
                          "below 128 or a multiple of its head count, e.g. a multiple of 64")
 
 
+def norms_of(args, placement):
+    """The norms a placement's cells take: ``--norms``, or none alone for rezero (it has no norms)."""
+    return ["none"] if placement == "rezero" else args.norms
+
+
 def cells(args):
-    grid = [dict(depth=d, width=w, norm=n, init=i, lr=lr, seed=s) for d in args.depths for w in args.widths
-            for i in args.inits for lr in args.lrs for n in args.norms for s in args.seeds]
+    """Every cell of the grid. A cell's name holds its placement and QK-norm
+    only where they are axes (``--placements``, ``--qk-norms``), so that a
+    study of one placement keeps the names it always had."""
+    grid = [dict(depth=d, width=w, norm=n, init=i, lr=lr, seed=s, placement=p, qk=q)
+            for p in args.placements for q in args.qk_norms for d in args.depths for w in args.widths
+            for i in args.inits for lr in args.lrs for n in norms_of(args, p) for s in args.seeds]
     for cell in grid:
-        cell["name"] = (f"d{cell['depth']}-w{cell['width']}-{cell['norm']}-{cell['init'].replace(':', '')}"
+        axes = (f"-{cell['placement']}" if args.placement_axis else "") + (
+            f"-qk{cell['qk']}" if cell["qk"] != "none" else "")
+        cell["name"] = (f"d{cell['depth']}-w{cell['width']}-{cell['norm']}{axes}-{cell['init'].replace(':', '')}"
                         f"-lr{cell['lr']:g}-s{cell['seed']}")
     return grid
+
+
+def series(args, cell):
+    """A cell's line in the figures and row label in the tables: its norm, and its placement and
+    QK-norm where they are axes."""
+    return " ".join([cell["placement"]] * args.placement_axis + [cell["norm"]]
+                    + [f"qk {cell['qk']}"] * (cell["qk"] != "none"))
 
 
 def check_names(grid):
@@ -113,10 +131,12 @@ def train_argv(args, cell, save_dir):
     d, ffn, heads = dims(cell["width"])
     data = str(args.data)
     argv = [data, "--user-dir", str(Path(__file__).resolve().parents[1]), "--seed", str(cell["seed"]),
-            "--norm-type", cell["norm"], "--norm-placement", args.placement, "--init", cell["init"],
+            "--norm-type", cell["norm"], "--norm-placement", cell["placement"], "--init", cell["init"],
             "--optimizer", args.optimizer, "--lr", f"{cell['lr']:g}", "--save-dir", str(save_dir),
             "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", str(args.log_interval),
             "--clip-norm", "0", "--num-workers", "0"]
+    if cell["qk"] != "none":
+        argv += ["--qk-norm", cell["qk"]]
     if args.optimizer == "adam":
         argv += ["--adam-betas", "(0.9, 0.98)"]
     if args.warmup_updates:
@@ -138,6 +158,8 @@ def train_argv(args, cell, save_dir):
         for side in ("encoder", "decoder"):
             argv += [f"--{side}-layers", str(cell["depth"]), f"--{side}-embed-dim", str(d),
                      f"--{side}-ffn-embed-dim", str(ffn), f"--{side}-attention-heads", str(heads)]
+        if cell["placement"] == "rezero":  # the decoder's norms too
+            argv += ["--decoder-norm-type", "none"]
         if joined_dictionary(args.data):
             argv.append("--share-all-embeddings")
     else:
@@ -478,10 +500,11 @@ def report(args, grid, results):
     """study.json and study.md from every finished cell."""
     metric_key, metric_label, metric_fmt = METRIC[args.task]
     groups = defaultdict(list)
-    for cell in grid:
-        groups[(cell["depth"], cell["width"], cell["init"])].append(cell)
+    for cell in grid:  # a table per placement and QK-norm, then per depth, width and init
+        groups[(cell["placement"], cell["qk"], cell["depth"], cell["width"], cell["init"])].append(cell)
+    placed = (f"placements {', '.join(args.placements)}" if args.placement_axis else f"{args.placement}-norm")
     lines = [f"# Normalization study: {args.task}", "",
-             f"Data `{args.data_as_given}`; {args.optimizer}, {args.placement}-norm, "
+             f"Data `{args.data_as_given}`; {args.optimizer}, {placed}, "
              f"warmup {args.warmup_updates} updates, "
              + (f"{args.max_update} updates" if args.max_update else f"{args.max_epochs} epochs")
              + f"; seeds {', '.join(map(str, args.seeds))}."
@@ -492,15 +515,17 @@ def report(args, grid, results):
              f"the initial loss and below {args.majority_loss:.3f} bits, the best constant prediction "
              "(docs/study.md).", ""]
     tables = []
-    for (depth, w, init), members in groups.items():
+    for (placement, qk, depth, w, init), members in groups.items():
         d, ffn, heads = dims(w)
-        lines += [f"## depth {depth}, width {w} ({d}/{ffn}, {heads} heads), init {init}", "",
-                  "| lr | " + " | ".join(args.norms) + " |", "|---" * (len(args.norms) + 1) + "|"]
-        table = dict(depth=depth, width=w, init=init, rows=[])
+        norms = norms_of(args, placement)
+        where = (f"{placement}, " if args.placement_axis else "") + (f"qk-norm {qk}, " if qk != "none" else "")
+        lines += [f"## {where}depth {depth}, width {w} ({d}/{ffn}, {heads} heads), init {init}", "",
+                  "| lr | " + " | ".join(norms) + " |", "|---" * (len(norms) + 1) + "|"]
+        table = dict(placement=placement, qk=qk, depth=depth, width=w, init=init, rows=[])
         for lr in sorted(args.lrs, reverse=True):
             row = [f"{lr:g}"]
             entry = dict(lr=lr, norms={})
-            for norm in args.norms:
+            for norm in norms:
                 runs = [results.get(c["name"]) for c in members if c["lr"] == lr and c["norm"] == norm]
                 done = [r for r in runs if r]
                 if len(done) < len(runs):
@@ -519,12 +544,13 @@ def report(args, grid, results):
         tables.append(table)
         lines.append("")
     if len(args.inits) > 1:
+        labels = list(dict.fromkeys(series(args, c) for c in grid))
         lines += ["## init", "", "Converged cells over every learning rate, depth, width and seed.", "",
-                  "| init | " + " | ".join(args.norms) + " |", "|---" * (len(args.norms) + 1) + "|"]
+                  "| init | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
         for init in args.inits:
             row = [init]
-            for norm in args.norms:
-                done = [results[c["name"]] for c in grid if c["init"] == init and c["norm"] == norm
+            for label in labels:
+                done = [results[c["name"]] for c in grid if c["init"] == init and series(args, c) == label
                         and c["name"] in results]
                 row.append(f"{sum(r['converged'] for r in done)}/{len(done)}")
             lines.append("| " + " | ".join(row) + " |")
@@ -543,35 +569,53 @@ def report(args, grid, results):
 
 
 def seed_report(args, grid, results, lines, metric_label, metric_fmt):
-    """Mean ± sd over seeds per norm, and each norm's paired difference to the first norm."""
+    """Mean ± sd over seeds per norm, each norm's paired difference to the
+    first norm, and with ``--placements`` each placement's to the first
+    placement with the same norm (rezero, whose only norm is none, to the
+    first placement's first norm)."""
     if len(args.seeds) < 2:
         return []
-    base = args.norms[0]
+    base, first = args.norms[0], args.placements[0]
+    axis = args.placement_axis
     out = []
-    lines += [f"## seeds: {metric_label}, mean ± sd, and the paired difference to {base} (95% interval)", ""]
-    lines += ["| depth | width | init | lr | norm | " + metric_label + " | difference to " + base + " | |",
-              "|---|---|---|---|---|---|---|---|"]
+    against = f" and to {first}" if axis else ""
+    lines += [f"## seeds: {metric_label}, mean ± sd, and the paired difference to {base}{against} (95% interval)",
+              ""]
+    lines += ["| depth | width | init | lr | " + "placement | " * axis + "norm | " + metric_label + " | difference to "
+              + base + " | |" + f" difference to {first} | |" * axis, "|---" * (8 + 3 * axis) + "|"]
     combos = sorted({(c["depth"], c["width"], c["init"], c["lr"]) for c in grid}, key=str)
     for depth, w, init, lr in combos:
         values = defaultdict(dict)
         for c in grid:
             r = results.get(c["name"])
             if r and (c["depth"], c["width"], c["init"], c["lr"]) == (depth, w, init, lr):
-                values[c["norm"]][c["seed"]] = r["metric"]
-        for norm in args.norms:
-            v = [x for x in values[norm].values() if math.isfinite(x)]
+                values[c["placement"], c["qk"], c["norm"]][c["seed"]] = r["metric"]
+        for placement, qk, norm in dict.fromkeys((c["placement"], c["qk"], c["norm"]) for c in grid):
+            v = [x for x in values[placement, qk, norm].values() if math.isfinite(x)]
             if not v:
                 continue
             mean, sd = mean_sd(v)
-            diff = paired(values[norm], values[base]) if norm != base else None
-            text = (f"{diff['mean']:+.2f} [{diff['low']:+.2f}, {diff['high']:+.2f}]" if diff else "")
-            verdict = "" if not diff else ("evidence of a difference" if diff["evidence"] else "no evidence")
-            lines.append(f"| {depth} | {w} | {init} | {lr:g} | {norm} | {fmt(mean, metric_fmt)} ± "
-                         f"{fmt(sd, metric_fmt)} (n={len(v)}) | {text} | {verdict} |")
-            out.append(dict(depth=depth, width=w, init=init, lr=lr, norm=norm, n=len(v), mean=mean, sd=sd,
-                            difference=diff))
+            diff = paired(values[placement, qk, norm], values[placement, qk, base]) if norm != base \
+                and (placement, qk, base) in values else None
+            other = (first, qk, norm if (first, qk, norm) in values else base)
+            moved = paired(values[placement, qk, norm], values[other]) if axis and placement != first \
+                and other in values else None
+            label = " | ".join([placement] * axis + [norm + (f" qk {qk}" if qk != "none" else "")])
+            lines.append(f"| {depth} | {w} | {init} | {lr:g} | {label} | {fmt(mean, metric_fmt)} ± "
+                         f"{fmt(sd, metric_fmt)} (n={len(v)}) | {interval(diff)}" + f" | {interval(moved)}" * axis
+                         + " |")
+            out.append(dict(depth=depth, width=w, init=init, lr=lr, placement=placement, qk=qk, norm=norm, n=len(v),
+                            mean=mean, sd=sd, difference=diff, placement_difference=moved))
     lines.append("")
     return out
+
+
+def interval(diff):
+    """A paired difference's cells: its mean and 95% interval, and the verdict."""
+    if not diff:
+        return " | "
+    verdict = "evidence of a difference" if diff["evidence"] else "no evidence"
+    return f"{diff['mean']:+.2f} [{diff['low']:+.2f}, {diff['high']:+.2f}] | {verdict}"
 
 
 def figures(args, grid, results):
@@ -582,7 +626,8 @@ def figures(args, grid, results):
     done = [(c, results[c["name"]]) for c in grid if c["name"] in results]
     if not done:
         return
-    colors = {n: f"C{i}" for i, n in enumerate(args.norms)}
+    labels = list(dict.fromkeys(series(args, c) for c in grid))  # a line per norm (and placement, QK-norm)
+    colors = {n: f"C{i % 10}" for i, n in enumerate(labels)}
     styles = dict(zip(args.widths, ["-", "--", ":", "-."] * 4))
     # per-layer gradient norms at init: one panel per depth (x init), a line per norm x width
     panels = sorted({(c["depth"], c["init"]) for c, _ in done}, key=str)
@@ -590,13 +635,14 @@ def figures(args, grid, results):
     for ax, (depth, init) in zip(axes[0], panels):
         seen = set()
         for c, _ in done:
-            if (c["depth"], c["init"]) != (depth, init) or (c["norm"], c["width"]) in seen:
+            if (c["depth"], c["init"]) != (depth, init) or (series(args, c), c["width"]) in seen:
                 continue
-            seen.add((c["norm"], c["width"]))
+            seen.add((series(args, c), c["width"]))
             probe = json.loads(Path(args.out, "cells", c["name"], "init.json").read_text())
             groups = sorted(probe["grad_norms"], key=order)
             ax.plot(range(len(groups)), [probe["grad_norms"][g] for g in groups], marker="o",
-                    color=colors[c["norm"]], linestyle=styles[c["width"]], label=f"{c['norm']}, width {c['width']}")
+                    color=colors[series(args, c)], linestyle=styles[c["width"]],
+                    label=f"{series(args, c)}, width {c['width']}")
             ax.set_xticks(range(len(groups)), [re.sub(r"^(encoder[. ]|head )", "", g) for g in groups],
                           rotation=60, fontsize=7, ha="right")
         ax.set(yscale="log", ylabel="gradient norm at init (per example)", title=f"depth {depth}, init {init}")
@@ -618,12 +664,12 @@ def figures(args, grid, results):
         valid_points = [(x["num_updates"], x[key]) for x in records["valid"] if key in x and "num_updates" in x]
         for points, style in ((train_points, "-"), (valid_points, "--")):
             if points:
-                ax.plot(*zip(*points), linestyle=style, color=colors[c["norm"]], marker=".")
+                ax.plot(*zip(*points), linestyle=style, color=colors[series(args, c)], marker=".")
         ax.set_title(f"d{c['depth']} w{c['width']} {c['init']} lr {c['lr']:g}", fontsize=8)
         ax.set(yscale="log", xlabel="update", ylabel="loss (bits)")
     from matplotlib.lines import Line2D
 
-    fig.legend([Line2D([], [], color=colors[n]) for n in args.norms], args.norms, loc="upper right", fontsize=8)
+    fig.legend([Line2D([], [], color=colors[n]) for n in labels], labels, loc="upper right", fontsize=8)
     fig.suptitle(f"training (solid, from the initial loss) and valid (dashed) loss, seed {args.seeds[0]}")
     fig.tight_layout()
     save_figure(fig, Path(args.out, "loss.png"), plt)
@@ -631,10 +677,10 @@ def figures(args, grid, results):
         measured = [(c, r) for c, r in done if "lipschitz" in r]
         if measured:
             fig, axes = plt.subplots(len(rows), 2, figsize=(10, 3.4 * len(rows)), squeeze=False)
-            for norm in args.norms:
+            for norm in labels:
                 for i, row in enumerate(rows):
                     points = sorted((c["lr"], r["lipschitz"], r["smoothness"]) for c, r in measured
-                                    if c["norm"] == norm and (c["depth"], c["width"], c["init"]) == row
+                                    if series(args, c) == norm and (c["depth"], c["width"], c["init"]) == row
                                     and c["seed"] == args.seeds[0])
                     for j, name in ((0, "Lipschitz"), (1, "smoothness")):
                         if points:
@@ -653,6 +699,8 @@ def figures(args, grid, results):
 
 
 def parser():
+    from ..norms.placement import PLACEMENTS
+
     p = ArgumentParser(prog="norm-study.sh", description="A grid of training runs over learning rate, depth, "
                        "width, norm, init and seed, with its convergence tables and figures (docs/study.md).")
     p.add_argument("--task", required=True, choices=TASKS)
@@ -668,7 +716,12 @@ def parser():
     p.add_argument("--inits", nargs="+", metavar="INIT", help="--init schemes")
     p.add_argument("--seeds", nargs="+", type=at_least(0, "--seeds"), default=[1], metavar="N")
     p.add_argument("--optimizer", choices=("sgd", "adam"))
-    p.add_argument("--placement", choices=("pre", "post"))
+    p.add_argument("--placement", choices=PLACEMENTS, help="every cell's --norm-placement")
+    p.add_argument("--placements", nargs="+", choices=PLACEMENTS, metavar="P", help="--norm-placement as an "
+                   "axis of the grid, like --norms (the first is the baseline of a second paired difference); "
+                   "rezero's cells take --norm-type none")
+    p.add_argument("--qk-norms", nargs="+", metavar="KIND", help="--qk-norm as an axis: per-token kinds, or none "
+                   "(default: none)")
     p.add_argument("--warmup-updates", type=at_least(0, "--warmup-updates"), metavar="N",
                    help="linear warmup, then inverse square root (0: a fixed learning rate)")
     p.add_argument("--max-epochs", type=at_least(1, "--max-epochs"), metavar="N")
@@ -703,9 +756,21 @@ def check(args, p):
     from ..models.options import init_scheme
     from ..norms import NORM_TYPES
 
+    from ..norms.qk_norm import QK_KINDS
+
+    if args.placement and args.placements:
+        p.error("--placement and --placements: give one (--placements P... makes the placement an axis)")
+    args.placement_axis = bool(args.placements)
     for key, value in DEFAULTS[args.task].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    args.placements = args.placements or [args.placement]
+    args.placement = "per cell" if args.placement_axis else args.placement  # settings.json: one, or the grid's
+    args.qk_norms = args.qk_norms or ["none"]
+    for kind in args.qk_norms:
+        if kind not in QK_KINDS + ("none",):
+            p.error(f"--qk-norms: {kind!r} cannot normalise a head's queries and keys; choose from "
+                    f"{', '.join(QK_KINDS)}, none")
     args.lrs = [float(x) for x in args.lrs]
     args.widths = [width(str(w)) for w in args.widths]
     for norm in args.norms:
@@ -715,7 +780,7 @@ def check(args, p):
         args.inits = [init_scheme(i) for i in args.inits]
     except argparse.ArgumentTypeError as err:
         p.error(str(err).replace("--init", "--inits"))
-    for key in ("lrs", "depths", "widths", "norms", "inits", "seeds"):
+    for key in ("lrs", "depths", "widths", "norms", "inits", "seeds", "placements", "qk_norms"):
         values = getattr(args, key)
         if len(set(values)) != len(values):
             p.error(f"--{key} lists a value twice: {' '.join(map(str, values))}")
@@ -751,7 +816,7 @@ def check_fairseq_args(args):
     stock.ArgumentParser.error = error
     try:
         for cell in cells(args):
-            kind = (cell["depth"], cell["width"], cell["norm"], cell["init"])
+            kind = (cell["depth"], cell["width"], cell["norm"], cell["init"], cell["placement"], cell["qk"])
             if kind in seen:
                 continue
             seen.add(kind)
