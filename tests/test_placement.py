@@ -132,8 +132,8 @@ def test_deepnorm_constants_and_initialisation(toy_data):
 @pytest.mark.parametrize("flags, message", [
     (["--norm-placement", "rezero"], "--norm-placement rezero has no norms in its layers .* pass --norm-type none"),
     (["--norm-placement", "rezero", "--norm-type", "none"], "not ln"),  # the decoder's ln
-    (["--norm-placement", "deepnorm", "--init", "xavier-kaiming"],
-     "--init xavier-kaiming contradicts --norm-placement deepnorm"),
+    (["--norm-placement", "deepnorm", "--init", "smallinit"], "--init smallinit contradicts --norm-placement deepnorm"),
+    (["--norm-placement", "deepnorm", "--init", "xavier-kaiming"], None),  # the embeddings' init, beside DeepNet's
     (["--norm-placement", "sandwich", "--encoder-normalize-before"], None),  # sandwich is pre-norm: agrees
     (["--qk-norm", "rmsnorm", "--norm-placement", "post"], None),
     (["--qk-norm", "pn"], "--qk-norm pn: the norm of each head's queries and keys must take one vector at a time"),

@@ -280,7 +280,9 @@ def test_print_commands_and_bad_grids(study, demo, tmp_path, capsys):
                             "--placement and --placements: give one"),
                            (["--data", str(demo), "--qk-norms", "pn"],
                             "--qk-norms: 'pn' cannot normalise a head's queries and keys; choose from ln,"),
-                           (["--data", str(demo), "--placements", "pre", "pre"], "--placements lists a value twice")):
+                           (["--data", str(demo), "--placements", "pre", "pre"], "--placements lists a value twice"),
+                           (["--data", str(demo), "--placements", "deepnorm", "--", "--small-init"],
+                            "--small-init contradicts --norm-placement deepnorm")):
         with pytest.raises(SystemExit) as end:
             norm_study.main([*GRID, "--out", str(new), *flags])
         error = capsys.readouterr().err.strip().splitlines()

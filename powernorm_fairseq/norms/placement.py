@@ -112,8 +112,8 @@ def check_placement(args, kinds):
     if placement == "rezero" and getattr(args, "scale_fc", False):
         raise ValueError("--scale-fc adds NormFormer's norm inside the feed-forward, and --norm-placement "
                          "rezero has no norms")
-    if placement == "deepnorm" and (args.small_init or args.init != "default"):
-        given = "--small-init" if args.small_init else f"--init {args.init}"
-        raise ValueError(f"{given} contradicts --norm-placement deepnorm, which initialises the layers "
-                         "itself (DeepNet, Figure 2)")
+    if placement == "deepnorm" and (args.small_init or args.init == "smallinit"):
+        given = "--small-init" if args.small_init else "--init smallinit"
+        raise ValueError(f"{given} contradicts --norm-placement deepnorm, which initialises the same weights "
+                         "itself (DeepNet, Figure 2); another --init sets the embeddings and heads beside it")
 
