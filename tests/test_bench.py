@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -156,7 +157,8 @@ def test_the_gpu_script_keeps_its_deadline_and_returns_what_it_wrote(tmp_path):
     steps = (out / "steps.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in steps[:-1]] == ["== setup", "== build", "== tests", "== layers",
                                                           "== train"], steps
-    assert steps[0] in ("== setup: exit 0 after 3 s (limit 22 s)", "== setup: exit 0 after 4 s (limit 22 s)"), steps
+    # the limit is what the deadline left when the step started: a loaded machine may have spent a second
+    assert re.fullmatch(r"== setup: exit 0 after [34] s \(limit 2[12] s\)", steps[0]), steps
     assert all(line.endswith("s left") and "skipped" in line for line in steps[1:5]), steps  # under 20 s left
     assert steps[-1].startswith("== total ") and int(steps[-1].split()[2]) <= 22, steps
     assert (out / "results-cuda.json").exists() and (out / "setup.log").exists()
