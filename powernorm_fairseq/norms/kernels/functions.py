@@ -91,7 +91,8 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
         mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
     sync, clock = sync if sync != "none" and sync_mod.active(sync) else "none", -1 if replay else clock
     tensors = (xk, pad_mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv)
-    node = cpu.load() if sync == "none" and k.NAME != "plain" and not ops.observed(tensors) else None
+    quiet = sync == "none" and k.NAME != "plain" and not ops.observed(tensors)
+    node = cpu.load() if quiet else None
     if node is not None:  # one C++ autograd node (ChannelStep) around the backend's passes
         bound_as = _BOUND[k] if k in _BOUND else _bind(k, node)
         y, inv = node.channel_step(*tensors, GROUP_EPS, groups, center, update, mode, momentum, eps, warmup, rate,
@@ -101,7 +102,7 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     x2 = rows(xk)
     mask = None if pad_mask is None else pad_mask.contiguous()
     tensors = (x2, mask, *tensors[2:])
-    if sync == "none" and k.NAME != "plain" and not ops.observed(tensors):
+    if quiet:
         # no C++ node (no compiler): the passes called from the autograd function without the ops' round trip
         step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock, k.DIRECT,
                     (mask, *tensors[4:]))
@@ -113,14 +114,16 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     return _as(y.view(x2.shape), x), inv  # a view outside the function: in-place ops on y work
 
 
-#: backend module -> the index its passes are bound under in the C++ node (the CPU kernels' own: -1)
+#: backend module -> the index its passes are bound under in the C++ nodes (the CPU kernels' own: -1)
 _BOUND = {}
 
 
 def _bind(k, node) -> int:
-    """Bind backend ``k``'s channel passes into the C++ node, once."""
-    _BOUND[k] = -1 if k.NAME == "cpu" else node.bind_passes(k.DIRECT.forward, k.DIRECT.finish_stats,
-                                                           k.DIRECT.backward, k.DIRECT.finish_backward)
+    """Bind backend ``k``'s passes into the C++ nodes, once: its channel
+    passes (ChannelStep's, ``DIRECT``) and its row norms' (RowStep's)."""
+    _BOUND[k] = -1 if k.NAME == "cpu" else node.bind_passes(
+        k.DIRECT.forward, k.DIRECT.finish_stats, k.DIRECT.backward, k.DIRECT.finish_backward, k.scalenorm_forward,
+        k.scalenorm_backward, k.rmsnorm_forward, k.rmsnorm_backward, k.dyt_forward, k.dyt_backward)
     return _BOUND[k]
 
 
@@ -347,27 +350,17 @@ def row_norm(fused, x: Tensor, params: tuple, eps=None) -> Tensor:
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
     # where nothing observes the call: one C++ autograd node (RowStep) around the backend's passes
-    node = cpu.load() if k.NAME != "plain" and not ops.observed((xk, *params)) else None
+    quiet = k.NAME != "plain" and not ops.observed((xk, *params))
+    node = cpu.load() if quiet else None
     if node is not None:
         p = params + (None, None)
-        bound_as = _BOUND_ROWS[k] if k in _BOUND_ROWS else _bind_rows(k, node)
+        bound_as = _BOUND[k] if k in _BOUND else _bind(k, node)
         y = node.row_step(fused.ROW_KIND, xk, p[0], p[1], p[2], 0.0 if eps is None else eps, bound_as)
     else:  # each call through its op (no compiled module: the backend's own functions)
         xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere
-        y = (fused.apply(xk, *params, (eps, k.NAME)) if k.NAME == "plain" or ops.observed((xk, *params))
-             else fused.direct_apply(xk, *params, (eps, k))).view(xk.shape)  # (N, C) rows, viewed outside
+        y = (fused.direct_apply(xk, *params, (eps, k)) if quiet
+             else fused.apply(xk, *params, (eps, k.NAME))).view(xk.shape)  # (N, C) rows, viewed outside
     return y if y.dtype == x.dtype else y.to(x.dtype)
-
-
-_BOUND_ROWS = {}
-
-
-def _bind_rows(k, node) -> int:
-    """Bind backend ``k``'s row passes into the C++ node, once (the CPU kernels' own: -1)."""
-    _BOUND_ROWS[k] = -1 if k.NAME == "cpu" else node.bind_row_passes(
-        k.scalenorm_forward, k.scalenorm_backward, k.rmsnorm_forward, k.rmsnorm_backward, k.dyt_forward,
-        k.dyt_backward)
-    return _BOUND_ROWS[k]
 
 
 class FusedScaleNorm(torch.autograd.Function):

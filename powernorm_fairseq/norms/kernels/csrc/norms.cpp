@@ -912,16 +912,27 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 namespace py = pybind11;
 
-// the bound backends' passes: forward, finish_stats, backward, finish_backward (never freed: these
-// are Python objects, and a static's destructor could run after the interpreter is gone)
-std::vector<std::array<py::object, 4>>& bound() {
-  static auto* passes = new std::vector<std::array<py::object, 4>>();
+// the bound backends' passes, in bind_passes' order: the four channel passes (ChannelStep's), then each
+// row norm's forward and backward (RowStep's, from ROWS on). Never freed: these are Python objects, and a
+// static's destructor could run after the interpreter is gone.
+constexpr size_t ROWS = 4;
+using Bound = std::array<py::object, ROWS + 6>;
+std::vector<Bound>& bound() {
+  static auto* passes = new std::vector<Bound>();
   return *passes;
 }
 
-int64_t bind_passes(py::object forward, py::object finish_stats, py::object backward, py::object finish_backward) {
-  bound().push_back({forward, finish_stats, backward, finish_backward});
+int64_t bind_passes(py::object forward, py::object finish_stats, py::object backward, py::object finish_backward,
+                    py::object scalenorm_forward, py::object scalenorm_backward, py::object rmsnorm_forward,
+                    py::object rmsnorm_backward, py::object dyt_forward, py::object dyt_backward) {
+  bound().push_back({forward, finish_stats, backward, finish_backward, scalenorm_forward, scalenorm_backward,
+                     rmsnorm_forward, rmsnorm_backward, dyt_forward, dyt_backward});
   return static_cast<int64_t>(bound().size()) - 1;
+}
+
+// -1 (this file's kernels) or an index bind_passes gave
+void check_bound(int64_t bound_as) {
+  TORCH_CHECK(bound_as >= -1 && bound_as < static_cast<int64_t>(bound().size()), "no passes bound as ", bound_as);
 }
 
 // an absent tensor (empty here) as the bound passes take it, None
@@ -1073,7 +1084,7 @@ variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, c
                            double gs_eps, int64_t groups, bool center, int64_t update, int64_t mode, double momentum,
                            double eps, int64_t warmup, double rate, int64_t bound_as) {
   TORCH_CHECK(mode >= EXACT && mode <= FIXED, "unknown mode ", mode, " (contract.py's Mode: 0 to 3)");
-  TORCH_CHECK(bound_as >= -1 && bound_as < static_cast<int64_t>(bound().size()), "no passes bound as ", bound_as);
+  check_bound(bound_as);
   const Tensor empty = at::empty({0}, x.options());
   const auto or_empty = [&](const std::optional<Tensor>& t) { return t ? *t : empty; };
   auto out = ChannelStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), mask ? mask->contiguous() : empty, weight,
@@ -1087,28 +1098,15 @@ variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, c
 // The per-row and per-entry norms (ScaleNorm, RMSNorm, DyT) as one autograd
 // node each way, as ChannelStep is for the channel norms: the contract's two
 // calls of functions.py's FusedScaleNorm, FusedRMSNorm and FusedDyT, on this
-// file's kernels or a bound backend's (``bind_row_passes``).
+// file's kernels or a bound backend's (``bind_passes``).
 enum RowKind : int64_t { SCALENORM = 0, RMSNORM = 1, DYT = 2 };
-
-// the bound backends' row passes: each kind's forward and backward, in RowKind's order
-std::vector<std::array<py::object, 6>>& bound_rows() {
-  static auto* passes = new std::vector<std::array<py::object, 6>>();
-  return *passes;
-}
-
-int64_t bind_row_passes(py::object scalenorm_forward, py::object scalenorm_backward, py::object rmsnorm_forward,
-                        py::object rmsnorm_backward, py::object dyt_forward, py::object dyt_backward) {
-  bound_rows().push_back({scalenorm_forward, scalenorm_backward, rmsnorm_forward, rmsnorm_backward, dyt_forward,
-                          dyt_backward});
-  return static_cast<int64_t>(bound_rows().size()) - 1;
-}
 
 // {y, the statistic the backward reads}: ScaleNorm's p = (g), RMSNorm's (weight), DyT's (alpha, weight, bias)
 std::vector<Tensor> row_forward(int64_t kind, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
                                 double eps, int64_t bound_as) {
   if (bound_as >= 0) {
     py::gil_scoped_acquire gil;
-    const py::object& f = bound_rows()[bound_as][2 * kind];
+    const py::object& f = bound()[bound_as][ROWS + 2 * kind];
     return taken(kind == DYT ? f(x, p0, p1, p2) : f(x, p0, eps), Tensor());
   }
   return kind == SCALENORM ? scalenorm_forward(x, p0, eps)
@@ -1121,7 +1119,7 @@ std::vector<Tensor> row_backward(int64_t kind, const Tensor& x, const Tensor& st
                                  const Tensor& p1, double eps, int64_t bound_as) {
   if (bound_as >= 0) {
     py::gil_scoped_acquire gil;
-    const py::object& f = bound_rows()[bound_as][2 * kind + 1];
+    const py::object& f = bound()[bound_as][ROWS + 2 * kind + 1];
     return taken(kind == SCALENORM ? f(x, stat, gy, p0, eps)
                  : kind == RMSNORM ? f(x, stat, gy, p0)
                                    : f(x, gy, p0, p1, stat), Tensor());
@@ -1169,8 +1167,7 @@ struct RowStep : torch::autograd::Function<RowStep> {
 Tensor row_step(int64_t kind, const Tensor& x, const Tensor& p0, const std::optional<Tensor>& p1,
                 const std::optional<Tensor>& p2, double eps, int64_t bound_as) {
   TORCH_CHECK(kind >= SCALENORM && kind <= DYT, "unknown row kind ", kind, " (0: scalenorm, 1: rmsnorm, 2: dyt)");
-  TORCH_CHECK(bound_as >= -1 && bound_as < static_cast<int64_t>(bound_rows().size()), "no passes bound as ",
-              bound_as);
+  check_bound(bound_as);
   const Tensor empty = at::empty({0}, x.options());
   return RowStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), p0, p1 ? *p1 : empty, p2 ? *p2 : empty, kind, eps,
                         bound_as).view(x.sizes());
@@ -1210,7 +1207,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("rate"), arg("bound_as") = -1);
   m.def("row_step", &row_step, arg("kind"), arg("x"), arg("p0"), arg("p1"), arg("p2"), arg("eps"),
         arg("bound_as") = -1);
-  m.def("bind_row_passes", &bind_row_passes, arg("scalenorm_forward"), arg("scalenorm_backward"),
-        arg("rmsnorm_forward"), arg("rmsnorm_backward"), arg("dyt_forward"), arg("dyt_backward"));
-  m.def("bind_passes", &bind_passes, arg("forward"), arg("finish_stats"), arg("backward"), arg("finish_backward"));
+  m.def("bind_passes", &bind_passes, arg("forward"), arg("finish_stats"), arg("backward"), arg("finish_backward"),
+        arg("scalenorm_forward"), arg("scalenorm_backward"), arg("rmsnorm_forward"), arg("rmsnorm_backward"),
+        arg("dyt_forward"), arg("dyt_backward"));
 }
