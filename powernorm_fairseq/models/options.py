@@ -42,10 +42,12 @@ def _sublayer_kind(text):
     return kind
 
 
-def all_kinds(args):
-    """Every norm type the flags put in the model."""
-    subs = [getattr(args, f[2:].replace("-", "_"), None) for f in SUBLAYER_FLAGS]
-    return {args.norm_type, args.decoder_norm_type, *(k for k in subs if k)}
+def all_kinds(args, sides=("encoder", "decoder")):
+    """Every norm type the flags put in the model's ``sides``: each side's type
+    and its sublayer flags."""
+    names = ["norm_type" if side == "encoder" else "decoder_norm_type" for side in sides]
+    names += [f[2:].replace("-", "_") for f in SUBLAYER_FLAGS if f.split("-")[2] in sides]
+    return {getattr(args, name, None) for name in names} - {None}
 
 
 def _flag(default, help, lm=True, **argparse_options):
@@ -192,19 +194,12 @@ def check_values(args):
                 raise PowerNormConfigError(text if text.startswith(flag) else f"{flag} {text}") from None
 
 
-def side_kinds(args, sides):
-    """The norm types the flags put in the model's ``sides`` (encoder, decoder)."""
-    flags = {"encoder": ("norm_type", "encoder_norm_self", "encoder_norm_ff"),
-             "decoder": ("decoder_norm_type", "decoder_norm_self", "decoder_norm_cross", "decoder_norm_ff")}
-    return {getattr(args, name, None) for side in sides for name in flags[side]} - {None}
-
-
 def check_args(args, sides=("encoder", "decoder")):
     """Reject flag combinations that would leave a norm the flags did not ask
     for (``sides``: those the model has)."""
     kinds = all_kinds(args)
     try:
-        check_placement(args, side_kinds(args, sides))
+        check_placement(args, all_kinds(args, sides))
         check_qk_norm(args.qk_norm)
     except ValueError as err:
         raise PowerNormConfigError(str(err)) from None
