@@ -50,8 +50,6 @@ DEFAULTS = {
 #: what a table reports besides the loss: (key in fairseq's valid record, label, format)
 METRIC = {"classification": ("accuracy", "valid acc. %", "{:.1f}"), "translation": ("bleu", "valid BLEU", "{:.2f}"),
           "lm": ("ppl", "valid ppl", "{:.1f}")}
-#: the sides of each task's model (its norm flags' checks)
-SIDES = {"classification": ("encoder",), "translation": ("encoder", "decoder"), "lm": ("decoder",)}
 #: the training loss in bits that convergence is judged on (translation: without label smoothing)
 LOSS = {"classification": "loss", "translation": "nll_loss", "lm": "loss"}
 RECORD = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
@@ -810,6 +808,8 @@ def check_fairseq_args(args):
     import argparse as stock
 
     from ..common.errors import PowerNormConfigError
+    from fairseq.models import ARCH_MODEL_REGISTRY
+
     from ..models.options import check_args
 
     def error(self, message):
@@ -825,7 +825,8 @@ def check_fairseq_args(args):
             seen.add(kind)
             try:
                 parsed = parse(train_argv(args, cell, args.out / "cells" / cell["name"]))
-                check_args(parsed, SIDES[args.task])  # the model's own refusals, before any cell trains
+                # the model's own refusals, before any cell trains, over the sides the model has
+                check_args(parsed, tuple(ARCH_MODEL_REGISTRY[parsed.arch].NORM_FLAGS))
             except _FairseqUsage as err:
                 raise StudyError(f"fairseq-train (the flags after --): {err}") from None
             except PowerNormConfigError as err:
