@@ -225,6 +225,7 @@ def test_the_report_holds_every_cell_another_run_finished(study, demo, tmp_path,
     import shutil
 
     from powernorm_fairseq.cli import study as norm_study
+    from powernorm_fairseq.cli.study import launchers
 
     out = tmp_path / "study"
     shutil.copytree(study[0], out)
@@ -240,7 +241,7 @@ def test_the_report_holds_every_cell_another_run_finished(study, demo, tmp_path,
             path.write_text(kept[path])  # the other run finished it
             yield cell, None  # this one found it locked
 
-    monkeypatch.setattr(norm_study, "run_all", the_other_run)
+    monkeypatch.setattr(launchers, "run_all", the_other_run)
     norm_study.main([*GRID, "--data", str(demo), "--out", str(out), "--landscape", *MORE])
     md = (out / "study.md").read_text()
     assert "pending" not in md and "done" not in md
@@ -308,7 +309,7 @@ def test_a_failed_start_does_not_lock_the_study(demo, tmp_path, capsys):
 
 
 def test_paired_differences_and_their_interval():
-    from powernorm_fairseq.cli.study import paired, t975
+    from powernorm_fairseq.cli.study.statistics import paired, t975
 
     d = paired({1: 31.0, 2: 32.0, 3: 33.0}, {1: 30.0, 2: 30.0, 3: 30.0})  # differences 1, 2, 3
     half = 4.303 * 1.0 / math.sqrt(3)

@@ -332,5 +332,5 @@ def test_every_console_tool_takes_flags_only_as_spelled_in_full():
                 found.append(path.name)
                 assert ours or keywords.get("allow_abbrev") is False or keywords.get("add_help") is False, \
                     f"{path.relative_to(ROOT)}:{node.lineno}: a parser that takes prefixes of its flags"
-    assert {"study.py", "average.py", "progress.py", "docs_tables.py", "run.py"} <= set(found)
+    assert {"options.py", "average.py", "progress.py", "docs_tables.py", "run.py"} <= set(found)
     assert ArgumentParser(prog="x").allow_abbrev is False

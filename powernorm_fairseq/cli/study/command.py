@@ -1,0 +1,118 @@
+"""norm-study.sh: the grid's unfinished cells run, then the report."""
+
+import fcntl
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from ...common.files import atomic_path, end_cleanly_on_sigterm
+from . import launchers
+from .cell import quiet, wants_landscape
+from .figures import figures
+from .grid import METRIC, StudyError, cells
+from .options import check, parse_args, parser
+from .out import same_settings, writable_out
+from .report import fmt, report
+
+
+def main(argv=None):
+    end_cleanly_on_sigterm()
+    p = parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(p, argv)
+    try:
+        check(args, p)
+    except StudyError as err:
+        p.error(str(err))
+    quiet(args.verbose)
+    try:
+        study(args, argv, p)
+    except KeyboardInterrupt:
+        p.exit(130, f"{p.prog}: interrupted; the finished cells are kept, and the same command resumes the rest\n")
+    except StudyError as err:
+        p.error(str(err))
+
+
+def study(args, argv, p):
+    grid = cells(args)
+    if args.cell:
+        grid = [c for c in grid if c["name"] == args.cell]
+        if not grid:
+            p.error(f"--cell {args.cell}: not a cell of this grid")
+    writable_out(args, p)
+    same_settings(args, p)
+
+    def finished(members):
+        """{name: result} of the finished cells among ``members``, each result.json read once."""
+        done = {}
+        for cell in members:
+            path = Path(args.out, "cells", cell["name"], "result.json")
+            result = json.loads(path.read_text()) if path.exists() else None
+            if result is not None and not wants_landscape(args, result):
+                done[cell["name"]] = result
+        return done
+
+    if args.print_commands:
+        rest, skip = [], 0
+        for a in argv:  # the same command, one cell each
+            if skip:
+                skip -= 1
+            elif a in ("--print-commands",):
+                continue
+            elif a in ("--jobs", "--cell"):
+                skip = 1
+            else:
+                rest.append(a)
+        script = Path(__file__).resolve().parents[3] / "scripts" / "norm-study.sh"
+        done = finished(grid)
+        todo = [c for c in grid if c["name"] not in done]
+        with atomic_path(args.out / "commands.sh") as tmp:
+            Path(tmp).write_text("".join(
+                shlex.join(["bash", str(script), *rest_with_cell(rest, c["name"])]) + "\n" for c in todo))
+        print(f"norm-study: {len(todo)} command(s), one per unfinished cell: {args.out / 'commands.sh'}; "
+              "run them anywhere that sees OUT, then this command again without --print-commands to collect",
+              file=sys.stderr)
+        return
+    results = finished(grid)
+    todo = [c for c in grid if c["name"] not in results]
+    print(f"norm-study: {len(grid)} cells, {len(results)} finished, {len(todo)} to run ({args.jobs} at once)",
+          file=sys.stderr)
+    busy = []
+    for done, (cell, result) in enumerate(launchers.run_all(args, todo), 1):
+        if result is None:
+            print(f"norm-study: {cell['name']}: running in another process, skipped", file=sys.stderr)
+            continue
+        results[cell["name"]] = result
+        busy.append(result["seconds"])
+        left = len(todo) - done
+        eta = sum(busy) / len(busy) * left / args.jobs
+        state = "converged" if result["converged"] else result["status"] if result["status"] != "finished" \
+            else "not converged"
+        print(f"norm-study: [{len(results)}/{len(grid)}] {cell['name']}: {state}, loss "
+              f"{fmt(result['initial_loss'])} -> {fmt(result['final_loss'])}, {METRIC[args.task][1]} "
+              f"{fmt(result['metric'], METRIC[args.task][2])} ({result['seconds']:.0f} s); {left} left, "
+              f"about {eta / 60:.1f} min", file=sys.stderr)
+    if args.cell:
+        return
+    full = cells(args)
+    with open(args.out / ".report.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one report at a time, each from every result on disk when it starts
+        results = finished(full)
+        try:
+            figures(args, full, results)
+            report(args, full, results)
+        except OSError as err:
+            raise StudyError(f"{err.filename or args.out}: could not be written ({err.strerror or err}); every "
+                             "finished cell is kept: rerun the command to write the report") from None
+    pending = len(full) - len(results)
+    print(f"norm-study: {args.out / 'study.md'}" + (f" ({pending} cells pending)" if pending else ""),
+          file=sys.stderr)
+
+
+def rest_with_cell(rest, name):
+    """The command's arguments with ``--cell name`` before any ``--`` (fairseq's flags)."""
+    if "--" in rest:
+        i = rest.index("--")
+        return rest[:i] + ["--cell", name] + rest[i:]
+    return rest + ["--cell", name]

@@ -1,0 +1,67 @@
+"""The study's directory, OUT: writable, one set of training settings, and the results on disk."""
+
+import json
+import tempfile
+from pathlib import Path
+
+from ...common.files import atomic_path
+
+
+def writable_out(args, p):
+    """OUT made, or one line saying why it cannot be, before anything is written there."""
+    out = args.out
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out}: is a file, not a directory; give a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        p.error(f"--out {out}: cannot write there ({err.strerror or err}); give a writable directory")
+
+
+#: what every cell of one OUT must share (the grid's lists may grow between runs)
+SETTINGS = ("task", "optimizer", "placement", "warmup_updates", "max_epochs", "max_update", "batch_size",
+            "max_tokens", "converged_fraction", "fairseq_args")
+
+
+def settings(args):
+    mine = {key: getattr(args, key) for key in SETTINGS}
+    mine["data"] = str(args.data)
+    return mine
+
+
+def trained_any(out):
+    """Whether a cell of OUT holds what training made: a checkpoint or a result."""
+    return any(Path(out, "cells").glob("*/checkpoint*.pt")) or any(Path(out, "cells").glob("*/result.json"))
+
+
+def same_settings(args, p):
+    """OUT/settings.json holds the training settings of the cells trained
+    there; a rerun with others would mix cells trained two ways, and is
+    refused. Settings that no cell trained with yet (a start that failed)
+    bind nothing: the probes they made are removed, and the new settings
+    are recorded when a cell starts (:func:`record_settings`)."""
+    path = Path(args.out, "settings.json")
+    if not path.exists():
+        return
+    mine, theirs = settings(args), json.loads(path.read_text())
+    differ = [k for k in mine if theirs.get(k) != mine[k]]
+    if not differ:
+        return
+    if trained_any(args.out):
+        k = differ[0]
+        p.error(f"--out {args.out} holds a study run with {k.replace('_', '-')} {theirs.get(k)!r}, not "
+                f"{mine[k]!r}: rerun it with its settings, or give another --out")
+    for probe in Path(args.out, "cells").glob("*/init.json"):
+        probe.unlink()
+    path.unlink()
+
+
+def record_settings(args):
+    """settings.json, written when a cell starts."""
+    path = Path(args.out, "settings.json")
+    mine = settings(args)
+    if not path.exists() or json.loads(path.read_text()) != mine:
+        with atomic_path(path) as tmp:
+            Path(tmp).write_text(json.dumps(mine, indent=1))
