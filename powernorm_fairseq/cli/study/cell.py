@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...common.files import atomic_path
 from .grid import LOSS, METRIC, StudyError, train_argv
-from .out import record_settings
+from .out import record_settings, wants_landscape
 from .probe import initial_probe, measure_landscape
 
 
@@ -96,21 +96,29 @@ def run_cell(args, cell, verbose=False):
         return result
 
 
-def wants_landscape(args, result):
-    return args.landscape and "lipschitz" not in result and result["status"] == "finished" \
-        and math.isfinite(result["final_loss"])
-
-
 def converged(final, initial, majority, frac):
     return bool(math.isfinite(final) and final < frac * initial and final < majority)
 
 
 def train(train_args, log_path, verbose):
-    """fairseq's trainer in this process, its log (fairseq's console lines) to
-    ``log_path``: "finished", or "diverged" when fairseq stops on a
-    non-finite gradient."""
+    """fairseq's trainer, its log (fairseq's console lines) to ``log_path``:
+    "finished", or "diverged" when fairseq stops on a non-finite gradient.
+    It runs in this process, or (``--distributed-world-size`` N > 1) in the N
+    processes fairseq spawns, each through :func:`_main`."""
     from fairseq import distributed_utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    diverged = Path(log_path).with_name(".diverged")
+    diverged.unlink(missing_ok=True)
+    distributed_utils.call_main(convert_namespace_to_omegaconf(train_args), _main, log_path=str(log_path),
+                                verbose=verbose)
+    return "diverged" if diverged.exists() else "finished"
+
+
+def _main(cfg, log_path, verbose):
+    """fairseq-train's main in one process of a cell: its log to ``log_path``,
+    the end-of-run record in every checkpoint, and a run that fairseq stops
+    on a non-finite gradient marked diverged (``.diverged`` beside the log)."""
     from fairseq_cli import train as fairseq_train
 
     handler = logging.FileHandler(log_path)
@@ -126,12 +134,10 @@ def train(train_args, log_path, verbose):
         h.setLevel(logging.INFO if verbose else logging.WARNING)
     try:
         with end_of_run_records():
-            distributed_utils.call_main(convert_namespace_to_omegaconf(train_args), fairseq_train.main)
-        return "finished"
+            fairseq_train.main(cfg)
     except SystemExit as end:  # the plugin ends a run that resumes with nothing left to train
         if end.code not in (0, None):
             raise
-        return "finished"
     except Exception as err:  # fairseq's NaN detector may fail while it reports the FloatingPointError
         cause = err
         while cause is not None and not isinstance(cause, FloatingPointError):
@@ -139,7 +145,7 @@ def train(train_args, log_path, verbose):
         if cause is None:
             raise
         logger.info("diverged: %s", cause)
-        return "diverged"
+        Path(log_path).with_name(".diverged").touch()
     finally:
         root.removeHandler(handler)
         root.setLevel(root_level)

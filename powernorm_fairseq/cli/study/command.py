@@ -1,18 +1,17 @@
 """norm-study.sh: the grid's unfinished cells run, then the report."""
 
 import fcntl
-import json
 import shlex
 import sys
 from pathlib import Path
 
 from ...common.files import atomic_path, end_cleanly_on_sigterm
 from . import launchers
-from .cell import quiet, wants_landscape
+from .cell import quiet
 from .figures import figures
 from .grid import METRIC, StudyError, cells
 from .options import check, parse_args, parser
-from .out import same_settings, writable_out
+from .out import finished, same_settings, writable_out
 from .report import fmt, report
 
 
@@ -21,15 +20,17 @@ def main(argv=None):
     p = parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(p, argv)
+    quiet(args.verbose)  # before fairseq is imported, whose modules configure the root logger at DEBUG
     try:
         check(args, p)
     except StudyError as err:
         p.error(str(err))
-    quiet(args.verbose)
     try:
         study(args, argv, p)
     except KeyboardInterrupt:
-        p.exit(130, f"{p.prog}: interrupted; the finished cells are kept, and the same command resumes the rest\n")
+        rest = "the same command resumes the rest" if args.launcher == "local" else \
+            "the cells on the cluster go on, and the same command waits for them again"
+        p.exit(130, f"{p.prog}: interrupted; the finished cells are kept, and {rest}\n")
     except StudyError as err:
         p.error(str(err))
 
@@ -43,16 +44,6 @@ def study(args, argv, p):
     writable_out(args, p)
     same_settings(args, p)
 
-    def finished(members):
-        """{name: result} of the finished cells among ``members``, each result.json read once."""
-        done = {}
-        for cell in members:
-            path = Path(args.out, "cells", cell["name"], "result.json")
-            result = json.loads(path.read_text()) if path.exists() else None
-            if result is not None and not wants_landscape(args, result):
-                done[cell["name"]] = result
-        return done
-
     if args.print_commands:
         rest, skip = [], 0
         for a in argv:  # the same command, one cell each
@@ -65,7 +56,7 @@ def study(args, argv, p):
             else:
                 rest.append(a)
         script = Path(__file__).resolve().parents[3] / "scripts" / "norm-study.sh"
-        done = finished(grid)
+        done = finished(args, grid)
         todo = [c for c in grid if c["name"] not in done]
         with atomic_path(args.out / "commands.sh") as tmp:
             Path(tmp).write_text("".join(
@@ -74,31 +65,43 @@ def study(args, argv, p):
               "run them anywhere that sees OUT, then this command again without --print-commands to collect",
               file=sys.stderr)
         return
-    results = finished(grid)
+    results = finished(args, grid)
     todo = [c for c in grid if c["name"] not in results]
-    print(f"norm-study: {len(grid)} cells, {len(results)} finished, {len(todo)} to run ({args.jobs} at once)",
-          file=sys.stderr)
-    busy = []
+    at_once = args.jobs if args.launcher == "local" else min(args.max_parallel or len(todo), len(todo)) or 1
+    where = f"{args.jobs} at once" if args.launcher == "local" else f"on SLURM, at most {at_once} at once"
+    print(f"norm-study: {len(grid)} cells, {len(results)} finished, {len(todo)} to run ({where})", file=sys.stderr)
+    busy, failed = [], []
     for done, (cell, result) in enumerate(launchers.run_all(args, todo), 1):
         if result is None:
             print(f"norm-study: {cell['name']}: running in another process, skipped", file=sys.stderr)
             continue
+        if isinstance(result, str):  # a job that ended without a result
+            print(f"norm-study: {cell['name']}: {result}", file=sys.stderr)
+            failed.append(cell["name"])
+            continue
         results[cell["name"]] = result
         busy.append(result["seconds"])
         left = len(todo) - done
-        eta = sum(busy) / len(busy) * left / args.jobs
+        eta = sum(busy) / len(busy) * left / at_once
         state = "converged" if result["converged"] else result["status"] if result["status"] != "finished" \
             else "not converged"
         print(f"norm-study: [{len(results)}/{len(grid)}] {cell['name']}: {state}, loss "
               f"{fmt(result['initial_loss'])} -> {fmt(result['final_loss'])}, {METRIC[args.task][1]} "
               f"{fmt(result['metric'], METRIC[args.task][2])} ({result['seconds']:.0f} s); {left} left, "
               f"about {eta / 60:.1f} min", file=sys.stderr)
-    if args.cell:
-        return
+    if not args.cell:
+        collect(args)
+    if failed:
+        p.exit(1, f"norm-study: {len(failed)} cell(s) ended without a result on the cluster; the same command "
+               "resubmits them\n")
+
+
+def collect(args):
+    """study.md, study.json and the figures, from every result on disk."""
     full = cells(args)
     with open(args.out / ".report.lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one report at a time, each from every result on disk when it starts
-        results = finished(full)
+        results = finished(args, full)
         try:
             figures(args, full, results)
             report(args, full, results)

@@ -1,4 +1,5 @@
-"""Where the cells run: in this process, or in a pool of ``--jobs`` processes."""
+"""Where the cells run: here (``--launcher local``: this process, or a pool of ``--jobs`` processes), or
+on a SLURM cluster (``--launcher slurm``, :mod:`.slurm`)."""
 
 import time
 
@@ -7,7 +8,13 @@ from .cell import quiet, run_cell
 
 
 def run_all(args, todo):
-    """(cell, result) as each finishes: in this process, or in ``--jobs`` worker processes."""
+    """(cell, result) as each finishes; the result is None for a cell another
+    process holds, and a line saying why for one that ended without a result."""
+    if args.launcher == "slurm":
+        from . import slurm
+
+        yield from slurm.run(args, todo)
+        return
     if args.jobs == 1 or len(todo) <= 1:
         for cell in todo:
             yield cell, run_cell(args, cell, args.verbose)

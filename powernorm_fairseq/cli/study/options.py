@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ...common.flags import ArgumentParser, at_least, fraction, positive
 from .cell import parse
+from .slurm import check as slurm_check
 from .grid import (DEFAULTS, TASKS, WIDTHS, StudyError, cells, check_data, check_names, check_width, constant_loss,
                    train_argv, width)
 
@@ -44,12 +45,27 @@ def parser():
     p.add_argument("--converged-fraction", type=fraction("--converged-fraction"), default=0.5, metavar="F")
     p.add_argument("--landscape", action="store_true", help="Lipschitz constant and smoothness of each cell's "
                    "final loss (powernorm-analyze --landscape)")
-    p.add_argument("--jobs", type=at_least(1, "--jobs"), default=1, help="cells at once (processes)")
-    p.add_argument("--threads", type=at_least(1, "--threads"), help="torch threads per cell (default: cores / jobs)")
+    p.add_argument("--jobs", type=at_least(1, "--jobs"), help="cells at once, in processes here (default: 1)")
+    p.add_argument("--threads", type=at_least(1, "--threads"), help="torch threads per cell (default: cores / jobs; "
+                   "on SLURM, --cpus-per-cell)")
     p.add_argument("--print-commands", action="store_true", help="write OUT/commands.sh, one command per "
                    "unfinished cell (for a scheduler), and exit; a later run collects the cells")
     p.add_argument("--cell", metavar="NAME", help="run this cell only (what --print-commands writes)")
     p.add_argument("--verbose", action="store_true", help="fairseq's log on the console too")
+    p.add_argument("--launcher", choices=("local", "slurm"), default="local", help="where the cells run: here "
+                   "(--jobs at once), or on a SLURM cluster as one job array (submitit; the flags below)")
+    s = p.add_argument_group("--launcher slurm")
+    s.add_argument("--partition", help="the cells' partition (default: the cluster's)")
+    s.add_argument("--gpus-per-cell", type=at_least(0, "--gpus-per-cell"), metavar="N", help="GPUs per cell "
+                   "(default: 0, the CPU); N > 1 trains the cell data-parallel, with --norm-sync batch")
+    s.add_argument("--cpus-per-cell", type=at_least(1, "--cpus-per-cell"), metavar="N",
+                   help="CPUs per cell (default: 1, or one per GPU)")
+    s.add_argument("--mem-per-cell", type=at_least(1, "--mem-per-cell"), metavar="GB",
+                   help="memory per cell (default: the cluster's)")
+    s.add_argument("--timeout-min", type=at_least(1, "--timeout-min"), metavar="MIN", help="a job's time limit "
+                   "(default: 240); a cell that reaches it requeues itself and resumes from its checkpoint")
+    s.add_argument("--max-parallel", type=at_least(1, "--max-parallel"), metavar="N",
+                   help="cells running at once: the job array's throttle (default: no limit)")
     p.usage = "norm-study.sh [options] [-- FAIRSEQ-TRAIN FLAGS...]"
     p.epilog = "After --: more fairseq-train flags, given to every cell."
     return p
@@ -96,6 +112,8 @@ def check(args, p):
         values = getattr(args, key)
         if len(set(values)) != len(values):
             p.error(f"--{key} lists a value twice: {' '.join(map(str, values))}")
+    slurm_check(args, p)
+    args.jobs = args.jobs or 1
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     args.data_as_given = args.data  # what the report names: no path of this machine beyond the user's own
     args.data = Path(args.data).resolve()

@@ -1,6 +1,7 @@
 """The study's directory, OUT: writable, one set of training settings, and the results on disk."""
 
 import json
+import math
 import tempfile
 from pathlib import Path
 
@@ -28,6 +29,8 @@ SETTINGS = ("task", "optimizer", "placement", "warmup_updates", "max_epochs", "m
 def settings(args):
     mine = {key: getattr(args, key) for key in SETTINGS}
     mine["data"] = str(args.data)
+    if args.launcher == "slurm" and args.gpus_per_cell > 1:  # data-parallel cells see a larger batch
+        mine["workers_per_cell"] = args.gpus_per_cell
     return mine
 
 
@@ -46,13 +49,13 @@ def same_settings(args, p):
     if not path.exists():
         return
     mine, theirs = settings(args), json.loads(path.read_text())
-    differ = [k for k in mine if theirs.get(k) != mine[k]]
+    differ = [k for k in {**theirs, **mine} if theirs.get(k) != mine.get(k)]
     if not differ:
         return
     if trained_any(args.out):
         k = differ[0]
         p.error(f"--out {args.out} holds a study run with {k.replace('_', '-')} {theirs.get(k)!r}, not "
-                f"{mine[k]!r}: rerun it with its settings, or give another --out")
+                f"{mine.get(k)!r}: rerun it with its settings, or give another --out")
     for probe in Path(args.out, "cells").glob("*/init.json"):
         probe.unlink()
     path.unlink()
@@ -65,3 +68,19 @@ def record_settings(args):
     if not path.exists() or json.loads(path.read_text()) != mine:
         with atomic_path(path) as tmp:
             Path(tmp).write_text(json.dumps(mine, indent=1))
+
+
+def finished(args, members):
+    """{name: result} of the finished cells among ``members``, each result.json read once."""
+    done = {}
+    for cell in members:
+        path = Path(args.out, "cells", cell["name"], "result.json")
+        result = json.loads(path.read_text()) if path.exists() else None
+        if result is not None and not wants_landscape(args, result):
+            done[cell["name"]] = result
+    return done
+
+
+def wants_landscape(args, result):
+    return args.landscape and "lipschitz" not in result and result["status"] == "finished" \
+        and math.isfinite(result["final_loss"])

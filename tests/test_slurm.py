@@ -1,0 +1,134 @@
+"""The study's SLURM launcher (``norm-study.sh --launcher slurm``) on a real
+one-node cluster (``support/slurm.py``): a job array, a cell cancelled and
+one pre-empted mid-training, and reruns that resubmit only what ended
+without a result."""
+
+import json
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from support import ROOT, slurm
+from test_study import demo  # noqa: F401 (the fixture)
+
+pytestmark = pytest.mark.slow
+#: 2 placements x 2 norms x 2 learning rates; long enough (40 short epochs, a checkpoint each) to stop mid-training
+GRID = ["--task", "classification", "--lrs", "0.1", "0.01", "--depths", "1", "--widths", "32", "--norms", "ln", "pn",
+        "--placements", "pre", "post", "--max-epochs", "40", "--log-interval", "20", "--launcher", "slurm",
+        "--cpus-per-cell", "1", "--max-parallel", "2", "--timeout-min", "10"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurm")
+    env = slurm.start(root)
+    yield env
+    slurm.stop(root)
+
+
+def until(what, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what.__doc__}")
+
+
+def squeue(env, *flags):
+    return subprocess.run(["squeue", "--noheader", "--array", *flags], env=env, capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_result(cluster, demo,  # noqa: F811
+                                                                                         tmp_path):
+    out = tmp_path / "study"
+    command = ["bash", "scripts/norm-study.sh", *GRID, "--data", str(demo), "--out", str(out)]
+    run = dict(cwd=ROOT, env=cluster, text=True)
+    first = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
+
+    def submitted():
+        """the job array"""
+        path = out / "jobs.json"
+        return path.exists() and json.loads(path.read_text())
+
+    jobs = until(submitted)
+    assert len(jobs) == 8 and len({j.split("_")[0] for j in jobs.values()}) == 1  # one array, a task per cell
+    script = next((out / "slurm").glob("*_submission.sh")).read_text()
+    assert re.search(r"#SBATCH --array=0-7%2\n", script) and "#SBATCH --cpus-per-task=1\n" in script
+    assert "#SBATCH --time=10\n" in script and "#SBATCH --signal=USR2@90\n" in script
+
+    # a second run meanwhile submits nothing: every cell is pending, running or finished
+    again = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
+    lines = []
+    while not any("submitted" in line for line in lines):
+        lines.append(again.stderr.readline())
+        assert lines[-1], "".join(lines)
+    again.send_signal(signal.SIGTERM)
+    again.communicate(timeout=60)
+    assert re.search(r"(\d) cell\(s\) already pending or running on the cluster, 0 submitted;", lines[-1]), lines
+
+    def training(*but):
+        """a cell mid-training: a checkpoint saved, no result yet, its job running"""
+        running = set(squeue(cluster, "--states", "RUNNING", "--format", "%i"))
+        for name, job in jobs.items():
+            cell = out / "cells" / name
+            if name not in but and job in running and (cell / "checkpoint_last.pt").exists() \
+                    and not (cell / "result.json").exists():
+                return name
+
+    cancelled = until(training)
+    subprocess.run(["scancel", jobs[cancelled]], env=cluster, check=True)
+    preempted = until(lambda: training(cancelled))  # SLURM's signal before a time limit or a pre-emption
+    signal_ = subprocess.Popen(["scancel", "--signal", "USR2", jobs[preempted]], env=cluster,
+                               stderr=subprocess.DEVNULL)
+
+    def requeued():
+        """the pre-empted job requeued"""
+        show = subprocess.run(["scontrol", "show", "job", jobs[preempted]], env=cluster, capture_output=True,
+                              text=True).stdout
+        return "JobState=PENDING" in show and "Reason=BeginTime" in show
+
+    until(requeued)
+    # (scancel goes on asking while the job requeues itself, "can not be altered now"; it was signalled)
+    signal_.kill()
+    # SLURM holds a requeued job for 120 s before it may start again: let it start now
+    subprocess.run(["scontrol", "update", f"JobId={jobs[preempted]}", "StartTime=now"], env=cluster, check=True)
+    _, console = first.communicate(timeout=300)
+    assert first.returncode == 1, console[-3000:]
+    assert f"{cancelled}: job {jobs[cancelled]} ended without a result (CANCELLED); the same command resubmits" \
+           in console, console[-3000:]
+    assert console.rstrip().endswith("1 cell(s) ended without a result on the cluster; the same command "
+                                     "resubmits them")
+    assert "(1 cells pending)" in console and not (out / "cells" / cancelled / "result.json").exists()
+    # the pre-empted cell requeued itself and resumed from its checkpoint in the same job
+    assert f"Requeued job {jobs[preempted]}" in (out / "slurm" / f"{jobs[preempted]}_0_log.out").read_text()
+    log = (out / "cells" / preempted / "train.log").read_text()
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ [1-9]\d* updates\)", log)
+
+    # the rerun resubmits the cancelled cell only, which resumes from its checkpoint
+    proc = subprocess.run(command, capture_output=True, **run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "norm-study: 8 cells, 7 finished, 1 to run" in proc.stderr
+    assert f"{cancelled}: job {jobs[cancelled]} ended without a result; resubmitted" in proc.stderr
+    assert "0 cell(s) already pending or running on the cluster, 1 submitted" in proc.stderr
+    now = json.loads((out / "jobs.json").read_text())
+    assert now[cancelled] != jobs[cancelled] and {k: v for k, v in now.items() if k != cancelled} == \
+        {k: v for k, v in jobs.items() if k != cancelled}
+    log = (out / "cells" / cancelled / "train.log").read_text()
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ [1-9]\d* updates\)", log)
+    results = {p.parent.name: json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")}
+    assert len(results) == 8 and len({r["updates"] for r in results.values()}) == 1  # the resumed ones too
+    md = (out / "study.md").read_text()
+    assert "pending" not in md and "## pre, depth 1" in md and "## post, depth 1" in md
+
+    # a second rerun submits nothing, and the cluster has no job of the study
+    scripts = sorted((out / "slurm").glob("*_submission.sh"))
+    proc = subprocess.run(command, capture_output=True, **run)
+    assert proc.returncode == 0 and "8 cells, 8 finished, 0 to run" in proc.stderr, proc.stderr[-3000:]
+    assert "0 submitted" in proc.stderr and json.loads((out / "jobs.json").read_text()) == now
+    assert sorted((out / "slurm").glob("*_submission.sh")) == scripts and squeue(cluster) == []
