@@ -29,6 +29,45 @@ def cluster(tmp_path_factory):
     slurm.stop(root)
 
 
+def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_path, capsys,  # noqa: F811
+                                                                   monkeypatch):
+    from powernorm_fairseq.cli import study as norm_study
+    from powernorm_fairseq.cli.study import slurm as launcher
+    from powernorm_fairseq.cli.study.grid import cells, train_argv
+    from powernorm_fairseq.cli.study.options import check, parse_args, parser
+    from powernorm_fairseq.cli.study.out import settings
+
+    out = tmp_path / "s"
+    base = ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32", "--norms", "ln",
+            "--max-update", "2", "--data", str(demo), "--out", str(out)]
+    for flags, path, message in (
+            (["--partition", "gpu"], None, "--partition: a --launcher slurm flag; add --launcher slurm"),
+            (["--gpus-per-cell", "2"], None, "--gpus-per-cell: a --launcher slurm flag"),
+            (["--launcher", "slurm", "--jobs", "2"], None, "--jobs: the local launcher's; --launcher slurm submits"),
+            (["--launcher", "slurm", "--print-commands"], None, "--print-commands: the local launcher's"),
+            (["--launcher", "slurm"], str(tmp_path), "--launcher slurm: no sbatch here; run the study on a machine "
+             "of the cluster, or use --launcher local"),
+            (["--launcher", "slurm", "--timeout-min", "0"], None, "--timeout-min must be >= 1, got 0")):
+        with monkeypatch.context() as patch:
+            if path:
+                patch.setenv("PATH", path)
+            with pytest.raises(SystemExit) as end:
+                norm_study.main([*base, *flags])
+        error = capsys.readouterr().err.strip().splitlines()
+        assert end.value.code == 2 and len(error) == 1 and message in error[0], error
+        assert not out.exists()
+    # N > 1 GPUs: fairseq's data-parallel training in the cell, its batch statistics over every worker's batch
+    monkeypatch.setattr(launcher.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    p = parser()
+    args = parse_args(p, [*base, "--launcher", "slurm", "--gpus-per-cell", "2"])
+    check(args, p)
+    argv = train_argv(args, cells(args)[0], out)
+    assert argv[argv.index("--distributed-world-size") + 1] == "2" and argv[argv.index("--norm-sync") + 1] == "batch"
+    assert (args.cpus_per_cell, args.threads, settings(args)["workers_per_cell"]) == (2, 2, 2)
+    assert "--distributed-world-size" not in train_argv(args.__class__(**{**vars(args), "gpus_per_cell": 1}),
+                                                        cells(args)[0], out)
+
+
 def until(what, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -132,3 +171,11 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     assert proc.returncode == 0 and "8 cells, 8 finished, 0 to run" in proc.stderr, proc.stderr[-3000:]
     assert "0 submitted" in proc.stderr and json.loads((out / "jobs.json").read_text()) == now
     assert sorted((out / "slurm").glob("*_submission.sh")) == scripts and squeue(cluster) == []
+
+    # what the cluster refuses (a GPU on a node without one) is one line, and leaves no job script behind
+    gpus = tmp_path / "gpus"
+    proc = subprocess.run([*command[:-1], str(gpus), "--gpus-per-cell", "1"], capture_output=True, **run)
+    error = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and error[-1].startswith("norm-study.sh: error: --launcher slurm: sbatch refused "
+                                                         "the cells: "), proc.stderr[-2000:]
+    assert not any("sbatch: error" in line for line in error[:-1]) and list((gpus / "slurm").iterdir()) == []

@@ -11,12 +11,14 @@ signal, requeues itself and resumes from the cell's ``checkpoint_last.pt``
 """
 
 import fcntl
+import io
 import json
 import pickle
+import shutil
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
 
 import submitit
@@ -91,22 +93,24 @@ def _submit(args, todo):
     """{cell name: job id} of the cells submitted, as one array."""
     if not todo:
         return {}
-    try:
-        executor = submitit.SlurmExecutor(folder=Path(args.out, "slurm"), max_num_timeout=100)
-    except RuntimeError:
-        raise StudyError("--launcher slurm: no SLURM client here (srun, sbatch, squeue); run the study on a "
-                         "machine of the cluster, or use --launcher local") from None
+    # requeues after a time limit: as many as it takes, while the cell saves checkpoints (Cell.checkpoint)
+    executor = submitit.SlurmExecutor(folder=Path(args.out, "slurm"), max_num_timeout=1000)
     params = dict(job_name="norm-study", time=args.timeout_min, cpus_per_task=args.cpus_per_cell,
                   array_parallelism=args.max_parallel or len(todo))
     params.update({k: v for k, v in (("partition", args.partition), ("gpus_per_node", args.gpus_per_cell or None),
                                      ("mem", f"{args.mem_per_cell}GB" if args.mem_per_cell else None)) if v})
     executor.update_parameters(**params)
+    executor.folder.mkdir(parents=True, exist_ok=True)
+    before = set(executor.folder.iterdir())
     try:
-        with executor.batch():
+        with redirect_stderr(io.StringIO()), executor.batch():  # submitit prints sbatch's refusal; we say it once
             jobs = [executor.submit(Cell(), args, cell) for cell in todo]
     except (FailedJobError, FailedSubmissionError, subprocess.SubprocessError, OSError) as err:
+        for path in set(executor.folder.iterdir()) - before:  # the refused submission's script and pickles
+            path.unlink()
         lines = [x for x in str(err).splitlines() if "error" in x.lower()] or str(err).splitlines() or [""]
-        raise StudyError(f"--launcher slurm: sbatch refused the cells: {lines[-1].strip()}") from None
+        why = lines[-1].strip().removeprefix("sbatch: error: ")
+        raise StudyError(f"--launcher slurm: sbatch refused the cells: {why}") from None
     return {cell["name"]: job.job_id for cell, job in zip(todo, jobs)}
 
 
@@ -184,6 +188,10 @@ def check(args, p):
         if bad:
             p.error(f"{flag}: the local launcher's; --launcher slurm submits every cell as a job "
                     "(--max-parallel: how many run at once)")
+    missing = next((tool for tool in ("sbatch", "squeue", "scontrol", "srun") if not shutil.which(tool)), None)
+    if missing:
+        p.error(f"--launcher slurm: no {missing} here; run the study on a machine of the cluster, or use "
+                "--launcher local")
     for key, default in FLAGS.items():
         if getattr(args, key) is None:
             setattr(args, key, default)
