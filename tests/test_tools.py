@@ -334,3 +334,12 @@ def test_every_console_tool_takes_flags_only_as_spelled_in_full():
                     f"{path.relative_to(ROOT)}:{node.lineno}: a parser that takes prefixes of its flags"
     assert {"options.py", "average.py", "progress.py", "docs_tables.py", "run.py"} <= set(found)
     assert ArgumentParser(prog="x").allow_abbrev is False
+
+
+def test_the_study_is_a_package_of_small_files():
+    """cli/study/: a job per file (the grid, a cell, the launchers, the statistics, the report...), none over
+    300 lines."""
+    files = sorted((ROOT / "powernorm_fairseq" / "cli" / "study").glob("*.py"))
+    lines = {p.name: len(p.read_text().splitlines()) for p in files}
+    assert {"grid.py", "cell.py", "launchers.py", "slurm.py", "statistics.py", "report.py"} <= set(lines)
+    assert max(lines.values()) <= 300, lines
