@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 #: 2 placements x 2 norms x 2 learning rates; long enough (40 short epochs, a checkpoint each) to stop mid-training
 GRID = ["--task", "classification", "--lrs", "0.1", "0.01", "--depths", "1", "--widths", "32", "--norms", "ln", "pn",
         "--placements", "pre", "post", "--max-epochs", "40", "--log-interval", "20", "--launcher", "slurm",
-        "--cpus-per-cell", "1", "--max-parallel", "2", "--timeout-min", "10"]
+        "--partition", "study", "--cpus-per-cell", "1", "--mem-per-cell", "1", "--max-parallel", "2",
+        "--timeout-min", "10"]
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +101,7 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     script = next((out / "slurm").glob("*_submission.sh")).read_text()
     assert re.search(r"#SBATCH --array=0-7%2\n", script) and "#SBATCH --cpus-per-task=1\n" in script
     assert "#SBATCH --time=10\n" in script and "#SBATCH --signal=USR2@90\n" in script
+    assert "#SBATCH --partition=study\n" in script and "#SBATCH --mem=1GB\n" in script
 
     # a second run meanwhile submits nothing: every cell is pending, running or finished
     again = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
