@@ -251,6 +251,42 @@ def test_a_full_disk_ends_a_save_in_one_line_with_no_partial_file(tmp_path, monk
     assert not target.exists() and not Path(f"{target}.tmp").exists()
 
 
+@pytest.mark.fast
+def test_an_interrupt_in_a_save_is_the_interrupt_not_a_write_failure(tmp_path, monkeypatch):
+    """SIGTERM (a SystemExit here) landing in one of torch.save's writes to fairseq's file reaches the
+    caller as itself, not as a failed write to retry or name: no retry, no partial file, the last
+    checkpoint as it was."""
+    from fairseq import checkpoint_utils
+    from fairseq.file_io import PathManager
+
+    from powernorm_fairseq.patches.checkpoints import name_failed_saves
+
+    name_failed_saves()
+    opened, open_ = [], PathManager.open
+
+    def opening(path, mode="r", **kwargs):
+        f = open_(path, mode, **kwargs)
+        if "w" in mode:
+            opened.append(path)
+            write = f.write
+
+            def interrupted(data):
+                if len(opened) == 1 and f.tell() > 0:
+                    raise SystemExit(143)
+                return write(data)
+
+            f.write = interrupted
+        return f
+
+    monkeypatch.setattr(PathManager, "open", opening)
+    target = tmp_path / "checkpoint_last.pt"
+    torch.save({"step": 1}, target)
+    with pytest.raises(SystemExit) as end:
+        checkpoint_utils.torch_persistent_save({"model": {"w": torch.ones(1000)}}, str(target))
+    assert end.value.code == 143 and len(opened) == 1
+    assert torch.load(target) == {"step": 1} and not Path(f"{target}.tmp").exists()
+
+
 def fake(path, dim=4, **settings):
     args = argparse.Namespace(**{"arch": "powernorm_transformer_iwslt_de_en", "norm_type": "pn", **settings})
     torch.save({"args": args, "model": {"encoder.w": torch.ones(dim, dim)}}, path)

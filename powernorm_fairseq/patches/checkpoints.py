@@ -189,6 +189,16 @@ def write_failure(exc: BaseException, filename):
     return None
 
 
+def interrupt_in(exc):
+    """The Ctrl-C or SIGTERM (``end_cleanly_on_sigterm``'s SystemExit) that
+    torch's zip writer turned into a RuntimeError when it landed in a write
+    to a Python file, as fairseq's saves are; or None."""
+    cause = exc.__context__
+    while cause is not None and isinstance(cause, Exception):
+        cause = cause.__context__
+    return cause
+
+
 @installs_once
 def name_failed_saves():
     """A checkpoint fairseq cannot write (a full disk) ends the run in one line
@@ -204,11 +214,20 @@ def name_failed_saves():
         except OSError as exc:  # a RuntimeError (torch's zip writer on a full disk) is not retried either
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise
+        except RuntimeError as exc:
+            stop = interrupt_in(exc)
+            if stop is not None:  # nor an interrupt, which is no write failure
+                raise stop from None
+            raise
         return retried_save(obj, f)
 
     def torch_persistent_save(obj, filename, async_write=False):
         try:
             return persistent_save(obj, filename, async_write)
+        except (KeyboardInterrupt, SystemExit):
+            if os.path.exists(f"{filename}.tmp"):
+                os.unlink(f"{filename}.tmp")
+            raise
         except (OSError, RuntimeError) as exc:
             why = write_failure(exc, filename)
             if why is None:
