@@ -6,9 +6,9 @@ from pathlib import Path
 
 from ...common.flags import ArgumentParser, at_least, fraction, positive
 from .cell import parse
-from .slurm import check as slurm_check
 from .grid import (DEFAULTS, TASKS, WIDTHS, StudyError, cells, check_data, check_names, check_width, constant_loss,
                    train_argv, width)
+from .slurm import check as slurm_check
 
 
 def parser():
