@@ -1,4 +1,4 @@
-"""One cell: fairseq's trainer in this process, resumable, and its result.json."""
+"""One cell: its probe at init, fairseq's trainer (resumable), and its result.json."""
 
 import fcntl
 import json
@@ -16,10 +16,7 @@ from .grid import LOSS, METRIC, StudyError, train_argv
 from .out import record_settings, wants_landscape
 from .probe import initial_probe, measure_landscape
 
-
 RECORD = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
-
-
 logger = logging.getLogger("powernorm_fairseq.study")
 
 

@@ -8,7 +8,6 @@ from .grid import LOSS, series
 from .probe import order
 
 
-
 def figures(args, grid, results):
     """init_grads.png, loss.png and (--landscape) landscape.png."""
     from ..analyze import pyplot, save_figure

@@ -5,7 +5,6 @@ import math
 from pathlib import Path
 
 
-
 TASKS = ("classification", "translation", "lm")
 
 
