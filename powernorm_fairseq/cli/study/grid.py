@@ -4,14 +4,9 @@ import argparse
 import math
 from pathlib import Path
 
-
 TASKS = ("classification", "translation", "lm")
-
-
 #: width presets: embedding size; the feed-forward is 4x, a head per 64 channels
 WIDTHS = {"narrow": 128, "normal": 256, "wide": 512}
-
-
 #: per task: the defaults of the grid and of training
 DEFAULTS = {
     "classification": dict(lrs=[10, 1, 0.5, 0.1, 0.01, 0.001, 0.0001], depths=[1, 5], widths=["narrow", "normal",
@@ -22,13 +17,9 @@ DEFAULTS = {
     "lm": dict(lrs=[0.0005], depths=[2], widths=["normal"], norms=["ln", "pn", "dyt"], inits=["default"],
                optimizer="adam", placement="pre", warmup_updates=300, max_epochs=5),
 }
-
-
 #: what a table reports besides the loss: (key in fairseq's valid record, label, format)
 METRIC = {"classification": ("accuracy", "valid acc. %", "{:.1f}"), "translation": ("bleu", "valid BLEU", "{:.2f}"),
           "lm": ("ppl", "valid ppl", "{:.1f}")}
-
-
 #: the training loss in bits that convergence is judged on (translation: without label smoothing)
 LOSS = {"classification": "loss", "translation": "nll_loss", "lm": "loss"}
 
