@@ -4,12 +4,14 @@ one pre-empted mid-training, and reruns that resubmit only what ended
 without a result."""
 
 import json
+import math
 import re
 import signal
 import subprocess
 import time
 
 import pytest
+import torch
 
 from support import ROOT, slurm
 from test_study import demo  # noqa: F401 (the fixture)
@@ -181,3 +183,29 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     assert proc.returncode == 2 and error[-1].startswith("norm-study.sh: error: --launcher slurm: sbatch refused "
                                                          "the cells: "), proc.stderr[-2000:]
     assert not any("sbatch: error" in line for line in error[:-1]) and list((gpus / "slurm").iterdir()) == []
+
+
+def test_a_cell_of_two_workers_trains_in_the_processes_fairseq_spawns(demo, tmp_path, monkeypatch):  # noqa: F811
+    """What ``--gpus-per-cell 2`` runs inside a cell: fairseq's call_main spawns a process per GPU, each
+    through cell._main. Here on the CPU (gloo, two GPUs counted): the cell's log, the end-of-run record of
+    its checkpoint and its result come from the spawned workers, whose statistics are synchronised."""
+    from powernorm_fairseq.cli.study import slurm as launcher
+    from powernorm_fairseq.cli.study.cell import run_cell
+    from powernorm_fairseq.cli.study.grid import cells
+    from powernorm_fairseq.cli.study.options import check, parse_args, parser
+
+    monkeypatch.setattr(launcher.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # what call_main spawns by
+    p = parser()
+    args = parse_args(p, ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32", "--norms",
+                          "pn", "--max-update", "6", "--log-interval", "2", "--data", str(demo), "--out",
+                          str(tmp_path), "--launcher", "slurm", "--gpus-per-cell", "2", "--",
+                          "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"])
+    check(args, p)
+    result = run_cell(args, cells(args)[0])
+    assert result["status"] == "finished" and result["updates"] == 6 and math.isfinite(result["final_loss"])
+    log = (tmp_path / "cells" / cells(args)[0]["name"] / "train.log").read_text()
+    assert log.count("training on 2 devices") == 1 and log.count("train_inner") == 3  # the first worker's lines
+    saved = torch.load(tmp_path / "cells" / cells(args)[0]["name"] / "checkpoint_last.pt", weights_only=True)
+    assert saved["cfg"]["model"].norm_sync == "batch"
+    assert saved["cfg"]["distributed_training"]["distributed_world_size"] == 2

@@ -116,6 +116,7 @@ def _main(cfg, log_path, verbose):
     """fairseq-train's main in one process of a cell: its log to ``log_path``,
     the end-of-run record in every checkpoint, and a run that fairseq stops
     on a non-finite gradient marked diverged (``.diverged`` beside the log)."""
+    from fairseq import distributed_utils
     from fairseq_cli import train as fairseq_train
 
     handler = logging.FileHandler(log_path)
@@ -126,7 +127,10 @@ def _main(cfg, log_path, verbose):
                and not isinstance(h, logging.FileHandler)]
     levels, root_level = [h.level for h in console], root.level
     root.addHandler(handler)
-    root.setLevel(logging.INFO)
+    if distributed_utils.is_master(cfg.distributed_training):  # the other workers' records once, not N times
+        root.setLevel(logging.INFO)
+    else:
+        handler.setLevel(logging.WARNING)
     for h in console:
         h.setLevel(logging.INFO if verbose else logging.WARNING)
     try:
