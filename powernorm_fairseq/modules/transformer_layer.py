@@ -82,18 +82,18 @@ class PowerNormDecoderLayer(Placed, TransformerDecoderLayerBase):
 
     def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
         super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
-        kinds = [getattr(cfg, "decoder_norm_self", None), getattr(cfg, "decoder_norm_ff", None)]
-        self.self_attn_layer_norm = decoder_norm(cfg, kinds[0])
+        self_kind, cross, ff = (getattr(cfg, f"decoder_norm_{s}", None) for s in ("self", "cross", "ff"))
+        kinds = [self_kind, ff]  # each sublayer's, in fairseq's order
+        self.self_attn_layer_norm = decoder_norm(cfg, self_kind)
         if self.encoder_attn_layer_norm is not None:
-            self.encoder_attn_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_cross", None))
-            kinds.insert(1, getattr(cfg, "decoder_norm_cross", None))  # fairseq's order of the sublayers
-        self.final_layer_norm = decoder_norm(cfg, getattr(cfg, "decoder_norm_ff", None))
+            self.encoder_attn_layer_norm = decoder_norm(cfg, cross)
+            kinds.insert(1, cross)
+        self.final_layer_norm = decoder_norm(cfg, ff)
         self.place(getattr(cfg, "norm_placement", "post"), lambda i: decoder_norm(cfg, kinds[i]))
         with_qk_norm(cfg, [self.self_attn, self.encoder_attn], cfg.decoder.attention_heads)
         # NormFormer's extra norms (--scale-attn after self-attention, --scale-fc inside the FFN):
         # the kinds of the self-attention and FFN norms
         if self.attn_ln is not None:
-            self.attn_ln = decoder_norm(cfg, getattr(cfg, "decoder_norm_self", None), flag="--scale-attn")
+            self.attn_ln = decoder_norm(cfg, self_kind, flag="--scale-attn")
         if self.ffn_layernorm is not None:
-            self.ffn_layernorm = decoder_norm(cfg, getattr(cfg, "decoder_norm_ff", None),
-                                              dim=cfg.decoder.ffn_embed_dim, flag="--scale-fc")
+            self.ffn_layernorm = decoder_norm(cfg, ff, dim=cfg.decoder.ffn_embed_dim, flag="--scale-fc")

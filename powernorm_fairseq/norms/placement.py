@@ -116,4 +116,3 @@ def check_placement(args, kinds):
         given = "--small-init" if args.small_init else "--init smallinit"
         raise ValueError(f"{given} contradicts --norm-placement deepnorm, which initialises the same weights "
                          "itself (DeepNet, Figure 2); another --init sets the embeddings and heads beside it")
-
