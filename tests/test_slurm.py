@@ -32,12 +32,22 @@ def cluster(tmp_path_factory):
     slurm.stop(root)
 
 
+def slurm_args(monkeypatch, argv):
+    """The study's checked flags with ``--launcher slurm``, as on a machine of a cluster (its client on PATH)."""
+    from powernorm_fairseq.cli.study import slurm as launcher
+    from powernorm_fairseq.cli.study.options import check, parse_args, parser
+
+    monkeypatch.setattr(launcher.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    p = parser()
+    args = parse_args(p, ["--launcher", "slurm", *argv])
+    check(args, p)
+    return args
+
+
 def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_path, capsys,  # noqa: F811
                                                                    monkeypatch):
     from powernorm_fairseq.cli import study as norm_study
-    from powernorm_fairseq.cli.study import slurm as launcher
     from powernorm_fairseq.cli.study.grid import cells, train_argv
-    from powernorm_fairseq.cli.study.options import check, parse_args, parser
     from powernorm_fairseq.cli.study.out import settings
 
     out = tmp_path / "s"
@@ -60,10 +70,7 @@ def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_pat
         assert end.value.code == 2 and len(error) == 1 and message in error[0], error
         assert not out.exists()
     # N > 1 GPUs: fairseq's data-parallel training in the cell, its batch statistics over every worker's batch
-    monkeypatch.setattr(launcher.shutil, "which", lambda tool: f"/usr/bin/{tool}")
-    p = parser()
-    args = parse_args(p, [*base, "--launcher", "slurm", "--gpus-per-cell", "2"])
-    check(args, p)
+    args = slurm_args(monkeypatch, [*base, "--gpus-per-cell", "2"])
     argv = train_argv(args, cells(args)[0], out)
     assert argv[argv.index("--distributed-world-size") + 1] == "2" and argv[argv.index("--norm-sync") + 1] == "batch"
     assert (args.cpus_per_cell, args.threads, settings(args)["workers_per_cell"]) == (2, 2, 2)
@@ -189,19 +196,14 @@ def test_a_cell_of_two_workers_trains_in_the_processes_fairseq_spawns(demo, tmp_
     """What ``--gpus-per-cell 2`` runs inside a cell: fairseq's call_main spawns a process per GPU, each
     through cell._main. Here on the CPU (gloo, two GPUs counted): the cell's log, the end-of-run record of
     its checkpoint and its result come from the spawned workers, whose statistics are synchronised."""
-    from powernorm_fairseq.cli.study import slurm as launcher
     from powernorm_fairseq.cli.study.cell import run_cell
     from powernorm_fairseq.cli.study.grid import cells
-    from powernorm_fairseq.cli.study.options import check, parse_args, parser
 
-    monkeypatch.setattr(launcher.shutil, "which", lambda tool: f"/usr/bin/{tool}")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # what call_main spawns by
-    p = parser()
-    args = parse_args(p, ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32", "--norms",
-                          "pn", "--max-update", "6", "--log-interval", "2", "--data", str(demo), "--out",
-                          str(tmp_path), "--launcher", "slurm", "--gpus-per-cell", "2", "--",
-                          "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"])
-    check(args, p)
+    args = slurm_args(monkeypatch, ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32",
+                                    "--norms", "pn", "--max-update", "6", "--log-interval", "2", "--data", str(demo),
+                                    "--out", str(tmp_path), "--gpus-per-cell", "2", "--", "--distributed-backend",
+                                    "gloo", "--ddp-backend", "legacy_ddp"])
     result = run_cell(args, cells(args)[0])
     assert result["status"] == "finished" and result["updates"] == 6 and math.isfinite(result["final_loss"])
     log = (tmp_path / "cells" / cells(args)[0]["name"] / "train.log").read_text()
