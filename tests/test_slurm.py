@@ -50,6 +50,12 @@ def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_pat
     from powernorm_fairseq.cli.study.grid import cells, train_argv
     from powernorm_fairseq.cli.study.out import settings
 
+    from powernorm_fairseq.cli.study.options import parser
+    from powernorm_fairseq.cli.study.slurm import FLAGS
+
+    # every flag of the parser's slurm group is one the local launcher refuses and the slurm one defaults
+    group = next(g for g in parser()._action_groups if g.title == "--launcher slurm")
+    assert {a.dest for a in group._group_actions} == set(FLAGS)
     out = tmp_path / "s"
     base = ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32", "--norms", "ln",
             "--max-update", "2", "--data", str(demo), "--out", str(out)]
