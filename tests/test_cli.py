@@ -102,6 +102,9 @@ def test_bad_flag_values_fail_in_one_line(toy_data, tmp_path, flags, message):
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU takes --fp16")),
     pytest.param(["--memory-efficient-fp16"], "--memory-efficient-fp16 without a GPU: fairseq's flattened fp16",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU takes --fp16")),
+    (["--fp16", "--cpu"], "need CUDA; train on a GPU, or add --fp16-no-flatten-grads"),  # --cpu is given already
+    (["--rezero-gates", "layer"], "--rezero-gates layer: ReZero's gates, and --norm-placement pre has none"),
+    (["--qk-norm-scope", "projection"], "--qk-norm-scope projection: the scope of --qk-norm, which is not given"),
 ])
 def test_bad_flag_combinations_fail_in_one_line(toy_data, tmp_path, flags, message):
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *flags), check=False)

@@ -27,6 +27,7 @@ def test_the_norm_library_and_the_tools_import_without_fairseq(module):
 # what each patch replaces, as an expression evaluated after `import fairseq`
 PATCHED = {
     "unreadable checkpoints": "fairseq.checkpoint_utils.load_checkpoint_to_cpu",
+    "safe archives": "fairseq.file_utils.load_archive_file",
     "one-line errors": "sys.excepthook",
     "one-line usage errors": "argparse.ArgumentParser.error",
     "fairseq's input errors": "getattr(getattr(sys.modules.get('powernorm_fairseq.patches.errors'), "
@@ -56,7 +57,8 @@ def test_fairseq_is_changed_only_where_the_models_ask():
     exprs = "[" + ", ".join(PATCHED[n] for n in names) + "]"
     out = python(f"""
 import argparse, sys, torch
-import fairseq, fairseq.utils, fairseq.checkpoint_utils, fairseq.file_io, fairseq.tasks, fairseq.data.indexed_dataset
+import fairseq, fairseq.utils, fairseq.checkpoint_utils, fairseq.file_io, fairseq.file_utils, fairseq.tasks
+import fairseq.data.indexed_dataset
 import fairseq.dataclass.utils
 from fairseq.models import ARCH_MODEL_REGISTRY
 before = {exprs}

@@ -9,11 +9,13 @@ import re
 import signal
 import subprocess
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from support import ROOT, slurm
+from test_faults import malicious_checkpoint
 from test_study import demo  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slow
@@ -158,8 +160,18 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     assert first.returncode == 1, console[-3000:]
     assert re.search(rf"{cancelled}: job {jobs[cancelled]} ended without a result \(CANCELLED[^\n]*\); the same "
                      "command resubmits it", console), console[-3000:]
-    assert console.rstrip().endswith("1 cell(s) ended without a result on the cluster; the same command "
-                                     "resubmits them")
+    assert console.rstrip().endswith("1 cell(s) ended without a result on the cluster; each line above says "
+                                     "whether a rerun of the same command can finish it")
+    # why a job ended is read from the cell's plain-text record, never from submitit's pickles in OUT/slurm
+    from powernorm_fairseq.cli.study.slurm import FAILURE, _why
+    marker = tmp_path / "marker"
+    malicious_checkpoint(out / "slurm" / f"{jobs[cancelled]}_0_result.pkl", marker, "p4")
+    (out / "cells" / cancelled / FAILURE).write_text("input\n--data: bad data\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", cluster["PATH"])
+        mp.setenv("SLURM_CONF", cluster["SLURM_CONF"])
+        said = _why(SimpleNamespace(out=out), {"name": cancelled}, jobs[cancelled])
+    assert "(CANCELLED: --data: bad data); a rerun fails the same way until" in said and not marker.exists()
     assert "(1 cells pending)" in console and not (out / "cells" / cancelled / "result.json").exists()
     # the pre-empted cell requeued itself and resumed from its checkpoint in the same job
     assert f"Requeued job {jobs[preempted]}" in (out / "slurm" / f"{jobs[preempted]}_0_log.out").read_text()
@@ -195,7 +207,8 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     error = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and error[-1].startswith("norm-study.sh: error: --launcher slurm: sbatch refused "
                                                          "the cells: "), proc.stderr[-2000:]
-    assert not any("sbatch: error" in line for line in error[:-1]) and list((gpus / "slurm").iterdir()) == []
+    assert not any("sbatch: error" in line for line in error[:-1]) and not (gpus / "slurm").exists()
+    assert sorted(p.name for p in gpus.iterdir() if p.name.startswith(".")) == []  # no lock file either
 
 
 def test_a_cell_of_two_workers_trains_in_the_processes_fairseq_spawns(demo, tmp_path, monkeypatch):  # noqa: F811

@@ -21,7 +21,7 @@ import torch
 
 from ..common import checkpoints
 from ..common.errors import InputFileError
-from ..common.files import atomic_path, end_cleanly_on_sigterm
+from ..common.files import atomic_path, check_regular_file, end_cleanly_on_sigterm
 from ..common.flags import ArgumentParser
 
 PATTERNS = {"epoch": re.compile(r"checkpoint(\d+)\.pt"), "update": re.compile(r"checkpoint_\d+_(\d+)\.pt")}
@@ -40,15 +40,13 @@ def last_checkpoints(directory, n, kind="epoch", upper_bound=None):
     return [path for _, path in sorted(found, reverse=True)[:n]]
 
 
-#: configuration entries that must agree for an average to be one model
-MODEL_SETTINGS = ("arch", "norm_type", "decoder_norm_type", "encoder_norm_self", "encoder_norm_ff",
-                  "decoder_norm_self", "decoder_norm_cross", "decoder_norm_ff", "norm_placement",
-                  "pn_group_scaling", "layer_scale", "pn_backward", "fixnorm")
-
-
 def model_settings(state) -> dict:
-    """The architecture and norm settings a checkpoint was trained with."""
-    return {k: checkpoints.model_setting(state, k) for k in MODEL_SETTINGS}
+    """The architecture and what the model computes with (``models/settings.py``):
+    inputs that differ in these are checkpoints of different models."""
+    from ..models import settings
+
+    saved = settings.snapshot(checkpoints.model_config(state))
+    return {"arch": saved.get("arch"), **settings.function_settings(saved, settings.sides_of(saved.get("arch")))}
 
 
 def average_checkpoints(paths, allow_nonfinite=False):
@@ -72,7 +70,7 @@ def average_checkpoints(paths, allow_nonfinite=False):
             first, shapes = model_settings(state), {k: tuple(v.shape) for k, v in model.items()}
         else:
             settings = model_settings(state)
-            differ = [f"{k}={settings.get(k)!r} (not {first.get(k)!r})" for k in MODEL_SETTINGS
+            differ = [f"{k}={settings.get(k)!r} (not {first.get(k)!r})" for k in dict.fromkeys([*first, *settings])
                       if settings.get(k) != first.get(k)]
             if differ:
                 raise InputFileError(f"{path}: another model than {paths[0]}: {', '.join(differ)}")
@@ -143,9 +141,11 @@ def main(argv=None):
         if args.checkpoint_upper_bound is not None:
             fail("--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints")
         paths = [Path(p) for p in args.inputs]
-        missing = [str(p) for p in paths if not p.is_file()]
-        if missing:
-            fail(f"no such checkpoint: {', '.join(missing)}")
+        for path in paths:
+            try:
+                check_regular_file(path, "checkpoint")
+            except InputFileError as err:
+                fail(err)
     clash = [str(p) for p in paths if Path(args.output).resolve() == p.resolve()]
     if clash:
         fail(f"--output {args.output} is one of the inputs ({clash[0]}): it would be overwritten; "

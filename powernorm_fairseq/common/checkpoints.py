@@ -8,7 +8,6 @@ writes keeps the safe loader on while ``fairseq-generate``,
 """
 
 import argparse
-import os
 import pickle
 import re
 import zipfile
@@ -16,6 +15,7 @@ import zipfile
 import torch
 
 from .errors import InputFileError
+from .files import check_regular_file
 
 SAFE_GLOBALS = [argparse.Namespace]
 #: what torch.load raises on a file that is no (complete) checkpoint
@@ -63,10 +63,7 @@ def load(path):
     (code) is refused, as is a truncated or foreign file, in one line that
     names the file (:class:`InputFileError`)."""
     allow_fairseq_checkpoints()
-    if not os.path.exists(path):
-        raise InputFileError(f"{path}: no such checkpoint")
-    if os.path.isdir(path):
-        raise InputFileError(f"{path}: is a directory, not a checkpoint")
+    check_regular_file(path, "checkpoint")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except UNREADABLE as exc:
@@ -76,10 +73,15 @@ def load(path):
     return state
 
 
+def model_config(state):
+    """A checkpoint's model flags: fairseq keeps them in ``cfg.model`` (an
+    ``argparse.Namespace`` or a dict), older versions in ``args``."""
+    return (state.get("cfg") or {}).get("model") or state.get("args")
+
+
 def model_setting(state, key):
-    """A model flag of a checkpoint, or None: fairseq keeps the flags in
-    ``cfg.model`` (an ``argparse.Namespace`` or a dict), older versions in ``args``."""
-    cfg = (state.get("cfg") or {}).get("model") or state.get("args")
+    """A model flag of a checkpoint, or None."""
+    cfg = model_config(state)
     return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
 
 

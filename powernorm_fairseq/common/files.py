@@ -1,12 +1,33 @@
-"""Writing a file so that it is either complete or absent."""
+"""Reading a user's file only when it is one, and writing a file so that it
+is either complete or absent."""
 
 import os
 import signal
+import stat
 import sys
 import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def check_regular_file(path, what: str = "file"):
+    """Refuse, in one line naming ``path``, anything but a regular file (after
+    links): a missing path, a directory, a FIFO (whose reader would wait for a
+    writer for ever), a device or a socket. Every reader of a user's
+    checkpoint, data or record file goes through here."""
+    from .errors import InputFileError
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise InputFileError(f"{path}: no such {what}") from None
+    except OSError as exc:
+        raise InputFileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(mode):
+        raise InputFileError(f"{path}: is a directory, not a {what}")
+    if not stat.S_ISREG(mode):
+        raise InputFileError(f"{path}: not a regular file (a FIFO, device or socket), not a {what}")
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from ..modules import FixNormEmbedding, PowerNormDecoderLayer, PowerNormEncoderL
 from ..norms.placement import deepnorm_
 from ..norms import NORM_TYPES, Norm, build_norm, kernels, norm_type_of
 from .diagnostics import NormDiagnostics
+from . import settings
 from .options import check_args
 
 
@@ -65,9 +66,11 @@ class PowerNormModelMixin:
         if getattr(args, "fp16", False) and not getattr(args, "fp16_no_flatten_grads", False) \
                 and not torch.cuda.is_available():
             flag = "--memory-efficient-fp16" if getattr(args, "memory_efficient_fp16", False) else "--fp16"
+            add = "--fp16-no-flatten-grads" if getattr(args, "cpu", False) else "--cpu --fp16-no-flatten-grads"
             raise PowerNormConfigError(f"{flag} without a GPU: fairseq's flattened fp16 master weights need CUDA; "
-                                       "train on a GPU, or add --cpu --fp16-no-flatten-grads")
+                                       f"train on a GPU, or add {add}")
         model = super().build_model(args, task)
+        model.built_with = args  # what a checkpoint it loads must have been trained with (settings.check_load)
         initialize_(model, "smallinit" if args.small_init else args.init)
         if args.norm_placement == "deepnorm":
             deepnorm_(model)
@@ -91,6 +94,7 @@ class PowerNormModelMixin:
         return FixNormEmbedding(len(dictionary), embed_dim, dictionary.pad())
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        settings.check_load(self, state_dict)
         check_norm_state(self, state_dict, self.NORM_FLAGS)
         own = self.state_dict()
         differ = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in state_dict.items()

@@ -15,9 +15,9 @@ from fairseq.dataclass import FairseqDataclass
 from .. import patches
 from ..common.errors import PowerNormConfigError
 from ..common.flags import at_least, fraction, positive
-from ..norms.placement import NORMALIZE_BEFORE, PLACEMENTS, check_placement
-from ..norms.qk_norm import check_qk_norm
-from ..norms import NORM_TYPES
+from ..norms.placement import NORMALIZE_BEFORE, PLACEMENTS, REZERO_GATES, check_placement
+from ..norms.qk_norm import QK_SCOPES, check_qk_norm
+from ..norms import NORM_TYPES, RUNNING_STAT_TYPES
 from ..norms.sync import MODES as SYNC_MODES
 
 SUBLAYER_FLAGS = {
@@ -50,15 +50,24 @@ def all_kinds(args, sides=("encoder", "decoder")):
     return {getattr(args, name, None) for name in names} - {None}
 
 
-def _flag(default, help, lm=True, **argparse_options):
+#: what a setting is to a model rebuilt from a checkpoint (``models/settings.py``)
+FUNCTION, TRAINING = "function", "training"
+
+
+def _flag(default, help, role, lm=True, kinds=None, **argparse_options):
     """A field of :class:`NormConfig`: its default (what a run gets when the
     flag is not given; None: decided per run, see ``powernorm_defaults``),
-    help, and how argparse reads it (``lm``: the language model has it too)."""
-    return field(default=default, metadata=dict(help=help, lm=lm, argparse=argparse_options))
+    help, its ``role`` (FUNCTION: part of what the model computes, the same
+    wherever a model is rebuilt from a checkpoint; TRAINING: how it is
+    trained, free to change on resume), the norm ``kinds`` it is an option of
+    (None: of the model as a whole), and how argparse reads it (``lm``: the
+    language model has it too)."""
+    assert role in (FUNCTION, TRAINING)
+    return field(default=default, metadata=dict(help=help, lm=lm, role=role, kinds=kinds, argparse=argparse_options))
 
 
 def _sublayer(flag, lm=True):
-    return _flag(None, f"the norm of {SUBLAYER_FLAGS[flag]} (default: its side's type)", lm=lm,
+    return _flag(None, f"the norm of {SUBLAYER_FLAGS[flag]} (default: its side's type)", FUNCTION, lm=lm,
                  type=_sublayer_kind,
                  metavar=KINDS)
 
@@ -90,67 +99,85 @@ class NormConfig(FairseqDataclass):
     models' hydra configs, and (``add_norm_args``) their command-line flags."""
 
     # fmt: off
+    # what the model computes: it must match wherever a model is rebuilt from a checkpoint
     norm_type: str = _flag("pn", "every encoder norm: attention, FFN and the final norm; in the language "
-                           "model every norm", **_choice(NORM_TYPES))
-    decoder_norm_type: str = _flag("ln", "every decoder norm (ln, as in the paper)", lm=False, **_choice(NORM_TYPES))
+                           "model every norm", FUNCTION, **_choice(NORM_TYPES))
+    decoder_norm_type: str = _flag("ln", "every decoder norm (ln, as in the paper)", FUNCTION, lm=False,
+                                   **_choice(NORM_TYPES))
     encoder_norm_self: Optional[str] = _sublayer("--encoder-norm-self", lm=False)
     encoder_norm_ff: Optional[str] = _sublayer("--encoder-norm-ff", lm=False)
     decoder_norm_self: Optional[str] = _sublayer("--decoder-norm-self")
     decoder_norm_cross: Optional[str] = _sublayer("--decoder-norm-cross", lm=False)
     decoder_norm_ff: Optional[str] = _sublayer("--decoder-norm-ff")
     norm_placement: str = _flag("pre", "where the norms sit (docs/norms.md#placements): before or after each "
-                                "sublayer, both, DeepNet's post-norm, or none but ReZero's gates",
+                                "sublayer, both, DeepNet's post-norm, or none but ReZero's gates", FUNCTION,
                                 **_choice(PLACEMENTS))
+    rezero_gates: str = _flag("sublayer", "ReZero's residual gates (--norm-placement rezero): one per sublayer, or "
+                              "one per layer shared by its sublayers, as the ReZero authors' code has it",
+                              FUNCTION, **_choice(REZERO_GATES))
     qk_norm: Optional[str] = _flag(None, "a norm of each attention head's queries and keys (default: none; a "
-                                   "per-token kind)",
-                                   type=_sublayer_kind, metavar=KINDS)
+                                   "per-token kind)", FUNCTION, type=_sublayer_kind, metavar=KINDS)
+    qk_norm_scope: str = _flag("head", "what --qk-norm normalises: each head's slice of the queries and keys, or "
+                               "their whole projections before the split into heads (OLMo 2)", FUNCTION,
+                               **_choice(QK_SCOPES))
     fixnorm: bool = _flag(False, "unit-length word embeddings times a learned scale (needs tied embeddings)",
-                          action="store_true")
-    small_init: bool = _flag(False, "attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))",
+                          FUNCTION, action="store_true")
+    pn_eps: float = _flag(1e-5, "PN and PN-V epsilon", FUNCTION, kinds=("pn", "pn-v"), type=positive)
+    pn_group_scaling: Optional[bool] = _flag(None, "per-token RMS scaling over groups = heads before PN, as "
+                                             "in the authors' code (default: on); the pn-only spelling of "
+                                             "--layer-scale", FUNCTION, kinds=("pn",),
+                                             action=argparse.BooleanOptionalAction)
+    layer_scale: Optional[bool] = _flag(None, "the paper's layer scale (Appendix A): per-token RMS scaling "
+                                        "over groups = heads before every bn, pn-v and pn (default: on for "
+                                        "pn, off for bn and pn-v)", FUNCTION, kinds=("bn", "pn-v", "pn"),
+                                        action=argparse.BooleanOptionalAction)
+    pn_backward: str = _flag("paper", "PN backward: Algorithm 2 of the paper, or the authors' released code",
+                             FUNCTION, kinds=("pn",), **_choice(("paper", "reference")))
+    adanorm_scale: float = _flag(1.0, "AdaNorm's C in z = C (1 - y/10) y", FUNCTION, kinds=("adanorm",),
+                                 type=positive, metavar="C")
+    detachnorm_detach: str = _flag("both", "what DetachNorm treats as constant in the backward pass", FUNCTION,
+                                   kinds=("detachnorm",), **_choice(("both", "mean", "var")))
+    layernorm_simple_std: str = _flag("biased", "the divisor of layernorm-simple and detachnorm: sqrt(biased "
+                                      "var + eps), as LayerNorm, or unbiased std + eps, as Xu et al.'s code",
+                                      FUNCTION, kinds=("layernorm-simple", "detachnorm"),
+                                      **_choice(("biased", "unbiased")))
+    norm_groups: Optional[int] = _flag(None, "channel groups of groupnorm (default: the attention heads)",
+                                       FUNCTION, kinds=("groupnorm",), type=at_least(1, "--norm-groups"),
+                                       metavar="G")
+    norm_causal: bool = _flag(False, "decoder norms with batch statistics (bn, pn-v, pn in its warmup) normalise "
+                              "with their running statistics in training too, so that no token sees a later "
+                              "one through them (docs/norms.md)", FUNCTION, kinds=RUNNING_STAT_TYPES,
+                              action="store_true")
+    # how the model is trained: free to change on resume (the change is logged)
+    small_init: bool = _flag(False, "attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))", TRAINING,
                              action="store_true")
     init: str = _flag("default", "the weights at initialisation: fairseq's (default); Xavier, and Kaiming for "
                       "the ReLU feed-forward (xavier-kaiming); every weight matrix and embedding U(-A, A) "
                       "(uniform:A); or SmallInit (smallinit, as --small-init); biases start at 0 and norms "
-                      "at their own start", type=init_scheme, metavar="{" + ",".join(INITS) + "}")
-    pn_alpha_fwd: float = _flag(0.9, "PN running psi^2 decay, in (0, 1)", type=fraction("--pn-alpha-fwd"))
-    pn_alpha_bwd: float = _flag(0.9, "PN running nu decay, in (0, 1)", type=fraction("--pn-alpha-bwd"))
+                      "at their own start", TRAINING, type=init_scheme, metavar="{" + ",".join(INITS) + "}")
+    dyt_alpha_init: float = _flag(0.5, "DyT's alpha at initialisation (Zhu et al., 2025: 0.5)", TRAINING,
+                                  type=positive, metavar="A")
+    pn_alpha_fwd: float = _flag(0.9, "PN running psi^2 decay, in (0, 1)", TRAINING, type=fraction("--pn-alpha-fwd"))
+    pn_alpha_bwd: float = _flag(0.9, "PN running nu decay, in (0, 1)", TRAINING, type=fraction("--pn-alpha-bwd"))
     pn_warmup_updates: Optional[int] = _flag(None, "PN forwards that use batch statistics (default: "
-                                             "--warmup-updates)", type=at_least(0))
-    pn_eps: float = _flag(1e-5, "PN and PN-V epsilon", type=positive)
-    pn_group_scaling: Optional[bool] = _flag(None, "per-token RMS scaling over groups = heads before PN, as "
-                                             "in the authors' code (default: on); the pn-only spelling of "
-                                             "--layer-scale", action=argparse.BooleanOptionalAction)
-    layer_scale: Optional[bool] = _flag(None, "the paper's layer scale (Appendix A): per-token RMS scaling "
-                                        "over groups = heads before every bn, pn-v and pn (default: on for "
-                                        "pn, off for bn and pn-v)", action=argparse.BooleanOptionalAction)
-    pn_backward: str = _flag("paper", "PN backward: Algorithm 2 of the paper, or the authors' released code",
-                             **_choice(("paper", "reference")))
+                                             "--warmup-updates)", TRAINING, type=at_least(0))
     norm_momentum: Optional[float] = _flag(None, "running-statistics momentum of bn, pn-v and bn-original "
                                            "(default: 0.1; 0.05 for bn-original, as in the authors' code)",
-                                           type=fraction("--norm-momentum"))
-    adanorm_scale: float = _flag(1.0, "AdaNorm's C in z = C (1 - y/10) y", type=positive, metavar="C")
-    detachnorm_detach: str = _flag("both", "what DetachNorm treats as constant in the backward pass",
-                                   **_choice(("both", "mean", "var")))
-    layernorm_simple_std: str = _flag("biased", "the divisor of layernorm-simple and detachnorm: sqrt(biased "
-                                      "var + eps), as LayerNorm, or unbiased std + eps, as Xu et al.'s code",
-                                      **_choice(("biased", "unbiased")))
-    dyt_alpha_init: float = _flag(0.5, "DyT's alpha at initialisation (Zhu et al., 2025: 0.5)", type=positive,
-                                  metavar="A")
-    norm_groups: Optional[int] = _flag(None, "channel groups of groupnorm (default: the attention heads)",
-                                       type=at_least(1, "--norm-groups"), metavar="G")
+                                           TRAINING, type=fraction("--norm-momentum"))
     norm_sync: Optional[str] = _flag(None, "statistics of bn, pn-v and pn across data-parallel workers: batch = "
                                      "normalise with the global batch (exact gradient through the all-reduce), "
                                      "running = per-worker batch, identical running statistics, none = per "
                                      "worker (default: batch; none with --pn-backward reference; bn-original "
-                                     "is always none)", **_choice(SYNC_MODES))
-    norm_causal: bool = _flag(False, "decoder norms with batch statistics (bn, pn-v, pn in its warmup) normalise "
-                              "with their running statistics in training too, so that no token sees a later "
-                              "one through them (docs/norms.md)", action="store_true")
+                                     "is always none)", TRAINING, **_choice(SYNC_MODES))
     norm_diagnostics: bool = _flag(False, "log batch vs running statistics distances and the gradient terms of "
                                    "the statistics for every bn, bn-original, pn-v and pn layer (diag/... "
-                                   "metrics)", action="store_true")
-    norm_diagnostics_interval: int = _flag(1, "measure every N updates",
+                                   "metrics)", TRAINING, action="store_true")
+    norm_diagnostics_interval: int = _flag(1, "measure every N updates", TRAINING,
                                            type=at_least(1, "--norm-diagnostics-interval"), metavar="N")
+    allow_setting_changes: bool = _flag(False, "load a checkpoint (resume, --finetune-from-model) trained with other "
+                                        "model settings (norm kinds, placement, QK-norm, ...): a deliberate "
+                                        "fine-tune into another model; each change is logged", TRAINING,
+                                        action="store_true")
     # fmt: on
 
 
@@ -200,7 +227,7 @@ def check_args(args, sides=("encoder", "decoder")):
     kinds = all_kinds(args)
     try:
         check_placement(args, all_kinds(args, sides))
-        check_qk_norm(args.qk_norm)
+        check_qk_norm(args.qk_norm, getattr(args, "qk_norm_scope", None) or "head")
     except ValueError as err:
         raise PowerNormConfigError(str(err)) from None
     if getattr(args, "layernorm_embedding", False):

@@ -54,11 +54,12 @@ def decoder_norm(cfg, kind=None, final=False, dim=None, flag=None):
 
 
 def with_qk_norm(cfg, attentions, heads):
-    """``--qk-norm``: each attention's queries and keys normalised per head."""
-    kind = getattr(cfg, "qk_norm", None)
+    """``--qk-norm``: each attention's queries and keys normalised per head,
+    or over their whole projections (``--qk-norm-scope``)."""
+    kind, scope = getattr(cfg, "qk_norm", None), getattr(cfg, "qk_norm_scope", "head")
     for attention in attentions:
         if kind is not None and attention is not None:  # (none: the flag's explicit "no norm")
-            add_qk_norm_(attention, kind, norm_options(cfg, kind, heads))
+            add_qk_norm_(attention, kind, norm_options(cfg, kind, heads), scope)
 
 
 class PowerNormEncoderLayer(Placed, TransformerEncoderLayerBase):
@@ -71,7 +72,8 @@ class PowerNormEncoderLayer(Placed, TransformerEncoderLayerBase):
         kinds = [getattr(cfg, "encoder_norm_self", None), getattr(cfg, "encoder_norm_ff", None)]
         self.self_attn_layer_norm = encoder_norm(cfg, kinds[0])
         self.final_layer_norm = encoder_norm(cfg, kinds[1])
-        self.place(getattr(cfg, "norm_placement", "post"), lambda i: encoder_norm(cfg, kinds[i]))
+        self.place(getattr(cfg, "norm_placement", "post"), lambda i: encoder_norm(cfg, kinds[i]),
+                   getattr(cfg, "rezero_gates", "sublayer"))
         with_qk_norm(cfg, [self.self_attn], cfg.encoder.attention_heads)
 
 
@@ -89,7 +91,8 @@ class PowerNormDecoderLayer(Placed, TransformerDecoderLayerBase):
             self.encoder_attn_layer_norm = decoder_norm(cfg, cross)
             kinds.insert(1, cross)
         self.final_layer_norm = decoder_norm(cfg, ff)
-        self.place(getattr(cfg, "norm_placement", "post"), lambda i: decoder_norm(cfg, kinds[i]))
+        self.place(getattr(cfg, "norm_placement", "post"), lambda i: decoder_norm(cfg, kinds[i]),
+                   getattr(cfg, "rezero_gates", "sublayer"))
         with_qk_norm(cfg, [self.self_attn, self.encoder_attn], cfg.decoder.attention_heads)
         # NormFormer's extra norms (--scale-attn after self-attention, --scale-fc inside the FFN):
         # the kinds of the self-attention and FFN norms

@@ -10,18 +10,23 @@ With f a sublayer (attention or feed-forward), N its norm and x its input:
   and of the attention's value and output projections drawn Xavier-normal with
   gain beta, the query and key projections with gain 1 (Wang et al., 2022,
   "DeepNet", Figure 2): :func:`deepnorm_constants`;
-* ``rezero``: x + g f(x) with g a scalar per sublayer that starts at 0, and no
-  norm (Bachlechner et al., 2020).
+* ``rezero``: x + g f(x) with g a scalar that starts at 0, and no norm
+  (Bachlechner et al., 2020, Eq. 5): one per sublayer (``--rezero-gates
+  sublayer``), or one per layer shared by its sublayers (``layer``), as the
+  authors' code (majumderb/rezero, its ``resweight``) has it.
 
-fairseq's layers call ``residual_connection(x, residual)`` once per sublayer,
-in order (self-attention, encoder attention, feed-forward): :class:`Placed`
-gives each call its sublayer's output norm, residual scale or gate.
+fairseq's layers call ``residual_connection(x, residual)`` once per sublayer
+that runs, in order (self-attention, encoder attention, feed-forward); a
+decoder layer skips its encoder attention when called without ``encoder_out``.
+:class:`Placed` gives each call the output norm, residual scale or gate of the
+sublayer it is, by name, not by counting calls.
 """
 
 import torch
 from torch import nn
 
 PLACEMENTS = ("pre", "post", "sandwich", "deepnorm", "rezero")
+REZERO_GATES = ("sublayer", "layer")
 #: the placements whose norms come before each sublayer (fairseq's ``normalize_before``, and a final norm)
 NORMALIZE_BEFORE = {"pre": True, "post": False, "sandwich": True, "deepnorm": False, "rezero": False}
 
@@ -71,19 +76,29 @@ class Placed:
     ``__init__``; fairseq's own code chooses pre or post by ``normalize_before``."""
 
     placement = "post"
+    SUBLAYERS = ("self", "cross", "ff")  # fairseq's order; "cross" where the layer has encoder attention
 
-    def place(self, placement: str, output_norms):
+    def place(self, placement: str, output_norms, gates: str = "sublayer"):
         """``output_norms``: a callable giving each sublayer's output norm, in
-        fairseq's order (sandwich). DeepNorm's residual scale is 1 until
-        :func:`deepnorm_` sets it, which knows the whole model."""
+        fairseq's order (sandwich); ``gates``: ReZero's, per sublayer or per
+        layer. DeepNorm's residual scale is 1 until :func:`deepnorm_` sets
+        it, which knows the whole model."""
         self.placement, self.residual_scale = placement, 1.0
-        sublayers = 2 + (getattr(self, "encoder_attn", None) is not None)
+        names = [s for s in self.SUBLAYERS if s != "cross" or getattr(self, "encoder_attn", None) is not None]
+        # the index of each sublayer's output norm and gate (their state-dict keys: output_norms.0, ...)
+        self._index = {name: i for i, name in enumerate(names)}
         if placement == "sandwich":
-            self.output_norms = nn.ModuleList(output_norms(i) for i in range(sublayers))
+            self.output_norms = nn.ModuleList(output_norms(i) for i in range(len(names)))
         if placement == "rezero":
-            self.rezero_gates = nn.Parameter(torch.zeros(sublayers))
+            self.rezero_gates = nn.Parameter(torch.zeros(len(names) if gates == "sublayer" else 1))
+            if gates == "layer":
+                self._index = dict.fromkeys(names, 0)
 
     def forward(self, *args, **kwargs):
+        # the sublayers this call runs: fairseq's decoder layer skips its encoder attention without encoder_out
+        cross = "cross" in self._index and (kwargs["encoder_out"] if "encoder_out" in kwargs else
+                                            args[1] if len(args) > 1 else None) is not None
+        object.__setattr__(self, "_runs", ("self", "cross", "ff") if cross else ("self", "ff"))
         object.__setattr__(self, "_sublayer", 0)
         return super().forward(*args, **kwargs)
 
@@ -91,11 +106,11 @@ class Placed:
         i = self._sublayer
         object.__setattr__(self, "_sublayer", i + 1)
         if self.placement == "sandwich":
-            return residual + self.output_norms[i](x)
+            return residual + self.output_norms[self._index[self._runs[i]]](x)
         if self.placement == "deepnorm":
             return residual * self.residual_scale + x
         if self.placement == "rezero":
-            return residual + self.rezero_gates[i] * x
+            return residual + self.rezero_gates[self._index[self._runs[i]]] * x
         return residual + x
 
 
@@ -109,6 +124,9 @@ def check_placement(args, kinds):
         raise ValueError(f"--scale-attn adds NormFormer's norm on the self-attention output, which "
                          f"--norm-placement {placement} " + ("already has" if placement == "sandwich"
                                                             else "leaves out (it has no norms)"))
+    if getattr(args, "rezero_gates", None) == "layer" and placement != "rezero":
+        raise ValueError(f"--rezero-gates layer: ReZero's gates, and --norm-placement {placement} has none; "
+                         "add --norm-placement rezero, or leave the flag out")
     if placement == "rezero" and getattr(args, "scale_fc", False):
         raise ValueError("--scale-fc adds NormFormer's norm inside the feed-forward, and --norm-placement "
                          "rezero has no norms")

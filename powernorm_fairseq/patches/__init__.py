@@ -19,7 +19,7 @@ Each entry names the test that fails without it.
 """
 
 from ..common.checkpoints import allow_fairseq_checkpoints
-from . import checkpoints, compat, datafiles, errors, savedir, shutdown
+from . import archives, checkpoints, compat, datafiles, errors, savedir, shutdown
 from .base import Patch, installs_once
 
 __all__ = ["AT_IMPORT", "WITH_THE_MODELS", "Patch", "for_the_models", "install", "installs_once"]
@@ -39,6 +39,11 @@ AT_IMPORT = (
           "a truncated checkpoint, or one that holds code, is named in one line, not a 50-line traceback",
           checkpoints.name_unreadable_checkpoints,
           "test_faults.py::test_every_command_that_loads_a_checkpoint_refuses_code"),
+    Patch("safe archives",
+          "a model archive (from_pretrained) is extracted into a folder of its own, every member checked first; "
+          "the user's archive is never removed",
+          archives.safe_archives,
+          "test_loaders.py::test_an_archive_that_would_write_outside_its_folder_is_refused"),
     Patch("one-line errors",
           "this plugin's errors (and, with its models, fairseq's about its input) print one line",
           errors.install_excepthook,

@@ -11,9 +11,10 @@ import sys
 
 import torch
 
-from ..common.checkpoints import UNREADABLE, allow_fairseq_checkpoints, check_finite, of_the_plugin, why_unreadable
+from ..common.checkpoints import (UNREADABLE, allow_fairseq_checkpoints, check_finite, model_config, of_the_plugin,
+                                  why_unreadable)
 from ..common.errors import InputFileError
-from ..common.files import atomic_path
+from ..common.files import atomic_path, check_regular_file
 from .base import installs_once
 
 
@@ -77,17 +78,33 @@ def name_unreadable_checkpoints():
 
     original, ema = checkpoint_utils.load_checkpoint_to_cpu, checkpoint_utils.load_ema_from_checkpoint
 
-    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
-        if "://" not in str(path) and not os.path.exists(path):
-            raise InputFileError(f"{path}: no such checkpoint")
+    def read(path, arg_overrides, load_on_all_ranks):
         try:
-            state = original(path, arg_overrides, load_on_all_ranks)
+            return original(path, arg_overrides, load_on_all_ranks)
         except UNREADABLE as exc:
             if isinstance(exc, InputFileError):
                 raise
             raise InputFileError(why_unreadable(path, exc)) from exc
-        if of_the_plugin(state):  # a stock model's loads as fairseq loads it
-            check_finite(path, state, os.environ.get("POWERNORM_ALLOW_NONFINITE", "0") == "1")
+
+    def load_checkpoint_to_cpu(path, arg_overrides=None, load_on_all_ranks=False):
+        if "://" not in str(path):
+            check_regular_file(path, "checkpoint")
+        state = read(path, None, load_on_all_ranks)
+        if not of_the_plugin(state):  # a stock model's loads as fairseq loads it
+            return read(path, arg_overrides, load_on_all_ranks) if arg_overrides else state
+        from ..models import settings
+
+        check_finite(path, state, os.environ.get("POWERNORM_ALLOW_NONFINITE", "0") == "1")
+        saved = settings.snapshot(model_config(state))
+        sides = settings.sides_of(saved.get("arch"))
+        settings.check_overrides(path, saved, arg_overrides, sides)
+        settings.remember(state["model"], path, saved)
+        if arg_overrides:  # as fairseq applies them
+            if state.get("args") is not None:
+                for name, value in arg_overrides.items():
+                    setattr(state["args"], name, value)
+            if state.get("cfg") is not None:
+                checkpoint_utils.overwrite_args_by_name(state["cfg"], arg_overrides)
         return state
 
     def load_ema_from_checkpoint(fpath):

@@ -4,7 +4,7 @@ import os
 import re
 import sys
 
-from ..common.errors import PowerNormConfigError
+from ..common.errors import InputFileError, PowerNormConfigError
 from .base import installs_once
 
 
@@ -58,7 +58,9 @@ def _runs_the_plugins_model(argv):
         if flag == "--path":
             try:
                 return of_the_plugin(load(value.split(os.pathsep)[0]))
-            except Exception:  # an unreadable checkpoint: fairseq's own error stands
+            except InputFileError:  # missing or unreadable: the user's input is wrong either way
+                return True
+            except Exception:  # fairseq's own error stands
                 return False
     return False
 

@@ -38,6 +38,7 @@ import zipfile
 from pathlib import Path
 
 from ..common.errors import InputFileError
+from ..common.files import check_regular_file
 from .base import installs_once
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ def newest_complete(save_dir, set_aside: bool):
     for path in Path(save_dir).glob("checkpoint*.pt"):
         if not CHECKPOINT.fullmatch(path.name):
             continue
+        check_regular_file(path, "checkpoint")  # a FIFO would hold the run for ever; not ours to move aside
         updates, why = saved_updates(path)
         if updates is not None:
             found[path] = updates
@@ -196,12 +198,11 @@ def guard_training_runs():
         if not _runs_the_plugins_model(trainer):  # a stock model trains as fairseq trains it
             return load(cfg, trainer, **passthrough_args)
         master = trainer.is_data_parallel_master
-        if cfg.restore_file != "checkpoint_last.pt" and not os.path.exists(cfg.restore_file):
-            # fairseq would train from scratch, and say nothing
-            raise InputFileError(f"--restore-file {cfg.restore_file}: no such checkpoint")
+        if cfg.restore_file != "checkpoint_last.pt":  # fairseq would train from scratch, and say nothing
+            _check_given(cfg.restore_file, "--restore-file")
         finetune = getattr(cfg, "finetune_from_model", None)
-        if finetune and not os.path.exists(finetune):  # fairseq raises a traceback
-            raise InputFileError(f"--finetune-from-model {finetune}: no such checkpoint")
+        if finetune:  # fairseq raises a traceback
+            _check_given(finetune, "--finetune-from-model")
         resuming = cfg.restore_file == "checkpoint_last.pt" and os.path.isdir(cfg.save_dir)
         chosen, why = None, ""
         if master and os.path.isdir(cfg.save_dir):
@@ -235,6 +236,13 @@ def guard_training_runs():
 
     checkpoint_utils.load_checkpoint = load_checkpoint
     checkpoint_utils.verify_checkpoint_directory = verify_checkpoint_directory
+
+
+def _check_given(path, flag):
+    try:
+        check_regular_file(path, "checkpoint")
+    except InputFileError as err:
+        raise InputFileError(f"{flag} {err}") from None
 
 
 def _runs_the_plugins_model(trainer) -> bool:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...common.files import atomic_path
 from .grid import LOSS, METRIC, StudyError, train_argv
-from .out import record_settings, wants_landscape
+from .out import read_probe, read_result, record_settings, wants_landscape
 from .probe import initial_probe, measure_landscape
 
 RECORD = re.compile(r"\| (train_inner|train|valid) \| (\{.*\})\s*$")
@@ -59,19 +59,19 @@ def run_cell(args, cell, verbose=False):
             return None
         if args.threads:
             torch.set_num_threads(args.threads)
-        if (root / "result.json").exists():
-            result = json.loads((root / "result.json").read_text())
+        result = read_result(root)
+        if result is not None:
             if not wants_landscape(args, result):
                 return result
             return measure_landscape(args, cell, root, result)
-        start = time.time()
+        start = time.time() - earlier_seconds(root)  # a requeued cell's seconds count every job's
         train_args = parse(train_argv(args, cell, root))
         record_settings(args)
-        if not (root / "init.json").exists():
+        probe = read_probe(args, cell)
+        if probe is None:  # not measured yet, or removed or cut short since: measured (again)
             probe = initial_probe(train_args, LOSS[args.task])
             with atomic_path(root / "init.json") as tmp:
                 Path(tmp).write_text(json.dumps(probe, indent=1))
-        probe = json.loads((root / "init.json").read_text())
         status = train(train_args, root / "train.log", verbose)
         result = dict(cell, status=status, initial_loss=probe["loss"], seconds=round(time.time() - start, 1))
         if status == "finished":  # the numbers saved with the last checkpoint, not a log a kill may have cut
@@ -91,6 +91,24 @@ def run_cell(args, cell, verbose=False):
         with atomic_path(root / "result.json") as tmp:
             Path(tmp).write_text(json.dumps(result, indent=1))
         return result
+
+
+#: the seconds a cell's earlier jobs trained before they were requeued (plain text)
+EARLIER = "earlier-seconds"
+
+
+def add_seconds(root, seconds):
+    """Add ``seconds`` (a job about to be requeued) to the cell's earlier time."""
+    with atomic_path(Path(root, EARLIER)) as tmp:
+        Path(tmp).write_text(f"{earlier_seconds(root) + seconds:.1f}\n")
+
+
+def earlier_seconds(root) -> float:
+    path = Path(root, EARLIER)
+    try:
+        return float(path.read_text()) if path.is_file() else 0.0
+    except (OSError, ValueError):
+        return 0.0
 
 
 def converged(final, initial, majority, frac):

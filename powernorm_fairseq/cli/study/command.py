@@ -92,8 +92,8 @@ def study(args, argv, p):
     if not args.cell:
         collect(args)
     if failed:
-        p.exit(1, f"norm-study: {len(failed)} cell(s) ended without a result on the cluster; the same command "
-               "resubmits them\n")
+        p.exit(1, f"norm-study: {len(failed)} cell(s) ended without a result on the cluster; each line above says "
+               "whether a rerun of the same command can finish it\n")
 
 
 def collect(args):

@@ -1,10 +1,10 @@
 """The figures: gradient norms at init, loss curves and the loss landscape."""
 
-import json
 import re
 from pathlib import Path
 from .cell import read_log
 from .grid import LOSS, series
+from .out import read_probe
 from .probe import order
 
 
@@ -27,8 +27,10 @@ def figures(args, grid, results):
         for c, _ in done:
             if (c["depth"], c["init"]) != (depth, init) or (series(args, c), c["width"]) in seen:
                 continue
+            probe = read_probe(args, c)
+            if probe is None:  # removed, or cut short: the report says so and draws the rest
+                continue
             seen.add((series(args, c), c["width"]))
-            probe = json.loads(Path(args.out, "cells", c["name"], "init.json").read_text())
             groups = sorted(probe["grad_norms"], key=order)
             ax.plot(range(len(groups)), [probe["grad_norms"][g] for g in groups], marker="o",
                     color=colors[series(args, c)], linestyle=styles[c["width"]],

@@ -62,8 +62,9 @@ def parser():
                    help="CPUs per cell (default: 1, or one per GPU)")
     s.add_argument("--mem-per-cell", type=at_least(1, "--mem-per-cell"), metavar="GB",
                    help="memory per cell (default: the cluster's)")
-    s.add_argument("--timeout-min", type=at_least(1, "--timeout-min"), metavar="MIN", help="a job's time limit "
-                   "(default: 240); a cell that reaches it requeues itself and resumes from its checkpoint")
+    s.add_argument("--timeout-min", type=at_least(2, "--timeout-min"), metavar="MIN", help="a job's time limit, "
+                   "at least 2 (SLURM warns a job 90 s before it) (default: 240); a cell that reaches it requeues "
+                   "itself and resumes from its checkpoint")
     s.add_argument("--max-parallel", type=at_least(1, "--max-parallel"), metavar="N",
                    help="cells running at once: the job array's throttle (default: no limit)")
     p.usage = "norm-study.sh [options] [-- FAIRSEQ-TRAIN FLAGS...]"

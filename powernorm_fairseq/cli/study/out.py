@@ -74,11 +74,31 @@ def finished(args, members):
     """{name: result} of the finished cells among ``members``, each result.json read once."""
     done = {}
     for cell in members:
-        path = Path(args.out, "cells", cell["name"], "result.json")
-        result = json.loads(path.read_text()) if path.exists() else None
+        result = read_result(Path(args.out, "cells", cell["name"]))
         if result is not None and not wants_landscape(args, result):
             done[cell["name"]] = result
     return done
+
+
+def read_result(root):
+    """A cell's result.json (``root``: its folder), or None when it is missing or
+    unreadable (cut short, or edited): such a cell is run again, and resumes."""
+    path = Path(root, "result.json")
+    try:
+        result = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return result if isinstance(result, dict) and "status" in result else None
+
+
+def read_probe(args, cell):
+    """A cell's init.json, or None when it is missing or unreadable."""
+    path = Path(args.out, "cells", cell["name"], "init.json")
+    try:
+        probe = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        probe = None
+    return probe if isinstance(probe, dict) and isinstance(probe.get("grad_norms"), dict) else None
 
 
 def wants_landscape(args, result):

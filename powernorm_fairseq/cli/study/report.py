@@ -8,11 +8,23 @@ from pathlib import Path
 
 from ...common.files import atomic_path
 from .grid import METRIC, dims, norms_of, series
+from .out import read_probe
 from .statistics import mean_sd, paired
 
 
 def fmt(value, spec="{:.3f}"):
     return spec.format(value) if isinstance(value, (int, float)) and math.isfinite(value) else "—"
+
+
+def strict(value):
+    """``value`` with every non-finite float replaced by None, for strict JSON parsers."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
 
 
 def report(args, grid, results):
@@ -75,14 +87,18 @@ def report(args, grid, results):
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     seeds = seed_report(args, grid, results, lines, metric_label, metric_fmt)
+    unprobed = [c["name"] for c in grid if c["name"] in results and read_probe(args, c) is None]
+    if unprobed:
+        lines += [f"Gradient norms at init are missing for {len(unprobed)} finished cell(s), whose init.json was "
+                  f"removed or is unreadable (left out of init_grads.png): {', '.join(unprobed)}.", ""]
     figures = [f for f in ("init_grads.png", "loss.png", "landscape.png") if Path(args.out, f).exists()]
     if figures:
         lines += ["## figures", ""] + [f"![{f}]({f})" for f in figures] + [""]
     study = dict(task=args.task, data=args.data_as_given, majority_loss=args.majority_loss,
                  converged_fraction=args.converged_fraction, tables=tables, seeds=seeds,
                  cells=[results.get(c["name"], dict(c, status="pending")) for c in grid])
-    with atomic_path(Path(args.out, "study.json")) as tmp:
-        Path(tmp).write_text(json.dumps(study, indent=1))
+    with atomic_path(Path(args.out, "study.json")) as tmp:  # strict JSON: a NaN or inf (diverged) as null
+        Path(tmp).write_text(json.dumps(strict(study), indent=1, allow_nan=False))
     with atomic_path(Path(args.out, "study.md")) as tmp:
         Path(tmp).write_text("\n".join(lines))
 

@@ -13,7 +13,7 @@ signal, requeues itself and resumes from the cell's ``checkpoint_last.pt``
 import fcntl
 import io
 import json
-import pickle
+import os
 import shutil
 import subprocess
 import sys
@@ -24,8 +24,9 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
+from ...common.errors import PowerNormConfigError
 from ...common.files import atomic_path, end_cleanly_on_sigterm
-from .cell import quiet, run_cell
+from .cell import add_seconds, quiet, run_cell
 from .grid import StudyError
 from .out import finished
 
@@ -48,7 +49,17 @@ class Cell(submitit.helpers.Checkpointable):
         self.mark = _mark(args, cell)
         end_cleanly_on_sigterm()  # scancel's SIGTERM ends the cell now (submitit would let it run to SIGKILL)
         quiet(args.verbose)
-        result = run_cell(args, cell, args.verbose)
+        failure = Path(args.out, "cells", cell["name"], FAILURE)
+        failure.unlink(missing_ok=True)
+        try:
+            result = run_cell(args, cell, args.verbose)
+        except Exception as err:  # why, as plain text for the waiting run: it never unpickles submitit's record
+            kind = "input" if isinstance(err, (PowerNormConfigError, StudyError)) else "error"
+            text = " ".join(str(err).split()) or type(err).__name__
+            failure.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(failure) as tmp:
+                Path(tmp).write_text(f"{kind}\n{text[:2000]}\n")
+            raise
         if result is None:
             raise StudyError(f"cell {cell['name']}: held by another process on {args.out}")
         return result
@@ -59,7 +70,13 @@ class Cell(submitit.helpers.Checkpointable):
             print(f"cell {cell['name']}: no checkpoint saved in the {args.timeout_min} minutes this job had; "
                   "not requeued (give a longer --timeout-min)", file=sys.stderr)
             return None
+        add_seconds(Path(args.out, "cells", cell["name"]), time.time() - self.started)  # result.json counts all jobs
         return super().checkpoint(args, cell)
+
+
+#: a job's plain-text record of why its cell ended without a result: "input" (a rerun fails the same way)
+#: or "error", then the error's line
+FAILURE = "failure.txt"
 
 
 def _mark(args, cell):
@@ -69,7 +86,8 @@ def _mark(args, cell):
 
 def run(args, todo):
     """(cell, result) as each job ends; (cell, why) for a job that ended without a result."""
-    with _locked(Path(args.out, ".submit.lock")):
+    _private(Path(args.out, "slurm"))
+    with _locked(args.out):
         jobs = _read_jobs(args.out)
         live = _live()
         waiting = {c["name"]: jobs[c["name"]] for c in todo if jobs.get(c["name"]) in live}
@@ -100,7 +118,9 @@ def _submit(args, todo):
     params.update({k: v for k, v in (("partition", args.partition), ("gpus_per_node", args.gpus_per_cell or None),
                                      ("mem", f"{args.mem_per_cell}GB" if args.mem_per_cell else None)) if v})
     executor.update_parameters(**params)
+    made = not executor.folder.exists()
     executor.folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(executor.folder, executor.folder.stat().st_mode & ~0o022)  # its pickles run in the jobs: ours alone
     before = set(executor.folder.iterdir())
     try:
         with redirect_stderr(io.StringIO()), executor.batch():  # submitit prints sbatch's refusal; we say it once
@@ -108,6 +128,8 @@ def _submit(args, todo):
     except (FailedJobError, FailedSubmissionError, subprocess.SubprocessError, OSError) as err:
         for path in set(executor.folder.iterdir()) - before:  # the refused submission's script and pickles
             path.unlink()
+        if made and not any(executor.folder.iterdir()):
+            executor.folder.rmdir()
         lines = [x for x in str(err).splitlines() if "error" in x.lower()] or str(err).splitlines() or [""]
         why = lines[-1].strip().removeprefix("sbatch: error: ")
         raise StudyError(f"--launcher slurm: sbatch refused the cells: {why}") from None
@@ -138,7 +160,7 @@ def _wait(args, cells, jobs):
             if name in done:
                 yield cells[name], done[name]
             elif job not in live:
-                yield cells[name], _why(args, job)
+                yield cells[name], _why(args, cells[name], job)
             else:
                 continue
             del jobs[name]
@@ -148,33 +170,75 @@ def _wait(args, cells, jobs):
             time.sleep(delay)
 
 
-def _why(args, job_id):
-    """Why a job ended without a result, in one line: its state and its last error, and its log."""
+def _why(args, cell, job_id):
+    """Why a job ended without a result, in one line: its state, its last
+    error (the cell's plain-text record, or the last line of the job's log;
+    never submitit's pickle, which this process does not load), whether a
+    rerun can help, and its log."""
     job = submitit.SlurmJob(folder=Path(args.out, "slurm"), job_id=job_id)
     state = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True)
     state = next((w.split("=", 1)[1] for w in state.stdout.split() if w.startswith("JobState=")), "ended")
-    last = ""
-    if job.paths.result_pickle.exists():
-        try:
-            outcome, value = pickle.loads(job.paths.result_pickle.read_bytes())
-            last = f": {str(value).strip().splitlines()[-1]}" if outcome == "error" and str(value).strip() else ""
-        except Exception:  # a pickle cut short by the kill: the log says more
-            pass
-    return f"job {job_id} ended without a result ({state}{last}); the same command resubmits it. Log: " \
+    kind, last = "error", ""
+    record = _tail(Path(args.out, "cells", cell["name"], FAILURE)).splitlines()
+    if len(record) >= 2:
+        kind, last = record[0], record[-1]
+    else:
+        lines = [x.strip() for x in _tail(job.paths.stderr).splitlines() if x.strip()]
+        last = lines[-1] if lines else ""
+    again = "a rerun fails the same way until what it names is fixed" if kind == "input" \
+        else "the same command resubmits it"
+    return f"job {job_id} ended without a result ({state}{': ' + last if last else ''}); {again}. Log: " \
            f"{job.paths.stderr}"
+
+
+def _tail(path, size=4096) -> str:
+    """The end of a text file, or "" for anything else (a FIFO is never opened)."""
+    try:
+        if not Path(path).is_file():
+            return ""
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _private(folder):
+    """Refuse an OUT/slurm that another user can write: submitit runs its
+    ``*_submitted.pkl`` inside the jobs, so what is there is code."""
+    paths = [folder, *folder.iterdir()] if folder.is_dir() else []
+    for path in paths:
+        st = path.lstat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            who = "another user's" if st.st_uid != os.getuid() else f"writable by others (mode {st.st_mode & 0o777:o})"
+            raise StudyError(f"{path}: {who}: submitit runs what OUT/slurm holds inside the jobs, so it must be "
+                             f"yours alone (chmod go-w), or give another --out")
 
 
 def _read_jobs(out):
     path = Path(out, "jobs.json")
-    return json.loads(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        jobs = json.loads(path.read_text())
+        if isinstance(jobs, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in jobs.items()):
+            return jobs
+    except (OSError, ValueError):
+        pass
+    raise StudyError(f"{path}: not the job list this launcher writes (corrupt?); its jobs may still run: check "
+                     "squeue, then remove the file and rerun (finished cells are kept)")
 
 
 @contextmanager
-def _locked(path):
-    """One submission at a time per OUT: two runs would both find a cell unsubmitted."""
-    with open(path, "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+def _locked(out):
+    """One submission at a time per OUT: two runs would both find a cell
+    unsubmitted. The lock is OUT itself, so that nothing is left behind."""
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)
 
 
 def check(args, p):
