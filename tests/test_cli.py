@@ -51,8 +51,10 @@ def test_resuming_with_other_norms_fails_in_one_line(toy_data, trained, tmp_path
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, "--norm-type", "ln", max_update=4), check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("fairseq-train: error: checkpoint norms (decoder ln, encoder pn)")
-    assert last.endswith("pass --norm-type pn")
+    assert last.startswith(f"fairseq-train: error: {tmp_path}/checkpoint_last.pt: trained as another model "
+                           "(--norm-type: the checkpoint has pn, this asks ln;")
+    assert last.endswith("pass the checkpoint's settings, or --allow-setting-changes to fine-tune it into this "
+                         "model on purpose")
 
 
 def test_interactive_translates(toy_data, trained):

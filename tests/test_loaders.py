@@ -229,3 +229,169 @@ def test_without_the_plugin_fairseq_runs_the_pickle_under_the_unsafe_variable(tm
     proc = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
     assert proc.returncode == 0 and not marker.exists(), proc.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- the plugin's own loaders
+
+#: loading calls of the plugin's own source, by (file under the package, enclosing function, callee), and why each
+#: reads no code
+OWN_LOADERS = {
+    ("powernorm_fairseq/common/checkpoints.py", "load", "torch.load"): "weights_only=True",
+    ("powernorm_fairseq/patches/savedir.py", "saved_updates", "torch.load"): "weights_only=True",
+}
+
+
+def own_sources():
+    import powernorm_fairseq
+
+    root = Path(powernorm_fairseq.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        yield path, str(path.relative_to(root.parent))
+
+
+@pytest.mark.slow
+def test_the_plugin_itself_unpickles_no_file():
+    """The plugin's own source, enumerated as fairseq's is: every loading call
+    reads weights only, literally (``weights_only=True``); a new one fails here
+    until it is listed. The SLURM launcher's wait reads why a job ended as
+    plain text, never submitit's pickles in OUT/slurm."""
+    calls = [c for path, rel in own_sources() for c in loading_calls(path, rel)]
+    weights_only = {c.key for c in calls if c.callee == "torch.load" and isinstance(c.keywords.get("weights_only"),
+                                                                                   ast.Constant)
+                    and c.keywords["weights_only"].value is True}
+    assert {c.key for c in calls} == set(OWN_LOADERS) == weights_only
+
+
+# ---------------------------------------------------------------- archive extraction
+
+#: functions that extract an archive's members to disk: a method of any archive object, or shutil's
+EXTRACTORS = {"extractall", "extract", "unpack_archive"}
+#: extractions in fairseq, by (file, enclosing function, callee), and how each is kept inside its folder
+EXTRACTIONS = {
+    ("fairseq/file_utils.py", "load_archive_file", "extractall"):
+        "replaced whole by patches.archives.safe_archives (the hub's from_pretrained, its model and its data)",
+}
+
+
+def extraction_calls(path: Path, rel: str):
+    """(file, enclosing function, extractor) for every call in ``path`` that
+    extracts an archive: ``x.extractall(...)``/``x.extract(...)`` on any object
+    (tarfile's, zipfile's), and ``unpack_archive`` under any alias of shutil
+    or imported by any name."""
+    tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
+    names = {a.asname or a.name: a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "shutil" for a in node.names}
+    for call, where in enclosing(tree):
+        f = call.func
+        name = f.attr if isinstance(f, ast.Attribute) else names.get(f.id) if isinstance(f, ast.Name) else None
+        if name in EXTRACTORS:
+            yield rel, where, name
+
+
+def test_the_scanner_finds_every_spelling_of_an_extraction(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import tarfile, zipfile, shutil as sh\nfrom shutil import unpack_archive as ua\n"
+                      "def a(p):\n    tarfile.open(p).extractall('x')\n"
+                      "def b(p):\n    with zipfile.ZipFile(p) as z:\n        z.extract('m')\n"
+                      "def c(p):\n    sh.unpack_archive(p)\n"
+                      "def d(p):\n    ua(p)\n"
+                      "def e(p):\n    return p.extract_features(), re.match(p)\n")
+    assert [w for _, w, _ in extraction_calls(source, "m.py")] == ["a", "b", "c", "d"]
+
+
+@pytest.mark.slow
+def test_every_archive_extraction_in_fairseq_and_the_plugin_is_guarded():
+    """Every extraction in the installed fairseq (outside its examples) and in the
+    plugin is listed with how it is kept inside its folder, and the listed
+    fairseq one is the plugin's safe replacement at run time; a new or stale
+    site fails here."""
+    from fairseq import file_utils
+
+    from powernorm_fairseq.patches import archives
+
+    found = {key for path, rel in fairseq_sources_all() for key in extraction_calls(path, rel)}
+    assert found == set(EXTRACTIONS), f"unlisted: {found - set(EXTRACTIONS)}; stale: {set(EXTRACTIONS) - found}"
+    assert file_utils.load_archive_file.__module__ == archives.__name__  # installed (AT_IMPORT)
+    own = {key for path, rel in own_sources() for key in extraction_calls(path, rel)}
+    assert own == {("powernorm_fairseq/patches/archives.py", "extract_safely", "extractall")}
+
+
+def fairseq_sources_all():
+    import fairseq
+    import fairseq_cli
+
+    site = Path(fairseq.__file__).parent.parent
+    for package in (fairseq, fairseq_cli):
+        for path in sorted(Path(package.__file__).parent.rglob("*.py")):
+            text = path.read_bytes()
+            if not str(path).startswith(str(site / ELSEWHERE)) and re.search(rb"extract|unpack_archive", text):
+                yield path, str(path.relative_to(site))
+
+
+def tar_with(path, *members):
+    """A .tar.gz holding ``members``: (TarInfo, bytes or None)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as archive:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def member(name, kind=None, link=None, data=b"x"):
+    """A tar member: a file, or ``kind`` symlink, hardlink or device (to ``link``)."""
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    if kind is not None:
+        info.type = {"symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE, "device": tarfile.CHRTYPE}[kind]
+        info.linkname, data = link or "", None
+    return info, data
+
+
+@pytest.mark.parametrize("members, why", [
+    ([member("model/../../escaped.txt")], "would be written outside the folder"),
+    ([member("/tmp/powernorm-absolute-escape.txt")], "has an absolute path"),
+    ([member("model/link", "symlink", "../.."), member("model/link/escaped.txt")], "is a link that leads outside"),
+    ([member("model/hard", "hardlink", "/etc/passwd")], "is a link to an absolute path"),
+    ([member("model/hard", "hardlink", "../../outside")], "is a link that leads outside"),
+    ([member("model/dev", "device")], "is a device file or a FIFO"),
+])
+def test_an_archive_that_would_write_outside_its_folder_is_refused(tmp_path, members, why):
+    """from_pretrained("model.tar.gz"): each member is checked before anything
+    is written; the refusal names the archive and the member; nothing lands
+    outside, and the user's archive is left where it was."""
+    from fairseq.models.transformer import TransformerModel
+
+    from powernorm_fairseq.common.errors import InputFileError
+
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    archive = tar_with(work / "model.tar.gz", member("model/model.pt", data=b"not a model"), *members)
+    before = archive.read_bytes()
+    with pytest.raises(InputFileError, match=f"model.tar.gz: refused: its member .* {why}"):
+        TransformerModel.from_pretrained(str(archive), checkpoint_file="model.pt")
+    assert archive.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "model.tar.gz"]
+    assert not Path("/tmp/powernorm-absolute-escape.txt").exists()
+
+
+@pytest.mark.slow  # a trained model
+def test_a_model_archive_loads_and_is_left_in_place(toy_data, trained, tmp_path):
+    import tarfile
+
+    from fairseq.models.transformer import TransformerModel
+
+    archive = tmp_path / "model.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(trained("pn") / "checkpoint_last.pt", "pn/model.pt")
+        for name in ("dict.de.txt", "dict.en.txt"):
+            tar.add(toy_data / name, f"pn/{name}")
+    before = archive.read_bytes()
+    hub = TransformerModel.from_pretrained(str(archive), checkpoint_file="model.pt", data_name_or_path=".",
+                                           source_lang="de", target_lang="en")
+    assert hub.translate("haus katze", beam=1)
+    assert archive.is_file() and archive.read_bytes() == before and sorted(tmp_path.iterdir()) == [archive]

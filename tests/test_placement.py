@@ -34,10 +34,11 @@ def attention(x, pad, a):
     def heads(t):
         return t.reshape(T, B * H, D).transpose(0, 1)  # (B H, T, D)
 
-    def qk(p):  # --qk-norm ln: LayerNorm over each head's channels
+    def qk(p):  # --qk-norm ln: LayerNorm over each head's channels, or (--qk-norm-scope projection) all of them
         t = F.linear(x, p.weight, p.bias)
         if hasattr(p, "norm"):
-            t = F.layer_norm(t.view(T, B, H, D), (D,), p.norm.weight, p.norm.bias, p.norm.eps).view(T, B, C)
+            d = p.norm.weight.numel()
+            t = F.layer_norm(t.view(T, B, C // d, d), (d,), p.norm.weight, p.norm.bias, p.norm.eps).view(T, B, C)
         return t
 
     q = heads(qk(a.q_proj) * D ** -0.5)
@@ -67,15 +68,23 @@ def reference_encoder(encoder, x, pad, placement):
             elif placement == "deepnorm":
                 alpha = deepnorm_constants(2, 2)["encoder"][0]
                 x = ln(norm, alpha * x + f(x))
-            else:  # rezero
-                x = x + layer.rezero_gates[i] * f(x)
+            else:  # rezero: a gate per sublayer, or one per layer (--rezero-gates layer)
+                x = x + layer.rezero_gates[i if layer.rezero_gates.numel() > 1 else 0] * f(x)
     return ln(encoder.layer_norm, x) if placement in ("pre", "sandwich") else x
 
 
-@pytest.mark.parametrize("placement, qk", [(p, None) for p in PLACEMENTS] + [("pre", "ln"), ("deepnorm", "ln")])
-def test_two_encoder_layers_compute_their_placement(toy_data, placement, qk):
-    model, _ = build(toy_data, placement, *(["--qk-norm", qk] if qk else []))
-    assert (type(model.encoder.layers[0].self_attn.q_proj).__name__ == "HeadNormProjection") == (qk is not None)
+@pytest.mark.parametrize("placement, flags", [(p, []) for p in PLACEMENTS] + [
+    ("pre", ["--qk-norm", "ln"]), ("deepnorm", ["--qk-norm", "ln"]), ("pre", ["--qk-norm", "ln", "--qk-norm-scope",
+                                                                              "projection"]),
+    ("rezero", ["--rezero-gates", "layer"])])
+def test_two_encoder_layers_compute_their_placement(toy_data, placement, flags):
+    model, _ = build(toy_data, placement, *flags)
+    qk = type(model.encoder.layers[0].self_attn.q_proj).__name__ == "HeadNormProjection"
+    assert qk == ("--qk-norm" in flags)
+    if qk:  # a head's channels, or the whole projection's
+        assert model.encoder.layers[0].self_attn.q_proj.norm.weight.numel() == (32 if "projection" in flags else 8)
+    if placement == "rezero":
+        assert model.encoder.layers[0].rezero_gates.numel() == (1 if "layer" in flags else 2)
     model = model.double().eval()
     encoder = model.encoder
     with torch.no_grad():  # parameters off their start, so that gates and gains are seen
@@ -212,6 +221,36 @@ def test_every_kind_as_qk_norm_trains_a_step_or_is_refused_in_one_line(toy_data,
     assert hasattr(q, "norm") == (kind != "none")
     if kind != "none" and list(q.norm.parameters()):
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in q.norm.parameters())
+
+
+@pytest.mark.parametrize("placement", ["sandwich", "rezero"])
+def test_a_decoder_layer_called_without_encoder_out_gives_its_feed_forward_its_own_norm_or_gate(toy_data, placement):
+    """fairseq's decoder layer skips its encoder attention without encoder_out: the feed-forward still gets the
+    feed-forward's output norm (sandwich) or gate (rezero), not the encoder attention's."""
+    model, _ = build(toy_data, placement)
+    layer = model.decoder.layers[0].double().eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+        if placement == "rezero":
+            layer.rezero_gates.copy_(torch.tensor([0.5, -3.0, 2.0], dtype=torch.float64))
+    x = torch.randn(6, 2, 32, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+
+    def ln(norm, h):
+        return F.layer_norm(h, h.shape[-1:], norm.weight, norm.bias, norm.eps)
+
+    def ff(h):
+        return layer.fc2(F.relu(layer.fc1(h)))
+
+    if placement == "sandwich":  # output norms 0, 1, 2: self-attention, encoder attention, feed-forward
+        h = x + ln(layer.output_norms[0], attention(ln(layer.self_attn_layer_norm, x), pad, layer.self_attn))
+        want = h + ln(layer.output_norms[2], ff(ln(layer.final_layer_norm, h)))
+    else:
+        h = x + layer.rezero_gates[0] * attention(x, pad, layer.self_attn)
+        want = h + layer.rezero_gates[2] * ff(h)
+    y, _, _ = layer(x, None, None, self_attn_padding_mask=pad)
+    torch.testing.assert_close(y, want, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.slow

@@ -163,7 +163,8 @@ def test_the_study_writes_its_table_figures_and_landscape(study, demo):
     assert table[0] == "| lr | ln | bn | none |" and [row.split(" | ")[0] for row in table[1:]] == ["| 1", "| 0.1"]
     for name in ("init_grads.png", "loss.png", "landscape.png"):
         assert (out / name).stat().st_size > 10_000
-    study_json = json.loads((out / "study.json").read_text())
+    study_json = json.loads((out / "study.json").read_text(),  # strict JSON: a diverged cell's NaN is null
+                            parse_constant=lambda c: pytest.fail(f"study.json holds a bare {c}"))
     majority = study_json["majority_loss"]
     counts = [int(line.split()[1]) for line in (demo / "label" / "dict.txt").read_text().splitlines()]
     p = [c / sum(counts) for c in counts]
@@ -181,6 +182,7 @@ def test_the_study_writes_its_table_figures_and_landscape(study, demo):
             assert r["converged"] == (r["final_loss"] < 0.5 * r["initial_loss"] and r["final_loss"] < majority)
         else:
             assert r["status"] == "diverged" and not r["converged"] and math.isnan(r["final_loss"])
+            assert next(c for c in study_json["cells"] if c["name"] == name)["final_loss"] is None
         cells_row = study_json["tables"][0]["rows"][LRS.index(f"{r['lr']:g}")]["norms"][r["norm"]]
         assert cells_row["converged"] == int(r["converged"])
 
@@ -242,9 +244,13 @@ def test_the_report_holds_every_cell_another_run_finished(study, demo, tmp_path,
             yield cell, None  # this one found it locked
 
     monkeypatch.setattr(launchers, "run_all", the_other_run)
+    lost = sorted((out / "cells").glob("*/init.json"))[0]  # a finished cell's probe removed: reported, not fatal
+    lost.unlink()
     norm_study.main([*GRID, "--data", str(demo), "--out", str(out), "--landscape", *MORE])
     md = (out / "study.md").read_text()
     assert "pending" not in md and "done" not in md
+    assert f"Gradient norms at init are missing for 1 finished cell(s), whose init.json was removed or is " \
+           f"unreadable (left out of init_grads.png): {lost.parent.name}." in md
     assert len([c for c in json.loads((out / "study.json").read_text())["cells"] if c["status"] != "pending"]) == 6
 
 

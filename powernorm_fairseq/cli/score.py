@@ -23,7 +23,7 @@ from pathlib import Path
 
 from sacrebleu.metrics import BLEU
 
-from ..common.files import atomic_path, end_cleanly_on_sigterm
+from ..common.files import atomic_path, check_regular_file, end_cleanly_on_sigterm
 from ..common.flags import ArgumentParser
 
 
@@ -112,6 +112,9 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     try:
+        for path in (args.generate_output, args.raw_ref):  # a FIFO would hold the command for ever
+            if path is not None:
+                check_regular_file(path)
         hyps, refs = read_generate_output(args.generate_output)
         raw = Path(args.raw_ref).read_text(encoding="utf-8").splitlines() if args.raw_ref else None
         origin = Path(f"{args.raw_ref}.sacrebleu")

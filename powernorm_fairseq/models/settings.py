@@ -159,6 +159,8 @@ def check_load(model, state_dict):
     for d in diff:
         logger.warning(f"{path}: {describe(d)} ({ALLOW}): the model computes another function from here on")
     for d in differences(training_settings(saved_cfg), training_settings(asked)):
+        if d[0] == "allow_setting_changes":
+            continue
         logger.info(f"{path}: {describe(d)}: a training setting, changed from here on")
 
 

@@ -37,6 +37,8 @@ def extract_safely(archive_file, name=None) -> str:
             members = archive.getmembers()
             for member in members:  # all of them before anything is written
                 try:
+                    if os.path.isabs(member.name) or member.name.startswith(("/", "\\")):
+                        raise tarfile.AbsolutePathError(member)  # the data filter would strip the slash
                     tarfile.data_filter(member, tempdir)
                 except tarfile.FilterError as err:
                     raise InputFileError(f"{name}: refused: its member {member.name!r} {_why(err)}; "
