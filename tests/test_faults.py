@@ -499,6 +499,10 @@ def test_paths_that_cannot_serve_are_refused_in_one_line(toy_data, trained, lm_t
     proc = cli("fairseq-eval-lm", toy_data, "--user-dir", USER_DIR, "--path",
                lm_trained("ln") / "checkpoint_last.pt", "--cpu", check=False)
     one_line_error(proc, f"no such file: {toy_data}/dict.txt", "fairseq-eval-lm")
+    garbage = tmp_path / "garbage.pt"  # and an unreadable checkpoint: still the user's input, in one line
+    garbage.write_bytes(b"not a checkpoint")
+    proc = cli("fairseq-eval-lm", toy_data, "--user-dir", USER_DIR, "--path", garbage, "--cpu", check=False)
+    one_line_error(proc, f"no such file: {toy_data}/dict.txt", "fairseq-eval-lm")
 
 
 def test_evaluating_a_read_only_save_directory_is_refused_in_one_line(toy_data, trained, tmp_path):

@@ -198,6 +198,8 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     assert f"Requeued job {jobs[preempted]}" in (out / "slurm" / f"{jobs[preempted]}_0_log.out").read_text()
     log = (out / "cells" / preempted / "train.log").read_text()
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ [1-9]\d* updates\)", log)
+    earlier = float((out / "cells" / preempted / "earlier-seconds").read_text())  # the job before its requeue
+    assert 0 < earlier < json.loads((out / "cells" / preempted / "result.json").read_text())["seconds"]
 
     # the rerun resubmits the cancelled cell only, which resumes from its checkpoint
     proc = subprocess.run(command, capture_output=True, **run)

@@ -9,7 +9,8 @@ from ..common.flags import ArgumentParser
 
 
 def rows():
-    """(flag, default, values, models, help) of every norm flag."""
+    """(flag, default, values, role, help) of every norm flag; role: function
+    (it must match wherever a model is rebuilt from a checkpoint) or training."""
     from ..models.options import norm_fields
 
     lm = {f.name for f in norm_fields(lm=True)}
@@ -24,8 +25,8 @@ def rows():
             values, default = "", "off"
         else:
             default = "see meaning" if f.default is None else str(f.default)
-        models = "both" if f.name in lm else "translation"
-        yield flag, default, values, models, " ".join(f.metadata["help"].split())
+        role = f.metadata["role"] + ("" if f.name in lm else ", translation")
+        yield flag, default, values, role, " ".join(f.metadata["help"].split())
 
 
 def markdown() -> str:
@@ -33,7 +34,7 @@ def markdown() -> str:
     from ..norms import NORM_TYPES
 
     kinds = ",".join(NORM_TYPES)
-    out = ["| flag | default | values | models | meaning |", "|---|---|---|---|---|"]
+    out = ["| flag | default | values | role | meaning |", "|---|---|---|---|---|"]
     for row in rows():
         cells = [f"`{c}`" if i < 3 and c else c for i, c in enumerate(row)]
         if row[2] in (kinds, "{" + kinds + "}"):  # the kinds table lists them once
@@ -51,8 +52,8 @@ def main(argv=None):
         return
     table = list(rows())
     width = max(len(r[0]) for r in table)
-    for flag, default, values, models, text in table:
-        print(f"{flag:<{width}}  default {default}; {values + '; ' if values else ''}{models}\n"
+    for flag, default, values, role, text in table:
+        print(f"{flag:<{width}}  default {default}; {values + '; ' if values else ''}{role}\n"
               f"{'':<{width}}  {text}")
 
 

@@ -109,16 +109,14 @@ class NormConfig(FairseqDataclass):
     decoder_norm_self: Optional[str] = _sublayer("--decoder-norm-self")
     decoder_norm_cross: Optional[str] = _sublayer("--decoder-norm-cross", lm=False)
     decoder_norm_ff: Optional[str] = _sublayer("--decoder-norm-ff")
-    norm_placement: str = _flag("pre", "where the norms sit (docs/norms.md#placements): before or after each "
-                                "sublayer, both, DeepNet's post-norm, or none but ReZero's gates", FUNCTION,
+    norm_placement: str = _flag("pre", "where the norms sit (docs/norms.md#placements)", FUNCTION,
                                 **_choice(PLACEMENTS))
-    rezero_gates: str = _flag("sublayer", "ReZero's residual gates (--norm-placement rezero): one per sublayer, or "
-                              "one per layer shared by its sublayers, as the ReZero authors' code has it",
+    rezero_gates: str = _flag("sublayer", "ReZero's gates: one per sublayer, or one per layer (the authors' code)",
                               FUNCTION, **_choice(REZERO_GATES))
     qk_norm: Optional[str] = _flag(None, "a norm of each attention head's queries and keys (default: none; a "
                                    "per-token kind)", FUNCTION, type=_sublayer_kind, metavar=KINDS)
-    qk_norm_scope: str = _flag("head", "what --qk-norm normalises: each head's slice of the queries and keys, or "
-                               "their whole projections before the split into heads (OLMo 2)", FUNCTION,
+    qk_norm_scope: str = _flag("head", "what --qk-norm normalises: each head's queries and keys, or the whole "
+                               "projections (OLMo 2)", FUNCTION,
                                **_choice(QK_SCOPES))
     fixnorm: bool = _flag(False, "unit-length word embeddings times a learned scale (needs tied embeddings)",
                           FUNCTION, action="store_true")
@@ -144,17 +142,15 @@ class NormConfig(FairseqDataclass):
     norm_groups: Optional[int] = _flag(None, "channel groups of groupnorm (default: the attention heads)",
                                        FUNCTION, kinds=("groupnorm",), type=at_least(1, "--norm-groups"),
                                        metavar="G")
-    norm_causal: bool = _flag(False, "decoder norms with batch statistics (bn, pn-v, pn in its warmup) normalise "
-                              "with their running statistics in training too, so that no token sees a later "
-                              "one through them (docs/norms.md)", FUNCTION, kinds=RUNNING_STAT_TYPES,
+    norm_causal: bool = _flag(False, "decoder norms of batch statistics use their running ones in training too: no "
+                              "token sees a later one through them", FUNCTION, kinds=RUNNING_STAT_TYPES,
                               action="store_true")
     # how the model is trained: free to change on resume (the change is logged)
     small_init: bool = _flag(False, "attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))", TRAINING,
                              action="store_true")
-    init: str = _flag("default", "the weights at initialisation: fairseq's (default); Xavier, and Kaiming for "
-                      "the ReLU feed-forward (xavier-kaiming); every weight matrix and embedding U(-A, A) "
-                      "(uniform:A); or SmallInit (smallinit, as --small-init); biases start at 0 and norms "
-                      "at their own start", TRAINING, type=init_scheme, metavar="{" + ",".join(INITS) + "}")
+    init: str = _flag("default", "initial weights: fairseq's (default), Xavier with Kaiming for the feed-forward "
+                      "(xavier-kaiming), U(-A, A) (uniform:A), or SmallInit; biases at 0", TRAINING,
+                      type=init_scheme, metavar="{" + ",".join(INITS) + "}")
     dyt_alpha_init: float = _flag(0.5, "DyT's alpha at initialisation (Zhu et al., 2025: 0.5)", TRAINING,
                                   type=positive, metavar="A")
     pn_alpha_fwd: float = _flag(0.9, "PN running psi^2 decay, in (0, 1)", TRAINING, type=fraction("--pn-alpha-fwd"))
@@ -164,19 +160,16 @@ class NormConfig(FairseqDataclass):
     norm_momentum: Optional[float] = _flag(None, "running-statistics momentum of bn, pn-v and bn-original "
                                            "(default: 0.1; 0.05 for bn-original, as in the authors' code)",
                                            TRAINING, type=fraction("--norm-momentum"))
-    norm_sync: Optional[str] = _flag(None, "statistics of bn, pn-v and pn across data-parallel workers: batch = "
-                                     "normalise with the global batch (exact gradient through the all-reduce), "
-                                     "running = per-worker batch, identical running statistics, none = per "
-                                     "worker (default: batch; none with --pn-backward reference; bn-original "
-                                     "is always none)", TRAINING, **_choice(SYNC_MODES))
-    norm_diagnostics: bool = _flag(False, "log batch vs running statistics distances and the gradient terms of "
-                                   "the statistics for every bn, bn-original, pn-v and pn layer (diag/... "
+    norm_sync: Optional[str] = _flag(None, "bn, pn-v, pn statistics across data-parallel workers: batch (the global "
+                                     "batch, exact gradient), running (per-worker batch, shared running "
+                                     "statistics), none (default: batch; none with --pn-backward reference)",
+                                     TRAINING, **_choice(SYNC_MODES))
+    norm_diagnostics: bool = _flag(False, "log batch vs running statistics and their gradient terms (diag/... "
                                    "metrics)", TRAINING, action="store_true")
     norm_diagnostics_interval: int = _flag(1, "measure every N updates", TRAINING,
                                            type=at_least(1, "--norm-diagnostics-interval"), metavar="N")
-    allow_setting_changes: bool = _flag(False, "load a checkpoint (resume, --finetune-from-model) trained with other "
-                                        "model settings (norm kinds, placement, QK-norm, ...): a deliberate "
-                                        "fine-tune into another model; each change is logged", TRAINING,
+    allow_setting_changes: bool = _flag(False, "load a checkpoint trained with other function settings: a deliberate "
+                                        "fine-tune into another model, each change logged", TRAINING,
                                         action="store_true")
     # fmt: on
 

@@ -20,7 +20,9 @@ import logging
 import weakref
 from dataclasses import fields
 
+from ..common.checkpoints import model_config
 from ..common.errors import PowerNormConfigError
+from ..patches.checkpoints import REBUILD_CHECKS
 from .options import FUNCTION, SUBLAYER_FLAGS, NormConfig, all_kinds
 
 logger = logging.getLogger(__name__)
@@ -179,3 +181,15 @@ def sides_of(arch) -> tuple:
 
     model = ARCH_MODEL_REGISTRY.get(arch)
     return tuple(getattr(model, "NORM_FLAGS", ("encoder", "decoder")))
+
+
+def on_read(path, state, overrides):
+    """fairseq's checkpoint reader, for a checkpoint of the plugin: refuse
+    overrides that change its function, and note its settings for the model
+    that loads it."""
+    saved = snapshot(model_config(state))
+    check_overrides(path, saved, overrides, sides_of(saved.get("arch")))
+    remember(state["model"], path, saved)
+
+
+REBUILD_CHECKS.append(on_read)

@@ -11,8 +11,7 @@ import sys
 
 import torch
 
-from ..common.checkpoints import (UNREADABLE, allow_fairseq_checkpoints, check_finite, model_config, of_the_plugin,
-                                  why_unreadable)
+from ..common.checkpoints import UNREADABLE, allow_fairseq_checkpoints, check_finite, of_the_plugin, why_unreadable
 from ..common.errors import InputFileError
 from ..common.files import atomic_path, check_regular_file
 from .base import installs_once
@@ -63,6 +62,11 @@ def weights_only_in_fairseq():
     torch.load = torch.serialization.load = load
 
 
+#: what the plugin's models check in a checkpoint of theirs before it is rebuilt, each called with
+#: (path, state, overrides): models/settings.py adds its check (the models import the patches, not these them)
+REBUILD_CHECKS = []
+
+
 @installs_once
 def name_unreadable_checkpoints():
     """fairseq's checkpoint reader (generate, interactive, validate, eval-lm,
@@ -92,13 +96,9 @@ def name_unreadable_checkpoints():
         state = read(path, None, load_on_all_ranks)
         if not of_the_plugin(state):  # a stock model's loads as fairseq loads it
             return read(path, arg_overrides, load_on_all_ranks) if arg_overrides else state
-        from ..models import settings
-
         check_finite(path, state, os.environ.get("POWERNORM_ALLOW_NONFINITE", "0") == "1")
-        saved = settings.snapshot(model_config(state))
-        sides = settings.sides_of(saved.get("arch"))
-        settings.check_overrides(path, saved, arg_overrides, sides)
-        settings.remember(state["model"], path, saved)
+        for check in REBUILD_CHECKS:  # before the overrides change the checkpoint's settings
+            check(path, state, arg_overrides)
         if arg_overrides:  # as fairseq applies them
             if state.get("args") is not None:
                 for name, value in arg_overrides.items():

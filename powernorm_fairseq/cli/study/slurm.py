@@ -122,6 +122,9 @@ def _submit(args, todo):
     executor.folder.mkdir(parents=True, exist_ok=True)
     os.chmod(executor.folder, executor.folder.stat().st_mode & ~0o022)  # its pickles run in the jobs: ours alone
     before = set(executor.folder.iterdir())
+    # what submitit writes here, and (SLURM passes sbatch's umask on) what the jobs write: no one else's to change
+    umask = os.umask(0o022)
+    os.umask(umask | 0o022)
     try:
         with redirect_stderr(io.StringIO()), executor.batch():  # submitit prints sbatch's refusal; we say it once
             jobs = [executor.submit(Cell(), args, cell) for cell in todo]
@@ -133,6 +136,8 @@ def _submit(args, todo):
         lines = [x for x in str(err).splitlines() if "error" in x.lower()] or str(err).splitlines() or [""]
         why = lines[-1].strip().removeprefix("sbatch: error: ")
         raise StudyError(f"--launcher slurm: sbatch refused the cells: {why}") from None
+    finally:
+        os.umask(umask)
     return {cell["name"]: job.job_id for cell, job in zip(todo, jobs)}
 
 
@@ -206,11 +211,12 @@ def _tail(path, size=4096) -> str:
 def _private(folder):
     """Refuse an OUT/slurm that another user can write: submitit runs its
     ``*_submitted.pkl`` inside the jobs, so what is there is code."""
-    paths = [folder, *folder.iterdir()] if folder.is_dir() else []
-    for path in paths:
-        st = path.lstat()
-        if st.st_uid != os.getuid() or st.st_mode & 0o022:
-            who = "another user's" if st.st_uid != os.getuid() else f"writable by others (mode {st.st_mode & 0o777:o})"
+    code = [p for p in folder.iterdir() if p.suffix in (".pkl", ".sh")] if folder.is_dir() else []
+    for path in [folder] * folder.is_dir() + code:
+        owner, st = path.lstat().st_uid, path.stat()  # a link: its own owner, its target's mode
+        if owner != os.getuid() or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            who = "another user's" if os.getuid() not in (owner, st.st_uid) or owner != st.st_uid \
+                else f"writable by others (mode {st.st_mode & 0o777:o})"
             raise StudyError(f"{path}: {who}: submitit runs what OUT/slurm holds inside the jobs, so it must be "
                              f"yours alone (chmod go-w), or give another --out")
 
