@@ -101,7 +101,8 @@ def loading_calls(path: Path, rel: str):
                        isinstance(f, ast.Name))
 
 
-def fairseq_sources():
+def fairseq_sources(pattern=rb"\bload"):
+    """fairseq's and fairseq_cli's files (outside its examples) that can hold ``pattern``."""
     import fairseq
     import fairseq_cli
 
@@ -109,8 +110,8 @@ def fairseq_sources():
     for package in (fairseq, fairseq_cli):
         for path in sorted(Path(package.__file__).parent.rglob("*.py")):
             text = path.read_bytes()
-            # parse only the files that can hold a loading call
-            if not str(path).startswith(str(site / ELSEWHERE)) and re.search(rb"\bload", text):
+            # parse only the files that can hold such a call
+            if not str(path).startswith(str(site / ELSEWHERE)) and re.search(pattern, text):
                 yield path, str(path.relative_to(site))
 
 
@@ -309,23 +310,12 @@ def test_every_archive_extraction_in_fairseq_and_the_plugin_is_guarded():
 
     from powernorm_fairseq.patches import archives
 
-    found = {key for path, rel in fairseq_sources_all() for key in extraction_calls(path, rel)}
+    found = {key for path, rel in fairseq_sources(rb"extract|unpack_archive")
+             for key in extraction_calls(path, rel)}
     assert found == set(EXTRACTIONS), f"unlisted: {found - set(EXTRACTIONS)}; stale: {set(EXTRACTIONS) - found}"
     assert file_utils.load_archive_file.__module__ == archives.__name__  # installed (AT_IMPORT)
     own = {key for path, rel in own_sources() for key in extraction_calls(path, rel)}
     assert own == {("powernorm_fairseq/patches/archives.py", "extract_safely", "extractall")}
-
-
-def fairseq_sources_all():
-    import fairseq
-    import fairseq_cli
-
-    site = Path(fairseq.__file__).parent.parent
-    for package in (fairseq, fairseq_cli):
-        for path in sorted(Path(package.__file__).parent.rglob("*.py")):
-            text = path.read_bytes()
-            if not str(path).startswith(str(site / ELSEWHERE)) and re.search(rb"extract|unpack_archive", text):
-                yield path, str(path.relative_to(site))
 
 
 def tar_with(path, *members):
