@@ -59,7 +59,8 @@ def test_every_setting_the_plugin_registers_is_classified():
 def base(**given):
     """A translation model's flags as its architecture fills them."""
     args = argparse.Namespace(**{n: f.default for n, f in FIELDS.items()}, encoder_attention_heads=4,
-                              decoder_attention_heads=4, activation_fn="relu", no_scale_embedding=False)
+                              decoder_attention_heads=4, activation_fn="relu", no_scale_embedding=False,
+                              no_token_positional_embeddings=False, cross_self_attention=False)
     vars(args).update(given)
     return args
 
@@ -98,6 +99,15 @@ def test_every_function_setting_tells_two_models_apart(name):
     diff = settings.differences(settings.function_settings(before), settings.function_settings(after))
     assert diff, name
     assert diff[0][0] in (name, "layer_scale")  # the pn-only spelling of the layer scale is compared as it
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("name", settings.FAIRSEQ_FUNCTION)
+def test_fairseqs_parameter_free_settings_tell_two_models_apart(name):
+    """fairseq's own settings that change the function and no parameter's shape are compared too."""
+    value = getattr(base(), name)
+    changed = "gelu" if value == "relu" else not value if isinstance(value, bool) else value * 2
+    assert settings.differences(settings.function_settings(base()), settings.function_settings(base(**{name: changed})))
 
 
 @pytest.mark.fast
@@ -166,6 +176,7 @@ def test_a_deliberate_fine_tune_and_a_training_setting_change_are_logged(toy_dat
 @pytest.mark.parametrize("override, setting", [
     ("{'qk_norm': 'none'}", "--qk-norm: the checkpoint has layernorm-simple, this asks none"),
     ("{'norm_placement': 'post'}", "--norm-placement: the checkpoint has pre, this asks post"),
+    ("{'encoder_attention_heads': 8}", "--encoder-attention-heads: the checkpoint has 4, this asks 8"),
 ])
 def test_generate_refuses_an_override_that_builds_another_model(toy_data, pn_checkpoint, override, setting):
     _, qk = pn_checkpoint

@@ -28,7 +28,8 @@ from .options import FUNCTION, SUBLAYER_FLAGS, NormConfig, all_kinds
 logger = logging.getLogger(__name__)
 
 #: fairseq's own settings that change the function without changing a parameter's shape
-FAIRSEQ_FUNCTION = ("encoder_attention_heads", "decoder_attention_heads", "activation_fn", "no_scale_embedding")
+FAIRSEQ_FUNCTION = ("encoder_attention_heads", "decoder_attention_heads", "activation_fn", "no_scale_embedding",
+                    "no_token_positional_embeddings", "cross_self_attention")
 ALLOW = "--allow-setting-changes"
 _FIELDS = {f.name: f for f in fields(NormConfig) if "role" in f.metadata}
 SUBLAYERS = {flag[2:].replace("-", "_") for flag in SUBLAYER_FLAGS}
