@@ -385,3 +385,66 @@ def test_a_model_archive_loads_and_is_left_in_place(toy_data, trained, tmp_path)
                                            source_lang="de", target_lang="en")
     assert hub.translate("haus katze", beam=1)
     assert archive.is_file() and archive.read_bytes() == before and sorted(tmp_path.iterdir()) == [archive]
+
+
+# ---------------------------------------------------------------- every reader of a file
+
+#: reads in the plugin's source whose function neither calls check_regular_file nor asks is_file(), with why
+#: the file cannot be a user's FIFO, directory or device
+READS_ELSEWHERE_CHECKED = {
+    ("powernorm_fairseq/norms/kernels/cpu.py", "source_digest"): "the package's own C++ source",
+    ("powernorm_fairseq/norms/kernels/cpu.py", "installed"): "/proc/cpuinfo",
+    ("powernorm_fairseq/norms/kernels/cpu.py", "build_directory"): "the package's own C++ source",
+    ("powernorm_fairseq/measure/sm90.py", "<module>"): "a JSON file the measurement writes for its own subprocess",
+    ("powernorm_fairseq/patches/savedir.py", "saved_updates"):
+        "called by newest_complete on each checkpoint after check_regular_file",
+}
+
+
+def file_reads(path: Path, rel: str):
+    """(file, enclosing function, whether the function checks the file) for every call in ``path`` that reads a
+    file: ``open(...)`` in a read mode, ``.read_text()``, ``.read_bytes()``, ``json.load``, ``torch.load``."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    functions = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions[node.name] = ast.get_source_segment(source, node)
+    for call, where in enclosing(tree):
+        f = call.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+        if name == "open" and isinstance(f, ast.Name):
+            mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"),
+                                                                None)
+            if isinstance(mode, ast.Constant) and set(str(mode.value)) & set("wax+"):
+                continue
+        elif not (name in ("read_text", "read_bytes") or (name == "load" and isinstance(f, ast.Attribute)
+                                                           and isinstance(f.value, ast.Name)
+                                                           and f.value.id in ("json", "torch"))):
+            continue
+        body = functions.get(where, source)
+        yield rel, where, "check_regular_file(" in body or ".is_file()" in body or "_regular(" in body
+
+
+def test_the_scanner_finds_every_read(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import json, torch\nfrom pathlib import Path\n"
+                      "def a(p):\n    return open(p).read()\n"
+                      "def b(p):\n    return Path(p).read_text()\n"
+                      "def c(p):\n    check_regular_file(p)\n    return json.load(open(p, 'rb'))\n"
+                      "def d(p):\n    return torch.load(p) if Path(p).is_file() else None\n"
+                      "def e(p):\n    open(p, 'w').write('x'); Path(p).write_text('y')\n")
+    assert sorted(set(file_reads(source, "m.py"))) == [("m.py", "a", False), ("m.py", "b", False),
+                                                        ("m.py", "c", True), ("m.py", "d", True)]
+
+
+@pytest.mark.slow
+def test_every_reader_of_a_file_checks_it_is_a_regular_one():
+    """Each read in the plugin's source is in a function that refuses anything
+    but a regular file (``common.files.check_regular_file``, or an ``is_file()``
+    that treats anything else as absent), or is listed with why its file cannot
+    be a user's; a new read fails here until it is one or the other."""
+    reads = {(rel, where) for path, rel in own_sources() for rel, where, checked in file_reads(path, rel)
+             if not checked}
+    assert reads == set(READS_ELSEWHERE_CHECKED), f"unchecked: {reads - set(READS_ELSEWHERE_CHECKED)}; " \
+                                                  f"stale: {set(READS_ELSEWHERE_CHECKED) - reads}"

@@ -227,6 +227,8 @@ def test_fifos_and_directories_given_as_checkpoints_are_refused_in_one_line(toy_
     gen.write_text("T-0\thouse\nH-0\t-0.1\thouse\n")
     proc = cli("powernorm-score", gen, "--bleu", "iwslt14", "--checkpoint", fifo, check=False, timeout=60)
     one_line_error(proc, f"{fifo}: {said}", "powernorm-score")
+    proc = cli("powernorm-analyze", "--ablation", fifo, "--out", tmp_path / "figures", check=False, timeout=60)
+    one_line_error(proc, f"{fifo}: {said}", "powernorm-analyze")
     runs = tmp_path / "runs"
     runs.mkdir()
     for epoch in (1, 2):

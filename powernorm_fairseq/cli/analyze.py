@@ -41,7 +41,7 @@ import torch
 
 from ..common import checkpoints
 from ..common.errors import InputFileError
-from ..common.files import atomic_path, end_cleanly_on_sigterm
+from ..common.files import atomic_path, check_regular_file, end_cleanly_on_sigterm
 from ..common.flags import ArgumentParser, at_least, positive
 
 # a training-interval record: "... | train_inner | {json}" on the console, the
@@ -97,6 +97,7 @@ def run_labels(paths):
 def read_diagnostics(path):
     """Rows (norm_type, layer, metric, update, value) of the ``diag/`` metrics in a fairseq log."""
     rows = {}  # a --log-file can hold each record more than once
+    _regular(path, "log")
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             record = None
@@ -165,6 +166,14 @@ def plot_statistics(rows, prefix, out, title, plt):
 # ---------------------------------------------------------------- checkpoints
 
 
+def _regular(path, what):
+    """A user's file, refused in one line unless it is a regular file (a FIFO would hold the command)."""
+    try:
+        check_regular_file(path, what)
+    except InputFileError as err:
+        raise AnalyzeError(str(err)) from None
+
+
 def load_checkpoint(path):
     if not os.path.exists(path):
         raise AnalyzeError(f"no such checkpoint: {path}")
@@ -227,11 +236,9 @@ def plot_spectrum(rows, key, plt):
 def batch_size(paths):
     rows = []
     for path in paths:
-        try:
-            with open(path, newline="") as f:
-                records = list(csv.DictReader(f))
-        except FileNotFoundError:
-            raise AnalyzeError(f"no such ablation table: {path}") from None
+        _regular(path, "ablation table")
+        with open(path, newline="") as f:
+            records = list(csv.DictReader(f))
         wanted = {"norm", "stat_batch_tokens", "bleu", "sacrebleu"}
         if not records or not wanted <= set(records[0]):
             raise AnalyzeError(f"{path} is not a figure5.csv of scripts/batch-ablation.sh "
@@ -474,7 +481,7 @@ def main(argv=None):
             results.append(("landscape", [("landscape.csv", LANDSCAPE_COLUMNS, rows),
                                           ("landscape_summary.csv", SUMMARY_COLUMNS, summary)],
                             [("landscape.png", plot_landscape(rows, summary, plt))]))
-    except AnalyzeError as err:
+    except (AnalyzeError, InputFileError) as err:  # (InputFileError: a checkpoint's settings, through fairseq)
         parser.error(str(err))
     out.mkdir(parents=True, exist_ok=True)
     for name, tables, figures in results:

@@ -36,9 +36,15 @@ def scored(checkpoint):
     return state.get("averaged_from") or [{"file": Path(checkpoint).name, "updates": checkpoints.updates(state)}]
 
 
+def read_reference(path):
+    check_regular_file(path, "reference")
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
 def read_generate_output(path):
     """Hypotheses and references of a fairseq-generate log, in test-set order."""
     hyps, refs = {}, {}
+    check_regular_file(path, "fairseq-generate log")  # a FIFO would hold the command for ever
     with open(path, encoding="utf-8") as f:
         for line in f:
             kind, _, rest = line.rstrip("\n").partition("-")
@@ -112,11 +118,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     try:
-        for path in (args.generate_output, args.raw_ref):  # a FIFO would hold the command for ever
-            if path is not None:
-                check_regular_file(path)
         hyps, refs = read_generate_output(args.generate_output)
-        raw = Path(args.raw_ref).read_text(encoding="utf-8").splitlines() if args.raw_ref else None
+        raw = read_reference(args.raw_ref) if args.raw_ref else None
         origin = Path(f"{args.raw_ref}.sacrebleu")
         test_set = tuple(origin.read_text().split()) if args.raw_ref and origin.is_file() else None
         if test_set is not None and len(test_set) != 2:

@@ -30,7 +30,7 @@ def parse(argv):
 def read_log(path):
     """The train_inner, train (epoch) and valid records of a cell's log."""
     records = defaultdict(list)
-    if not path.exists():
+    if not path.is_file():  # not written yet (nor anything else in its place: a FIFO is never opened)
         return records
     for line in path.read_text(errors="replace").splitlines():
         m = RECORD.search(line)

@@ -5,6 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ...common.errors import PowerNormConfigError
 from ...common.files import atomic_path, end_cleanly_on_sigterm
 from . import launchers
 from .cell import quiet
@@ -23,7 +24,7 @@ def main(argv=None):
     quiet(args.verbose)  # before fairseq is imported, whose modules configure the root logger at DEBUG
     try:
         check(args, p)
-    except StudyError as err:
+    except (StudyError, PowerNormConfigError) as err:  # (PowerNormConfigError: a data file that is none)
         p.error(str(err))
     try:
         study(args, argv, p)
@@ -31,7 +32,7 @@ def main(argv=None):
         rest = "the same command resumes the rest" if args.launcher == "local" else \
             "the cells on the cluster go on, and the same command waits for them again"
         p.exit(130, f"{p.prog}: interrupted; the finished cells are kept, and {rest}\n")
-    except StudyError as err:
+    except (StudyError, PowerNormConfigError) as err:
         p.error(str(err))
 
 

@@ -4,6 +4,8 @@ import argparse
 import math
 from pathlib import Path
 
+from ...common.files import check_regular_file
+
 TASKS = ("classification", "translation", "lm")
 #: width presets: embedding size; the feed-forward is 4x, a head per 64 channels
 WIDTHS = {"narrow": 128, "normal": 256, "wide": 512}
@@ -145,13 +147,14 @@ def train_argv(args, cell, save_dir):
 
 def label_counts(data):
     path = Path(data, "label", "dict.txt")
+    check_regular_file(path, "dictionary")
     counts = [int(line.split()[1]) for line in path.read_text().splitlines() if not line.startswith("madeupword")]
     return counts
 
 
 def joined_dictionary(data):
     dicts = sorted(Path(data).glob("dict.*.txt"))
-    return len(dicts) == 2 and dicts[0].read_bytes() == dicts[1].read_bytes()
+    return len(dicts) == 2 and all(d.is_file() for d in dicts) and dicts[0].read_bytes() == dicts[1].read_bytes()
 
 
 def constant_loss(args):
@@ -161,6 +164,7 @@ def constant_loss(args):
     else:
         files = sorted(Path(args.data).glob("dict.*.txt")) if args.task == "translation" else [
             Path(args.data, "dict.txt")]
+        check_regular_file(files[-1], "dictionary")
         counts = [int(line.split()[1]) for line in files[-1].read_text().splitlines()]
     total = sum(counts)
     return -sum(c / total * math.log2(c / total) for c in counts if c)

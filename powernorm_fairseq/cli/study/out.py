@@ -46,7 +46,7 @@ def same_settings(args, p):
     bind nothing: the probes they made are removed, and the new settings
     are recorded when a cell starts (:func:`record_settings`)."""
     path = Path(args.out, "settings.json")
-    if not path.exists():
+    if not path.is_file():
         return
     mine, theirs = settings(args), json.loads(path.read_text())
     differ = [k for k in {**theirs, **mine} if theirs.get(k) != mine.get(k)]
@@ -65,7 +65,7 @@ def record_settings(args):
     """settings.json, written when a cell starts."""
     path = Path(args.out, "settings.json")
     mine = settings(args)
-    if not path.exists() or json.loads(path.read_text()) != mine:
+    if not path.is_file() or json.loads(path.read_text()) != mine:
         with atomic_path(path) as tmp:
             Path(tmp).write_text(json.dumps(mine, indent=1))
 

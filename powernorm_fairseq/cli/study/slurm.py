@@ -226,7 +226,7 @@ def _read_jobs(out):
     if not path.exists():
         return {}
     try:
-        jobs = json.loads(path.read_text())
+        jobs = json.loads(path.read_text()) if path.is_file() else None
         if isinstance(jobs, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in jobs.items()):
             return jobs
     except (OSError, ValueError):
