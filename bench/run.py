@@ -181,6 +181,28 @@ HOST_TARGETS = {"calls": 2.0, "time": {"pn": 1.3, "scalenorm": 1.3, "rmsnorm": 1
                                        "pn-v": 1.5}}
 
 
+#: the CPU gate under the stand-in driver: a step / nn.LayerNorm's step, and Python calls / LayerNorm's
+STANDIN_TARGETS = {"step": {"pn": 1.5, "bn": 1.7, "pn-v": 1.7, "scalenorm": 1.2, "rmsnorm": 1.2, "dyt": 1.2},
+                   "calls": 1.3}
+
+
+def bench_host_standin(rounds=3, reps=50):
+    """Each fused kind's training step on Triton's real CUDA launch path with
+    a stand-in driver (measure/standin.py), beside nn.LayerNorm's step, at
+    4 x 4 x 64 and 8 x 8 x 64, the least of ``rounds``: in a fresh process,
+    which does not interpret the kernels."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-m", "powernorm_fairseq.measure.standin", "--rounds", str(rounds),
+                           "--reps", str(reps), "--kinds", *HOST_KINDS], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=1800)
+    if proc.returncode:
+        raise SystemExit(f"bench: the stand-in driver's run failed: {proc.stderr.strip().splitlines()[-1:]}")
+    rows = json.loads(proc.stdout)
+    for r in rows:
+        r.update(step_target=STANDIN_TARGETS["step"][r["kind"]], calls_target=STANDIN_TARGETS["calls"])
+    return rows
+
+
 def bench_host(rounds=7, reps=50):
     """A training step's host cost (measure/host.py): the Triton path with
     every launch replaced by nothing, and the CPU backend as it runs, each
@@ -694,6 +716,20 @@ def markdown(results):
                        f"{r['time_ratio']:.2f} | {_met(r['calls_ratio'], r['calls_target'])} | "
                        f"{_met(r['time_ratio'], r['time_target'])} |")
         out.append("")
+    if "host_standin" in results:
+        rows = results["host_standin"]
+        out += ["#### The Triton path on Triton's real launch code, under a stand-in driver", "",
+                "Forward + backward of one layer, one token of padding, on Triton's CUDA launch path with a "
+                "stand-in libcuda that records each launch and runs nothing (measure/standin.py; kernels "
+                "compiled for sm_90), beside `nn.LayerNorm`'s step in the same run; the least of the rounds.", "",
+                "| kind | shape | step / LN | python calls / LN |", "|---|---|---|---|"]
+        for r in rows:
+            out.append(f"| {r['kind']} | {r['shape']} | {r['step_ratio']:.2f} | {r['calls_ratio']:.2f} |")
+        missed = [f"{r['kind']} {r['shape']}" for r in rows
+                  if r["step_ratio"] > r["step_target"] or r["calls_ratio"] > r["calls_target"]]
+        out += ["", "The gate: a step within " + ", ".join(f"{k} {v}x" for k, v in STANDIN_TARGETS["step"].items())
+                + f" of LayerNorm's, and calls within {STANDIN_TARGETS['calls']}x: "
+                + (f"missed by {', '.join(missed)}." if missed else "met by every row."), ""]
     if "throughput" in results:
         out += ["### 2 and 4. `fairseq-train` words/s and peak memory, relative to stock "
                 "`transformer_iwslt_de_en` (LN)", "",
@@ -829,6 +865,7 @@ def main(argv=None):
         results["launches"], results["launches_shape"] = bench_launches(*shape), "x".join(map(str, shape))
     if "host" in sections:
         results["host"] = bench_host(*((2, 3) if args.tiny else (7, 50)))
+        results["host_standin"] = bench_host_standin(*((1, 3) if args.tiny else (3, 50)))
     if "throughput" in sections or "quality" in sections:
         data = prepare(args.corpus, work / "data")
     if "throughput" in sections:

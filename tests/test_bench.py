@@ -47,6 +47,10 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
         assert heading in table
     assert {(r["backend"], r["norm"]) for r in results["host"]} == {
         (b, k) for b in ("triton", "cpu") for k in ("pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt")}
+    assert {(r["kind"], r["shape"]) for r in results["host_standin"]} == {
+        (k, s) for k in ("pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt") for s in ("4x4x64", "8x8x64")}
+    assert all(r["step_ratio"] > 0 and r["calls_ratio"] > 0 and r["launches"] >= 2 for r in results["host_standin"])
+    assert "stand-in driver" in table and "| kind | shape | step / LN | python calls / LN |" in table
     assert "| pn (`--pn-warmup-updates 0`) |" in table
     assert table.count("\n\nMachine: ") == 5 == len(results["machines"])  # each section names its machine
     report = table + (tmp_path / "results.json").read_text()

@@ -370,3 +370,72 @@ def test_a_steps_host_calls_stay_within_their_ceilings(backend):
     over = {kind: round(n / ln, 2) for kind, n in counts.items() if n > HOST_CALLS[backend][kind] * ln}
     assert over == {}, (over, ln)
     assert counts["pn"] > ln  # the harness counts the norm's own work
+
+
+# ---------------------------------------------------------------- Triton's real launcher, on a stand-in driver
+
+STAND_IN = r"""
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+import torch
+from powernorm_fairseq.measure import launches, standin
+from powernorm_fairseq.norms import build_norm, kernels
+
+standin.activate()
+out = []
+for kind, options, dtype in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 3, 64, generator=g).to(getattr(torch, dtype)).requires_grad_(True)
+    pad = torch.zeros(3, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    dy = torch.randn(7, 3, 64, generator=g).to(x.dtype)
+    norm = build_norm(kind, 64, **options).train().to(x.dtype)
+    with kernels.use("triton"):
+        norm(x, pad).backward(dy)  # the first step compiles each kernel for sm_90
+        standin.clear()
+        with launches.counting() as seen:
+            norm(x, pad).backward(dy)
+    out.append(dict(counted=seen.kernels(), x=x.data_ptr(), launched=[
+        dict(l._asdict(), data=l.data.hex()) for l in standin.launches()]))
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_triton_s_own_launcher_sends_a_gpu_what_the_interpreter_counted(tmp_path):
+    """Each fused kind's training step, on Triton's real CUDA launch path with
+    a stand-in driver (measure/standin.py: kernels compiled for sm_90, every
+    launch recorded, none run): the kernels launched are those the counter
+    sees under the interpreter, in order and no more than the targets; each
+    launch has the block of 4 warps, torch's stream, and every parameter's
+    bytes as its PTX .entry declares them, x's address first."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cases = [(kind, options, "float32") for kind, options, _ in TARGETS] + [("pn", {}, "float16")]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path.parent / "triton-sm90")}
+    proc = subprocess.run([sys.executable, "-c", STAND_IN, json.dumps(cases)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for (kind, options, dtype), target, got in zip(cases, [t for *_, t in TARGETS] + [4], json.loads(proc.stdout)):
+        names = [launch["kernel"] for launch in got["launched"]]
+        assert names == [k.removeprefix("triton:") for k in got["counted"]] and len(names) <= target, (kind, options)
+        for launch in got["launched"]:
+            assert launch["block"] == [128, 1, 1] and launch["stream"] == 0, launch
+            assert launch["params"] == len(launch["sizes"]) > 0 and len(launch["data"]) == 2 * sum(launch["sizes"])
+        first = bytes.fromhex(got["launched"][0]["data"])
+        assert int.from_bytes(first[:8], "little") == got["x"], (kind, dtype)  # the main kernel reads x itself
+
+
+@pytest.mark.fast
+def test_a_kernel_s_parameters_are_read_from_its_ptx():
+    from powernorm_fairseq.measure.standin import ptx_params
+
+    ptx = (".visible .entry _k(\n\t.param .u64 .ptr .global .align 1 _k_param_0,\n\t.param .u32 _k_param_1,\n"
+           "\t.param .f32 _k_param_2,\n\t.param .u8 _k_param_3,\n\t.param .u64 .ptr .global .align 1 _k_param_4\n)\n"
+           ".maxntid 128, 1, 1\n{\n}\n.visible .entry _other(\n\t.param .u16 _other_param_0\n)")
+    assert ptx_params(ptx, "_k") == [8, 4, 4, 1, 8] and ptx_params(ptx, "_other") == [2]
+    with pytest.raises(ValueError, match="no .entry _missing"):
+        ptx_params(ptx, "_missing")

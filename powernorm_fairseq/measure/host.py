@@ -97,18 +97,22 @@ def measure(kinds, backend: str, rounds: int = 7, reps: int = 50, shape=SHAPE, b
     and with two threads they moved LayerNorm's own step by 2x."""
     from ..norms import kernels
 
-    names = ["nn.LayerNorm", *kinds]
+    with kernels.use(backend), (no_launches() if backend == "triton" else nullcontext()):
+        return measure_with(["nn.LayerNorm", *kinds], kinds, shape, rounds, reps, block=block)
+
+
+def measure_with(names, kinds, shape, rounds, reps, block=10, best=False):
+    """:func:`measure`'s rows on the backend the caller set, in one torch
+    thread; ``best``: each ratio the least over the rounds, not their median."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with kernels.use(backend), (no_launches() if backend == "triton" else nullcontext()):
-            return _measure(names, kinds, shape, rounds, reps, block)
+        return _measure(names, kinds, shape, rounds, reps, block, min if best else statistics.median)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(names, kinds, shape, rounds, reps, block):
-    """:func:`measure`'s rows, on the backend and threads it set."""
+def _measure(names, kinds, shape, rounds, reps, block, pick):
     steps = {name: step(name, shape) for name in names}
     for run in steps.values():
         for _ in range(3):  # the first calls build caches and kernels
@@ -126,6 +130,6 @@ def _measure(names, kinds, shape, rounds, reps, block):
                 spent[timed] += time.perf_counter() - start
             ratios[name].append(spent[name] / spent["nn.LayerNorm"])
     out = {"nn.LayerNorm": (calls["nn.LayerNorm"], 1.0)}
-    out.update({name: (calls[name], statistics.median(ratios[name])) for name in kinds})
+    out.update({name: (calls[name], pick(ratios[name])) for name in kinds})
     return out
 

@@ -59,8 +59,19 @@ def available() -> bool:
     return triton is not None
 
 
+#: the multiprocessors of a stand-in device (measure/standin.py), or None: CPU tensors then launch through
+#: Triton's CUDA launcher on a stand-in driver, which records each launch and runs nothing
+_STAND_IN = None
+
+
+def stand_in(multiprocessors) -> None:
+    """Take CPU tensors as a device with ``multiprocessors`` would (None: as before)."""
+    global _STAND_IN
+    _STAND_IN = multiprocessors
+
+
 def takes(x: torch.Tensor) -> bool:
-    return x.is_cuda or (interpreting() and x.is_cpu)
+    return x.is_cuda or ((interpreting() or _STAND_IN is not None) and x.is_cpu)
 
 
 #: resident programs per multiprocessor that each main kernel's grid launches
@@ -101,8 +112,9 @@ def _multiprocessors(device: torch.device) -> int:
 
 def _programs(x: torch.Tensor, kernel: str) -> int:
     """How many programs to spread rows over: as many per multiprocessor as are resident at once."""
-    if x.is_cuda:
-        return programs_per_sm(kernel, x.dtype == torch.float64) * _multiprocessors(x.device)
+    if x.is_cuda or _STAND_IN is not None:
+        sms = _multiprocessors(x.device) if x.is_cuda else _STAND_IN
+        return programs_per_sm(kernel, x.dtype == torch.float64) * sms
     return 4  # the interpreter runs programs one after another
 
 
