@@ -246,6 +246,7 @@ def bench_launches(T=512, B=8, C=512):
     kernels move against LayerNorm's five, and registers and spills of the
     sm_90 build of what was launched (measure/sm90.py). Runs on a CPU."""
     from powernorm_fairseq.measure import launches, sm90
+    from powernorm_fairseq.measure.standin import MULTIPROCESSORS
     from powernorm_fairseq.norms.kernels import gpu
 
     g = torch.Generator().manual_seed(0)
@@ -266,12 +267,16 @@ def bench_launches(T=512, B=8, C=512):
                 norm(x, pad).backward(grad)
 
             # the Triton kernels are noted, not run: the interpreter would take minutes at this size,
-            # and the host never reads what they write
-            with kernels.use(backend), sm90.recording(run=backend != "triton") as launched:
-                step()  # the first step may read PN's step counter after a load; the ones after never wait
-                launched.clear()
-                with launches.counting() as seen:
-                    step()
+            # and the host never reads what they write; their grids are planned for an H100's multiprocessors
+            gpu.stand_in(MULTIPROCESSORS if backend == "triton" else None)
+            try:
+                with kernels.use(backend), sm90.recording(run=backend != "triton") as launched:
+                    step()  # the first step may read PN's step counter after a load; the ones after never wait
+                    launched.clear()
+                    with launches.counting() as seen:
+                        step()
+            finally:
+                gpu.stand_in(None)
             counts[backend] = (seen, launched)
         seen, launched = counts.get("triton", (None, []))
         variants[label] = launched
@@ -292,6 +297,9 @@ def bench_launches(T=512, B=8, C=512):
                 main = [b for b in mine if "resident_per_sm" in b]
                 row["programs_per_sm"] = "/".join(map(str, sorted({b["launched_per_sm"] for b in main})))
                 row["all_resident"] = all(b["resident_per_sm"] >= b["launched_per_sm"] for b in main)
+                row["resident_warps"] = min(b["resident_warps"] for b in mine)
+    for row in rows:  # the grid of each launch, in order
+        row["programs"] = "/".join(str(v["programs"]) for v in variants.get(row["norm"], []))
     return rows
 
 
@@ -693,14 +701,18 @@ def markdown(results):
                 "the kernels launched (measure/sm90.py); programs/SM: how many the grid launches per "
                 "multiprocessor; all resident: whether every kernel's registers allow that many at once.", "",
                 "| norm | launches | Triton kernels | host waits (triton / cpu) | activation tensors | "
-                "registers | spill bytes | programs/SM | all resident | launch target |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+                "registers | spill bytes | programs/SM | all resident | resident warps/SM (least) | "
+                "programs per launch | launch target |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["launches"]:
             met = _met(r["launches"], r["target"])
             resident = {True: "yes", False: "**no**"}.get(r.get("all_resident"), "")
+            warps = r.get("resident_warps")
+            warps = "" if warps is None else f"{warps}" + (" **< 32**" if warps < 32 else "")
             out.append(f"| {r['norm']} | {r['launches']} | {r['kernels']} | {r['host_waits']} / "
                        f"{r['cpu_host_waits']} | {r['activation_tensors']} | {r.get('max_registers', '')} | "
-                       f"{r.get('spill_bytes', '')} | {r.get('programs_per_sm', '')} | {resident} | {met} |")
+                       f"{r.get('spill_bytes', '')} | {r.get('programs_per_sm', '')} | {resident} | {warps} | "
+                       f"{r.get('programs', '')} | {met} |")
         out.append("")
     if "host" in results:
         out += ["### 6. Host cost of a training step of one layer, relative to `nn.LayerNorm`'s", "",

@@ -439,3 +439,15 @@ def test_a_kernel_s_parameters_are_read_from_its_ptx():
     assert ptx_params(ptx, "_k") == [8, 4, 4, 1, 8] and ptx_params(ptx, "_other") == [2]
     with pytest.raises(ValueError, match="no .entry _missing"):
         ptx_params(ptx, "_missing")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("registers, warps, shared, resident", [
+    (168, 4, 0, 12),  # 3 blocks of 168-register threads fill 65536 registers
+    (32, 4, 0, 64),  # as many warps as an SM holds
+    (33, 4, 0, 48),  # 33 registers are allocated as 40
+    (32, 4, 100 * 1024, 8),  # 2 blocks of 100 KB (and 1 KB each of the system's) in 228 KB
+    (16, 1, 0, 32),  # 32 blocks at most
+])
+def test_resident_warps_per_sm_follow_an_h100_s_limits(registers, warps, shared, resident):
+    assert sm90.resident_warps(registers, warps, shared) == resident

@@ -18,6 +18,7 @@ grid launches (``gpu.PROGRAMS_PER_SM``) to be resident at once.
 import contextlib
 import io
 import json
+import math
 import os
 import subprocess
 import sys
@@ -29,6 +30,19 @@ import torch
 from ..norms.kernels import gpu
 
 REGISTERS_PER_SM, WARP = gpu.REGISTERS_PER_SM, gpu.WARP
+
+
+#: an H100's (sm_90) limits per multiprocessor: shared memory a block may use (228 KB, of which 1 KB is the
+#: system's per block), resident blocks and warps
+SHARED_PER_SM, SHARED_RESERVED, BLOCKS_PER_SM, WARPS_PER_SM = 233472, 1024, 32, 64
+
+
+def resident_warps(registers: int, warps: int, shared: int) -> int:
+    """Warps of one kernel resident on a multiprocessor at once, as its registers,
+    shared memory and the hardware's block and warp limits allow (occupancy)."""
+    by_registers = REGISTERS_PER_SM // (_allocated(max(registers, 1)) * WARP * warps)
+    by_shared = SHARED_PER_SM // (shared + SHARED_RESERVED)
+    return min(by_registers, by_shared, BLOCKS_PER_SM, WARPS_PER_SM // warps) * warps
 
 
 def _describe(a):
@@ -52,7 +66,9 @@ def recording(run: bool = True):
 
     def noted(kernel, grid, *args, **constexprs):
         name = getattr(kernel, "__name__", None) or kernel.fn.__name__
-        seen.append({"kernel": name, "args": [_describe(a) for a in args], "constexprs": constexprs})
+        programs = grid if isinstance(grid, int) else math.prod(grid)
+        seen.append({"kernel": name, "args": [_describe(a) for a in args], "constexprs": constexprs,
+                     "programs": programs})
         if run:
             launch(kernel, grid, *args, **constexprs)
         else:
@@ -86,6 +102,7 @@ def distinct(variants):
     """The variants with distinct descriptions (the same description always specialises alike)."""
     out = {}
     for v in variants:
+        v = {k: x for k, x in v.items() if k != "programs"}  # the grid is the launch's, not the variant's
         out.setdefault(json.dumps(v, sort_keys=True), v)
     return list(out.values())
 
@@ -108,7 +125,7 @@ def _resources(log: str):
 
 
 def _compile(job):
-    """Compile one specialisation for sm_90: (registers, local bytes, stack bytes, warps)."""
+    """Compile one specialisation for sm_90: (registers, local bytes, stack bytes, warps, shared bytes)."""
     import triton
     from triton.compiler import ASTSource
 
@@ -118,7 +135,7 @@ def _compile(job):
     with contextlib.redirect_stdout(log):
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                 target=TARGET(), options=options)
-    return (*_resources(log.getvalue()), kernel.metadata.num_warps)
+    return (*_resources(log.getvalue()), kernel.metadata.num_warps, kernel.metadata.shared)
 
 
 def TARGET():
@@ -131,7 +148,8 @@ def build(variants, workers=None):
     """Compile each distinct specialisation for sm_90 once (``workers``
     processes, default one per core): for each of ``variants``, a dict with
     the kernel, its signature and constexprs, registers, spill-store and
-    stack-frame bytes, warps, and (main kernels) the programs per SM its
+    stack-frame bytes, warps, shared memory, the warps resident per SM
+    (:func:`resident_warps`), and (main kernels) the programs per SM its
     registers allow (``resident_per_sm``) and the grid launches (``launched_per_sm``)."""
     assert not gpu.interpreting(), "sm90.build needs TRITON_INTERPRET=0"
     from concurrent.futures import ProcessPoolExecutor
@@ -159,9 +177,10 @@ def build(variants, workers=None):
                 constexprs={fn.arg_names[k[0]] if isinstance(k, tuple) else str(k): c
                             for k, c in constexprs.items() if not isinstance(c, (tuple, list))})
     with ProcessPoolExecutor(workers or os.cpu_count(), mp_context=get_context("fork")) as pool:
-        for key, (regs, spilled, stack, warps) in zip(jobs, pool.map(_compile, jobs.values())):
+        for key, (regs, spilled, stack, warps, shared) in zip(jobs, pool.map(_compile, jobs.values())):
             row = described[key]
-            row.update(registers=regs, spill_bytes=spilled, stack_bytes=stack, warps=warps)
+            row.update(registers=regs, spill_bytes=spilled, stack_bytes=stack, warps=warps, shared_bytes=shared,
+                       resident_warps=resident_warps(regs, warps, shared))
             if row["kernel"] in gpu.PROGRAMS_PER_SM:  # how many programs fit at once, and how many the grid has
                 row["resident_per_sm"] = REGISTERS_PER_SM // (_allocated(regs) * WARP * warps)
                 row["launched_per_sm"] = gpu.programs_per_sm(row["kernel"], bool(row["constexprs"].get("F64")))
