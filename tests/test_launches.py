@@ -380,53 +380,91 @@ os.environ["TRITON_INTERPRET"] = "0"
 import torch
 from powernorm_fairseq.measure import launches, standin
 from powernorm_fairseq.norms import build_norm, kernels
+from powernorm_fairseq.norms.kernels import gpu, launcher
 
 standin.activate()
+launch = gpu._launch
+
+
+def twice(kernel, grid, *args, **constexprs):  # Triton's JIT launch, then the held kernel's, of the same call
+    launcher.HOLD = False
+    launch(kernel, grid, *args, **constexprs)
+    launcher.HOLD = True
+    launch(kernel, grid, *args, **constexprs)
+
+
 out = []
-for kind, options, dtype in json.loads(sys.argv[1]):
+for kind, options, dtype, layout in json.loads(sys.argv[1]):
+    T, B, C = (1, 1, 64) if layout == "single" else (7, 3, 64)
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(7, 3, 64, generator=g).to(getattr(torch, dtype)).requires_grad_(True)
-    pad = torch.zeros(3, 7, dtype=torch.bool)
-    pad[1, 5:] = True
-    dy = torch.randn(7, 3, 64, generator=g).to(x.dtype)
-    norm = build_norm(kind, 64, **options).train().to(x.dtype)
+    base = torch.randn(T * B * C + 1, generator=g).to(getattr(torch, dtype))
+    # "misaligned": x 2 bytes past a 16-byte boundary, as a view x[1:] of a longer tensor is
+    x = (base[1:] if layout == "misaligned" else base[:-1]).view(B, T, C).transpose(0, 1).detach()
+    x = x if layout in ("batch_first", "misaligned") else x.contiguous()
+    x.requires_grad_(True)
+    pad = None if layout == "single" else torch.zeros(B, T, dtype=torch.bool)
+    if pad is not None:
+        pad[1, 5:] = True
+    dy = torch.randn(T, B, C, generator=g).to(x.dtype)
+    norm = build_norm(kind, C, **options).train().to(x.dtype)
     with kernels.use("triton"):
-        norm(x, pad).backward(dy)  # the first step compiles each kernel for sm_90
+        norm(x, pad).backward(dy)  # the first step compiles each kernel for sm_90, and holds it
         standin.clear()
         with launches.counting() as seen:
             norm(x, pad).backward(dy)
-    out.append(dict(counted=seen.kernels(), x=x.data_ptr(), launched=[
-        dict(l._asdict(), data=l.data.hex()) for l in standin.launches()]))
+        held = standin.launches()
+        standin.clear()
+        gpu._launch = twice
+        try:
+            norm(x, pad).backward(dy)
+        finally:
+            gpu._launch = launch
+        pairs = standin.launches()
+    out.append(dict(counted=seen.kernels(), x=x.data_ptr(), launched=[dict(l._asdict(), data=l.data.hex())
+                                                                       for l in held],
+                    same=[a == b for a, b in zip(pairs[::2], pairs[1::2])], pairs=len(pairs)))
 print(json.dumps(out))
 """
 
 
 @pytest.mark.slow
-def test_triton_s_own_launcher_sends_a_gpu_what_the_interpreter_counted(tmp_path):
-    """Each fused kind's training step, on Triton's real CUDA launch path with
-    a stand-in driver (measure/standin.py: kernels compiled for sm_90, every
-    launch recorded, none run): the kernels launched are those the counter
+def test_the_held_kernels_send_a_gpu_what_triton_s_own_launch_sends(tmp_path):
+    """Each fused kind's training step on Triton's real CUDA launch path with a
+    stand-in driver (measure/standin.py: kernels compiled for sm_90, every
+    launch recorded, none run). Every launch made through the held compiled
+    kernel (launcher.py) records the same bytes as Triton's JIT launch of the
+    same call: the function, grid, block, shared memory, stream and every
+    parameter, with masks and without, (T, B, C) and (B, T, C), in float32,
+    float16 and bfloat16, PN in and after its warmup, x 2 bytes off a 16-byte
+    boundary and a single token. The kernels launched are those the counter
     sees under the interpreter, in order and no more than the targets; each
-    launch has the block of 4 warps, torch's stream, and every parameter's
-    bytes as its PTX .entry declares them, x's address first."""
+    has 4 warps' block, torch's stream, and its PTX parameters, x first."""
     import json
     import os
     import subprocess
     import sys
 
-    cases = [(kind, options, "float32") for kind, options, _ in TARGETS] + [("pn", {}, "float16")]
+    cases = [(kind, options, "float32", "contiguous") for kind, options, _ in TARGETS]
+    # each misaligned x after an aligned one of the same layout: a kernel held for the one must not serve the other
+    cases += [("pn", {}, "float16", "batch_first"), ("pn", {}, "bfloat16", "contiguous"),
+              ("pn", {}, "float32", "batch_first"), ("pn", {}, "float32", "misaligned"),
+              ("bn", {}, "float16", "batch_first"), ("bn", {}, "float16", "misaligned"),
+              ("rmsnorm", {}, "float16", "batch_first"), ("rmsnorm", {}, "float16", "misaligned"),
+              ("rmsnorm", {}, "float32", "single"), ("dyt", {}, "bfloat16", "batch_first")]
+    targets = [t for *_, t in TARGETS] + [4, 4, 4, 4, 6, 6, 2, 2, 2, 2]
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path.parent / "triton-sm90")}
     proc = subprocess.run([sys.executable, "-c", STAND_IN, json.dumps(cases)], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for (kind, options, dtype), target, got in zip(cases, [t for *_, t in TARGETS] + [4], json.loads(proc.stdout)):
+    for case, target, got in zip(cases, targets, json.loads(proc.stdout)):
         names = [launch["kernel"] for launch in got["launched"]]
-        assert names == [k.removeprefix("triton:") for k in got["counted"]] and len(names) <= target, (kind, options)
+        assert names == [k.removeprefix("triton:") for k in got["counted"]] and len(names) <= target, case
+        assert got["pairs"] == 2 * len(names) and all(got["same"]), case  # held = Triton's own, byte for byte
         for launch in got["launched"]:
             assert launch["block"] == [128, 1, 1] and launch["stream"] == 0, launch
             assert launch["params"] == len(launch["sizes"]) > 0 and len(launch["data"]) == 2 * sum(launch["sizes"])
         first = bytes.fromhex(got["launched"][0]["data"])
-        assert int.from_bytes(first[:8], "little") == got["x"], (kind, dtype)  # the main kernel reads x itself
+        assert int.from_bytes(first[:8], "little") == got["x"], case  # the main kernel reads x where it lies
 
 
 @pytest.mark.fast

@@ -39,6 +39,7 @@ _LIB = None
 
 class Launch(NamedTuple):
     kernel: str
+    function: int  # which compiled variant: one function per module the driver loaded, numbered in order
     grid: tuple
     block: tuple
     shared: int
@@ -134,12 +135,12 @@ def launches() -> list:
     out = []
     name, grid, block = ctypes.create_string_buffer(128), (ctypes.c_uint * 3)(), (ctypes.c_uint * 3)()
     shared, stream, n, size = ctypes.c_uint(), ctypes.c_uint64(), ctypes.c_int(), ctypes.c_int()
-    sizes, data = (ctypes.c_int * 64)(), ctypes.create_string_buffer(1024)
+    function, sizes, data = ctypes.c_int(), (ctypes.c_int * 64)(), ctypes.create_string_buffer(1024)
     for i in range(_LIB.standin_launches()):
-        _LIB.standin_launch(i, name, grid, block, ctypes.byref(shared), ctypes.byref(stream), ctypes.byref(n),
-                            sizes, data, ctypes.byref(size))
-        out.append(Launch(name.value.decode(), tuple(grid), tuple(block), shared.value, stream.value, n.value,
-                          tuple(sizes[:max(n.value, 0)]), data.raw[:size.value]))
+        _LIB.standin_launch(i, name, ctypes.byref(function), grid, block, ctypes.byref(shared), ctypes.byref(stream),
+                            ctypes.byref(n), sizes, data, ctypes.byref(size))
+        out.append(Launch(name.value.decode(), function.value, tuple(grid), tuple(block), shared.value,
+                          stream.value, n.value, tuple(sizes[:max(n.value, 0)]), data.raw[:size.value]))
     if _LIB.standin_dropped():
         raise RuntimeError(f"the stand-in driver dropped {_LIB.standin_dropped()} launches (it holds 4096)")
     return out

@@ -73,12 +73,14 @@ int standin_launches(void) { return n_launches; }
 int standin_dropped(void) { return dropped; }
 void standin_clear(void) { n_launches = 0; dropped = 0; }
 
-/* The i-th launch: its kernel's name, grid, block, shared memory, stream, parameter count, sizes and bytes. */
-int standin_launch(int i, char *name, unsigned *grid, unsigned *block, unsigned *shared, uint64_t *stream,
-                   int *n, int *sizes, unsigned char *bytes, int *size) {
+/* The i-th launch: its kernel's name and function (one per compiled variant, numbered as the modules gave
+ * them), grid, block, shared memory, stream, parameter count, sizes and bytes. */
+int standin_launch(int i, char *name, int *function, unsigned *grid, unsigned *block, unsigned *shared,
+                   uint64_t *stream, int *n, int *sizes, unsigned char *bytes, int *size) {
   if (i < 0 || i >= n_launches) return -1;
   launch_t *l = &launches[i];
   strcpy(name, l->kernel ? l->kernel->name : "?");
+  *function = l->kernel ? (int)(l->kernel - kernels) : -1;
   if (l->n > 0) memcpy(sizes, l->kernel->sizes, l->n * sizeof(int));
   memcpy(grid, l->grid, sizeof(l->grid));
   memcpy(block, l->block, sizeof(l->block));

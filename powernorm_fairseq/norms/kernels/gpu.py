@@ -24,7 +24,6 @@ Under ``TRITON_INTERPRET=1`` the same kernels run on CPU tensors (Triton's
 interpreter), which is how CI checks their numbers without a GPU.
 """
 
-import contextlib
 import functools
 import os
 import sys
@@ -34,6 +33,9 @@ import torch
 
 from . import contract
 from .contract import Mode, Update
+# each launch: through Triton's JIT once per variant, then its compiled kernel, held (launcher.py)
+from .launcher import OBSERVERS, observed  # noqa: F401 (the measuring tools' hooks)
+from .launcher import launch as _launch
 
 try:
     import triton
@@ -188,28 +190,6 @@ def _mask_args(mask, device):
     if mask is None:
         return _nothing(device), 1, 1
     return mask, mask.size(0), mask.size(1)
-
-
-#: what watches the launches: callables ``observer(kernel_name)``, each a
-#: context manager entered around the launch; empty unless a measuring tool
-#: (``powernorm_fairseq.measure.launches``) adds one
-OBSERVERS = []
-
-
-def observed(name: str):
-    """The observers' contexts around one launch of kernel ``name``."""
-    around = contextlib.ExitStack()
-    for observer in OBSERVERS:
-        around.enter_context(observer(name))
-    return around
-
-
-def _launch(kernel, grid, *args, **constexprs):
-    if not OBSERVERS:
-        kernel[grid](*args, **constexprs)
-        return
-    with observed(getattr(kernel, "__name__", None) or str(kernel)):
-        kernel[grid](*args, **constexprs)
 
 
 def _rows(x):
