@@ -33,7 +33,8 @@ import torch
 #: context manager entered around the launch; empty unless a measuring tool
 #: (``powernorm_fairseq.measure.launches``) adds one
 OBSERVERS = []
-#: held compiled kernels, by (kernel, fingerprint); the JIT launches a variant not here, and it is added
+#: held compiled kernels, by (id of the kernel, fingerprint): the kernels are the modules' own, alive for good;
+#: the JIT launches a variant not here, and it is added
 _HELD = {}
 _KEPT = 4096  # variants held at most; past this many they are held anew as they come
 _POSITIONS = {}  # kernel -> the positions of its tensor arguments, and of the others
@@ -69,7 +70,7 @@ def launch(kernel, grid, *args, **constexprs):
         positions = _POSITIONS[kernel] = (tensors, tuple(i for i in range(len(args)) if i not in tensors))
     tensors, scalars = positions
     try:  # what Triton specialises on: a tensor's dtype and 16-byte alignment, an int's value, a scalar's type
-        key = (kernel, device, tuple(constexprs.items()),
+        key = (id(kernel), device, tuple(constexprs.items()),  # (a JITFunction's own hash is Python code)
                tuple((args[i].dtype, args[i].data_ptr() & 15 == 0) for i in tensors),
                tuple(args[i] if type(args[i]) is int else type(args[i]) for i in scalars))
     except (AttributeError, IndexError):  # another layout of arguments than the kernel's first launch had
