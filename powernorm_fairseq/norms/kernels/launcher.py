@@ -79,9 +79,10 @@ def launch(kernel, grid, *args, **constexprs):
     held = _HELD.get(key)
     if held is None:
         compiled = kernel[grid](*args, **constexprs)  # compiles, or finds it compiled, and launches it
-        if len(_HELD) > _KEPT:
-            _HELD.clear()
-        _HELD[key] = (compiled, _tail(kernel, len(args), constexprs))
+        if compiled is not None:  # (None: Triton compiles it elsewhere, and launched nothing to hold)
+            if len(_HELD) > _KEPT:
+                _HELD.clear()
+            _HELD[key] = (compiled, _tail(kernel, len(args), constexprs))
         return
     compiled, tail = held
     g0, g1, g2 = (*grid, 1, 1)[:3]
