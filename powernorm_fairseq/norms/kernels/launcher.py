@@ -37,7 +37,7 @@ OBSERVERS = []
 #: the JIT launches a variant not here, and it is added
 _HELD = {}
 _KEPT = 4096  # variants held at most; past this many they are held anew as they come
-_POSITIONS = {}  # kernel -> the positions of its tensor arguments, and of the others
+_POSITIONS = {}  # id of a kernel -> the positions of its tensor arguments, and of the others
 #: whether launches go through held kernels (False: every launch through Triton's JIT, as a test compares)
 HOLD = True
 #: Triton's interpreter runs the kernels (read at import, as gpu.py reads it): no compiled kernel to hold
@@ -64,13 +64,13 @@ def launch(kernel, grid, *args, **constexprs):
     from triton.runtime import driver
 
     device = driver.active.get_current_device()
-    positions = _POSITIONS.get(kernel)
+    positions = _POSITIONS.get(id(kernel))
     if positions is None:  # the kernel's pointer parameters (where its launches pass tensors), and the others
         tensors = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-        positions = _POSITIONS[kernel] = (tensors, tuple(i for i in range(len(args)) if i not in tensors))
+        positions = _POSITIONS[id(kernel)] = (tensors, tuple(i for i in range(len(args)) if i not in tensors))
     tensors, scalars = positions
     try:  # what Triton specialises on: a tensor's dtype and 16-byte alignment, an int's value, a scalar's type
-        key = (id(kernel), device, tuple(constexprs.items()),  # (a JITFunction's own hash is Python code)
+        key = (id(kernel), device, len(args), tuple(constexprs.items()),  # (a JITFunction hashes in Python)
                tuple((args[i].dtype, args[i].data_ptr() & 15 == 0) for i in tensors),
                tuple(args[i] if type(args[i]) is int else type(args[i]) for i in scalars))
     except (AttributeError, IndexError):  # another layout of arguments than the kernel's first launch had
