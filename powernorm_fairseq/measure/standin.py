@@ -20,7 +20,6 @@ in the same run (``measure/host.py``): its time and Python calls as ratios to
 LayerNorm's, the least of the rounds, and the launches it recorded.
 """
 
-import argparse
 import ctypes
 import hashlib
 import json
@@ -30,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
+
+from ..common.flags import ArgumentParser
 
 SOURCE = Path(__file__).with_name("standin_cuda.c")
 MULTIPROCESSORS = 132  # an H100 SXM's, as the stand-in reports
@@ -175,7 +176,7 @@ def measure(kinds, rounds: int = 3, reps: int = 50, shapes=SHAPES) -> list:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m powernorm_fairseq.measure.standin", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="python -m powernorm_fairseq.measure.standin", description=__doc__.split("\n")[0])
     p.add_argument("--kinds", nargs="+", default=["pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt"])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=50)
