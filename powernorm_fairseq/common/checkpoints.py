@@ -79,10 +79,14 @@ def model_config(state):
     return (state.get("cfg") or {}).get("model") or state.get("args")
 
 
+def setting_of(cfg, key):
+    """A flag of model flags ``cfg`` (a namespace or a dict), or None."""
+    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+
+
 def model_setting(state, key):
     """A model flag of a checkpoint, or None."""
-    cfg = model_config(state)
-    return cfg.get(key) if isinstance(cfg, dict) else getattr(cfg, key, None)
+    return setting_of(model_config(state), key)
 
 
 def of_the_plugin(state) -> bool:

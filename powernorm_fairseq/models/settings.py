@@ -20,7 +20,7 @@ import logging
 import weakref
 from dataclasses import fields
 
-from ..common.checkpoints import model_config
+from ..common.checkpoints import model_config, setting_of
 from ..common.errors import PowerNormConfigError
 from ..patches.checkpoints import REBUILD_CHECKS
 from .options import FUNCTION, SUBLAYER_FLAGS, NormConfig, all_kinds
@@ -36,7 +36,7 @@ SUBLAYERS = {flag[2:].replace("-", "_") for flag in SUBLAYER_FLAGS}
 
 
 def _get(cfg, name):
-    value = cfg.get(name) if isinstance(cfg, dict) else getattr(cfg, name, None)
+    value = setting_of(cfg, name)
     return _FIELDS[name].default if value is None and name in _FIELDS else value
 
 
@@ -85,7 +85,7 @@ def function_settings(cfg, sides=("encoder", "decoder")) -> dict:
     if "norm_groups" in out:
         out["norm_groups"] = out["norm_groups"] or "the attention heads"
     for name in FAIRSEQ_FUNCTION:
-        value = cfg.get(name) if isinstance(cfg, dict) else getattr(cfg, name, None)
+        value = setting_of(cfg, name)
         if value is not None and _of_sides(name, sides):
             out[name] = value
     return out
@@ -135,7 +135,7 @@ def remember(state_dict, path, saved_cfg):
         ref = weakref.ref(state_dict, lambda _: _READ.pop(key, None))
     except TypeError:  # a plain dict (weak references need an OrderedDict, which torch saves)
         return
-    _READ[id(state_dict)] = (ref, path, saved_cfg)
+    _READ[key] = (ref, path, saved_cfg)
 
 
 def recalled(state_dict):

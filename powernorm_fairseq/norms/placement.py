@@ -85,20 +85,20 @@ class Placed:
         it, which knows the whole model."""
         self.placement, self.residual_scale = placement, 1.0
         names = [s for s in self.SUBLAYERS if s != "cross" or getattr(self, "encoder_attn", None) is not None]
-        # the index of each sublayer's output norm and gate (their state-dict keys: output_norms.0, ...)
-        self._index = {name: i for i, name in enumerate(names)}
         if placement == "sandwich":
             self.output_norms = nn.ModuleList(output_norms(i) for i in range(len(names)))
         if placement == "rezero":
             self.rezero_gates = nn.Parameter(torch.zeros(len(names) if gates == "sublayer" else 1))
-            if gates == "layer":
-                self._index = dict.fromkeys(names, 0)
+        # each sublayer's output norm and gate, by name (state-dict keys output_norms.0, ...; one shared gate)
+        index = {name: 0 if placement == "rezero" and gates == "layer" else i for i, name in enumerate(names)}
+        # the indices of the sublayers a call runs, with and without the encoder attention
+        self._orders = (index["self"], index["ff"]), tuple(index.values())
 
     def forward(self, *args, **kwargs):
-        # the sublayers this call runs: fairseq's decoder layer skips its encoder attention without encoder_out
-        cross = "cross" in self._index and (kwargs["encoder_out"] if "encoder_out" in kwargs else
-                                            args[1] if len(args) > 1 else None) is not None
-        object.__setattr__(self, "_runs", ("self", "cross", "ff") if cross else ("self", "ff"))
+        # fairseq's decoder layer skips its encoder attention without encoder_out
+        cross = len(self._orders[1]) == 3 and (kwargs["encoder_out"] if "encoder_out" in kwargs else
+                                              args[1] if len(args) > 1 else None) is not None
+        object.__setattr__(self, "_order", self._orders[cross])
         object.__setattr__(self, "_sublayer", 0)
         return super().forward(*args, **kwargs)
 
@@ -106,11 +106,11 @@ class Placed:
         i = self._sublayer
         object.__setattr__(self, "_sublayer", i + 1)
         if self.placement == "sandwich":
-            return residual + self.output_norms[self._index[self._runs[i]]](x)
+            return residual + self.output_norms[self._order[i]](x)
         if self.placement == "deepnorm":
             return residual * self.residual_scale + x
         if self.placement == "rezero":
-            return residual + self.rezero_gates[self._index[self._runs[i]]] * x
+            return residual + self.rezero_gates[self._order[i]] * x
         return residual + x
 
 

@@ -80,25 +80,26 @@ def finished(args, members):
     return done
 
 
+def _record(path, key):
+    """The JSON object in ``path`` if it is a regular file holding one with ``key``, else None
+    (missing, cut short or edited: the caller measures or runs it again)."""
+    try:
+        record = json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and key in record else None
+
+
 def read_result(root):
     """A cell's result.json (``root``: its folder), or None when it is missing or
     unreadable (cut short, or edited): such a cell is run again, and resumes."""
-    path = Path(root, "result.json")
-    try:
-        result = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        return None
-    return result if isinstance(result, dict) and "status" in result else None
+    return _record(Path(root, "result.json"), "status")
 
 
 def read_probe(args, cell):
     """A cell's init.json, or None when it is missing or unreadable."""
-    path = Path(args.out, "cells", cell["name"], "init.json")
-    try:
-        probe = json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        probe = None
-    return probe if isinstance(probe, dict) and isinstance(probe.get("grad_norms"), dict) else None
+    probe = _record(Path(args.out, "cells", cell["name"], "init.json"), "grad_norms")
+    return probe if probe is None or isinstance(probe["grad_norms"], dict) else None
 
 
 def wants_landscape(args, result):
