@@ -8,7 +8,8 @@ import sys
 
 from setuptools import setup
 
-KERNELS = "powernorm_fairseq/norms/kernels/csrc/norms.cpp"
+CSRC = "powernorm_fairseq/norms/kernels/csrc"
+KERNELS = f"{CSRC}/norms.cpp"  # the one translation unit; it includes the other files of CSRC
 
 
 def cpu_kernels():
@@ -23,7 +24,10 @@ def cpu_kernels():
         print("setup.py: torch is not importable here (pip's build isolation?): the CPU kernels will "
               "be built on first use; install with --no-build-isolation to build them now", file=sys.stderr)
         return {}, []
-    source = hashlib.sha256(open(KERNELS, "rb").read()).hexdigest()[:12]
+    digest = hashlib.sha256()  # of every file of the source, as cpu.source_digest reads it
+    for name in sorted(os.listdir(CSRC)):
+        digest.update(name.encode() + b"\0" + open(os.path.join(CSRC, name), "rb").read())
+    source = digest.hexdigest()[:12]
     # -fno-trapping-math: DyT's tanh (a clamp and a select) vectorizes; no value changes, only FP exception flags
     flags = ["-O3", "-fno-trapping-math", "-fopenmp", f"-DPOWERNORM_SOURCE=src{source}"]
     if platform.machine() in ("x86_64", "AMD64"):  # AVX2 and FMA; the loader checks the CPU has them

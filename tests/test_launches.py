@@ -469,7 +469,7 @@ def test_the_held_kernels_send_a_gpu_what_triton_s_own_launch_sends():
 
 @pytest.mark.fast
 def test_a_kernel_s_parameters_are_read_from_its_ptx():
-    from powernorm_fairseq.measure.standin import ptx_params
+    from powernorm_fairseq.norms.kernels.launcher import ptx_params
 
     ptx = (".visible .entry _k(\n\t.param .u64 .ptr .global .align 1 _k_param_0,\n\t.param .u32 _k_param_1,\n"
            "\t.param .f32 _k_param_2,\n\t.param .u8 _k_param_3,\n\t.param .u64 .ptr .global .align 1 _k_param_4\n)\n"

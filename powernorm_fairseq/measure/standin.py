@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..common.flags import ArgumentParser
+from ..norms.kernels.launcher import ptx_params
 
 SOURCE = Path(__file__).with_name("standin_cuda.c")
 MULTIPROCESSORS = 132  # an H100 SXM's, as the stand-in reports
@@ -100,26 +101,6 @@ def activate():
 
     gpu.stand_in(MULTIPROCESSORS)
     return _LIB
-
-
-#: bytes of each PTX parameter type
-_PTX_SIZES = {"8": 1, "16": 2, "32": 4, "64": 8}
-
-
-def ptx_params(ptx: str, name: str) -> list:
-    """The byte sizes of kernel ``name``'s parameters, in order, from its PTX ``.entry``."""
-    import re
-
-    entry = re.search(rf"\.entry {re.escape(name)}\((.*?)\)", ptx, re.S)
-    if entry is None:
-        raise ValueError(f"no .entry {name} in the PTX")
-    sizes = []
-    for param in re.findall(r"\.param\s+(\.[a-z0-9]+(?:\s+\.[a-z]+)*)", entry.group(1)):
-        bits = re.search(r"\.[bsuf](8|16|32|64)\b", param)
-        if bits is None:
-            raise ValueError(f"{name}: a parameter of type {param!r}")
-        sizes.append(_PTX_SIZES[bits.group(1)])
-    return sizes
 
 
 def register(name: str, ptx: str):

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 NAME = "cpu"
 DTYPES = (torch.bfloat16, torch.float32, torch.float64)  # float16 inputs are upcast by the caller
 
-_SOURCE = Path(__file__).parent / "csrc" / "norms.cpp"
+_SOURCE = Path(__file__).parent / "csrc" / "norms.cpp"  # the one translation unit: it includes csrc's other files
 #: the compiler's flags for a build on first use: one for this machine's CPU (-fno-trapping-math, as in
 #: setup.py's build: DyT's tanh vectorizes; values are the same, only FP exception flags are not kept)
 JIT_CFLAGS = ["-O3", "-fno-trapping-math", "-march=native", "-fopenmp"]
@@ -77,8 +77,11 @@ def load():
 
 
 def source_digest() -> str:
-    """What setup.py's build records of the source it compiled."""
-    return "src" + hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    """What setup.py's build records of the source it compiled: every file of csrc/, by name."""
+    digest = hashlib.sha256()
+    for path in sorted(_SOURCE.parent.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return "src" + digest.hexdigest()[:12]
 
 
 #: what setup.py builds for, on x86-64 (-march=x86-64-v3): these CPU flags must all be present
@@ -127,7 +130,7 @@ def build_directory() -> Path:
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
     flavour = "cpu" if torch.version.cuda is None else "cu" + torch.version.cuda.replace(".", "")
-    source = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    source = source_digest()[3:]
     built = f"{sys.prefix}\n{_SOURCE}\n{torch.__version__}\n{' '.join(JIT_CFLAGS)}"
     environment = hashlib.sha256(built.encode()).hexdigest()[:8]
     return (Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_{flavour}"

@@ -38,7 +38,7 @@ from .. import sync as sync_mod
 from .. import clock as clocks
 from ..stats import GROUP_EPS, update_nu, upcast
 from . import ops  # registers torch.ops.powernorm
-from . import cpu, select
+from . import cpu, launcher, select
 from .contract import Mode, Update
 
 P = ops.CALLS
@@ -94,7 +94,8 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     quiet = sync == "none" and k.NAME != "plain" and not ops.observed(tensors)
     node = cpu.load() if quiet else None
     if node is not None:  # one C++ autograd node (ChannelStep) around the backend's passes
-        bound_as = _BOUND[k] if k in _BOUND else _bind(k, node)
+        bound = _BOUND[k] if k in _BOUND else _bind(k, node)
+        bound_as = bound[0] if launcher.HOLD and not launcher.OBSERVERS else bound[1]
         y, inv = node.channel_step(*tensors, GROUP_EPS, groups, center, update, mode, momentum, eps, warmup, rate,
                                    bound_as)  # absent tensors as None; x and the mask as they are
         clocks.advance(clock, steps)  # as the finish_stats op does (ops.py)
@@ -114,16 +115,24 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     return _as(y.view(x2.shape), x), inv  # a view outside the function: in-place ops on y work
 
 
-#: backend module -> the index its passes are bound under in the C++ nodes (the CPU kernels' own: -1)
+#: backend module -> the indices its passes are bound under in the C++ nodes: (where nothing watches the
+#: launches, where something does: launcher.OBSERVERS, or launcher.HOLD False); the CPU kernels' own: -1
 _BOUND = {}
 
 
-def _bind(k, node) -> int:
-    """Bind backend ``k``'s passes into the C++ nodes, once: its channel
-    passes (ChannelStep's, ``DIRECT``) and its row norms' (RowStep's)."""
-    _BOUND[k] = -1 if k.NAME == "cpu" else node.bind_passes(
+def _bind(k, node) -> tuple:
+    """Bind backend ``k``'s passes into the C++ nodes, once: its Python
+    passes (ChannelStep's, ``DIRECT``, and RowStep's), each launch through
+    launcher.py; and the Triton path's passes in C++ (``gpu.bind_node``),
+    which plan and launch a step with no Python, where compiled kernels run."""
+    if k.NAME == "cpu":
+        _BOUND[k] = (-1, -1)
+        return _BOUND[k]
+    watched = node.bind_passes(
         k.DIRECT.forward, k.DIRECT.finish_stats, k.DIRECT.backward, k.DIRECT.finish_backward, k.scalenorm_forward,
         k.scalenorm_backward, k.rmsnorm_forward, k.rmsnorm_backward, k.dyt_forward, k.dyt_backward)
+    direct = k.bind_node(node) if hasattr(k, "bind_node") else None
+    _BOUND[k] = (watched if direct is None else direct, watched)
     return _BOUND[k]
 
 
@@ -354,7 +363,8 @@ def row_norm(fused, x: Tensor, params: tuple, eps=None) -> Tensor:
     node = cpu.load() if quiet else None
     if node is not None:
         p = params + (None, None)
-        bound_as = _BOUND[k] if k in _BOUND else _bind(k, node)
+        bound = _BOUND[k] if k in _BOUND else _bind(k, node)
+        bound_as = bound[0] if launcher.HOLD and not launcher.OBSERVERS else bound[1]
         y = node.row_step(fused.ROW_KIND, xk, p[0], p[1], p[2], 0.0 if eps is None else eps, bound_as)
     else:  # each call through its op (no compiled module: the backend's own functions)
         xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere

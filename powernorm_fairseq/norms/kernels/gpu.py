@@ -404,6 +404,22 @@ DIRECT = types.SimpleNamespace(forward=_forward_pass, finish_stats=_finish_stats
                                finish_backward=_finish_backward_pass)
 
 
+def bind_node(node):
+    """Bind the kernels, this file's constants and Triton's JIT launch into the C++ nodes, whose passes
+    (csrc/gpu_passes.h) then plan and launch each step themselves; returns the passes' index there, or
+    None under Triton's interpreter (no compiled kernel to launch)."""
+    if interpreting():
+        return None
+    kernels = [_channel_forward, _finish_stats, _channel_backward, _finish_backward, _scalenorm_forward,
+               _scalenorm_backward, _rmsnorm_forward, _rmsnorm_backward, _dyt_forward, _dyt_backward]
+    constants = dict(programs_per_sm=[PROGRAMS_PER_SM.get(k.__name__, 0) for k in kernels], warps=WARPS, warp=WARP,
+                     registers_per_sm=REGISTERS_PER_SM, tile=TILE, row_tile=ROW_TILE, widest_group=WIDEST_GROUP,
+                     widest_row=WIDEST_ROW, sub_chunk=SUB_CHUNK, max_rows=MAX_ROWS, finish_block=_FINISH_BLOCK)
+    from .launcher import from_node
+
+    return node.bind_gpu(kernels, constants, from_node)
+
+
 def _row_layout(x, kernel):
     """(columns per block, rows per step, rows per program, programs): a row
     wider than ``WIDEST_ROW`` is walked in blocks of ``SUB_CHUNK`` columns."""

@@ -26,6 +26,7 @@ or a kernel's pre-run hooks, and under Triton's interpreter.
 
 import contextlib
 import os
+import re
 
 import torch
 
@@ -108,3 +109,71 @@ def _watched(kernel) -> bool:
 
     hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     return bool(kernel.pre_run_hooks) or any(h is not None and getattr(h, "calls", True) for h in hooks)
+
+
+# ---------------------------------------------------------------- the C++ nodes' launches (csrc/launch.h)
+
+#: the largest dynamic shared memory a launch takes without an attribute of its own (Triton's launcher
+#: adds one past it): a variant that needs more is launched by Triton's JIT every time
+_SHARED_PLAIN = 228 * 1024
+#: bytes of each type of Triton's signatures that the node passes
+_TYPE_BYTES = {"i32": 4, "i64": 8, "u64": 8, "fp32": 4, "fp64": 8}
+
+
+def from_node(kernel, grid, args, constexprs, hold):
+    """A launch the C++ node holds no compiled variant for, or, with ``hold``
+    False, one it compares: Triton's JIT launch of it. With ``hold``: the
+    variant's launch ABI for the node to hold (:func:`abi`), or None where it
+    cannot (a variant Triton launches in a way of its own, or one a hook watches)."""
+    compiled = kernel[grid](*args, **constexprs)
+    if not hold or compiled is None or _watched(kernel):
+        return None
+    return abi(compiled, len(args))
+
+
+def abi(compiled, given: int):
+    """How the driver takes a launch of ``compiled``, read from the compiled
+    kernel: (function, warps, dynamic shared memory, the index among the
+    ``given`` run-time arguments of each parameter it takes, in order, their
+    types (Triton's signature, constexprs removed: a specialised integer equal
+    to 1 is one), and the scratch pointers after them (its PTX ``.entry``
+    counts them: Triton appends one per scratch buffer, null where a kernel
+    needs none)). None where Triton launches it in a way the node does not:
+    clusters, a cooperative or PDL launch, scratch memory, tensor descriptors,
+    oversized shared memory."""
+    m = compiled.metadata
+    if (getattr(m, "num_ctas", 1) != 1 or getattr(m, "launch_cooperative_grid", False)
+            or getattr(m, "launch_pdl", False) or getattr(m, "global_scratch_size", 0)
+            or getattr(m, "profile_scratch_size", 0) or getattr(m, "tensordesc_meta", None)
+            or "gsan" in (getattr(m, "instrumentation_mode", "") or "") or m.shared > _SHARED_PLAIN):
+        return None
+    types = list(compiled.src.signature.values())  # every parameter of the kernel, in order
+    if any(t != "constexpr" for t in types[given:]):
+        raise TypeError(f"{compiled.name}: a run-time parameter past the {given} the node gives")
+    kept = [(i, t) for i, t in enumerate(types[:given]) if t != "constexpr"]
+    sizes = ptx_params(compiled.asm["ptx"], compiled.name)
+    for (i, t), size in zip(kept, sizes):
+        if size != (8 if t.startswith("*") else _TYPE_BYTES.get(t)):
+            raise TypeError(f"{compiled.name}: parameter {i} of type {t} is {size} bytes in its PTX")
+    scratch = sizes[len(kept):]
+    if len(sizes) < len(kept) or any(size != 8 for size in scratch):
+        raise TypeError(f"{compiled.name}: {len(sizes)} PTX parameters for {len(kept)} of its signature")
+    return (compiled.function, m.num_warps, m.shared, [i for i, _ in kept], [t for _, t in kept], len(scratch))
+
+
+#: bytes of each PTX parameter type
+_PTX_SIZES = {"8": 1, "16": 2, "32": 4, "64": 8}
+
+
+def ptx_params(ptx: str, name: str) -> list:
+    """The byte sizes of kernel ``name``'s parameters, in order, from its PTX ``.entry``."""
+    entry = re.search(rf"\.entry {re.escape(name)}\((.*?)\)", ptx, re.S)
+    if entry is None:
+        raise ValueError(f"no .entry {name} in the PTX")
+    sizes = []
+    for param in re.findall(r"\.param\s+(\.[a-z0-9]+(?:\s+\.[a-z]+)*)", entry.group(1)):
+        bits = re.search(r"\.[bsuf](8|16|32|64)\b", param)
+        if bits is None:
+            raise ValueError(f"{name}: a parameter of type {param!r}")
+        sizes.append(_PTX_SIZES[bits.group(1)])
+    return sizes

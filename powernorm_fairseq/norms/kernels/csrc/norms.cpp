@@ -23,6 +23,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/tanh.h>
@@ -33,10 +34,15 @@
 #include <array>
 #include <cstring>
 #include <numeric>
+#include <set>
 #include <type_traits>
 #include <vector>
 
 using at::Tensor;
+namespace py = pybind11;
+
+#include "launch.h"      // the driver launcher of the Triton kernels
+#include "gpu_passes.h"  // the Triton path's plans and passes
 
 namespace {
 
@@ -910,7 +916,9 @@ std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Te
 // step has no autograd code in Python.
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-namespace py = pybind11;
+
+// bound_as of the Triton path's passes in C++ (gpu_passes.h), once bind_gpu has bound its kernels
+constexpr int64_t GPU = -2;
 
 // the bound backends' passes, in bind_passes' order: the four channel passes (ChannelStep's), then each
 // row norm's forward and backward (RowStep's, from ROWS on). Never freed: these are Python objects, and a
@@ -932,7 +940,16 @@ int64_t bind_passes(py::object forward, py::object finish_stats, py::object back
 
 // -1 (this file's kernels) or an index bind_passes gave
 void check_bound(int64_t bound_as) {
-  TORCH_CHECK(bound_as >= -1 && bound_as < static_cast<int64_t>(bound().size()), "no passes bound as ", bound_as);
+  TORCH_CHECK((bound_as >= -1 || (bound_as == GPU && !launch::registry().kernels.empty())) &&
+                  bound_as < static_cast<int64_t>(bound().size()),
+              "no passes bound as ", bound_as);
+}
+
+// the C++ passes' results, absent ones (undefined) as `none`
+std::vector<Tensor> filled(std::vector<Tensor> results, const Tensor& none) {
+  for (auto& t : results)
+    if (!t.defined()) t = none;
+  return results;
 }
 
 // an absent tensor (empty here) as the bound passes take it, None
@@ -953,6 +970,9 @@ struct Passes {
   std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups, double gs_eps,
                               const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
                               const Tensor& bias, bool want_y, bool want_stats, bool center) const {
+    if (bound_as == GPU)
+      return filled(gpu::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats,
+                                 center), none);
     if (bound_as < 0)
       return ::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center);
     py::gil_scoped_acquire gil;
@@ -963,6 +983,8 @@ struct Passes {
   std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
                                    const Tensor& steps, int64_t update, double momentum, double eps,
                                    int64_t warmup) const {
+    if (bound_as == GPU)
+      return filled(gpu::finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup), none);
     if (bound_as < 0) return ::finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
     py::gil_scoped_acquire gil;
     return taken(bound()[bound_as][1](part, given(mean_buf), second_buf, given(steps), update, momentum, eps,
@@ -973,6 +995,9 @@ struct Passes {
                                const Tensor& weight, const Tensor& mean, const Tensor& inv_fwd,
                                const Tensor& inv_bwd, const Tensor& A, const Tensor& B, double b_scale,
                                int64_t groups, bool correct_pads, bool want_gx, bool want_sums) const {
+    if (bound_as == GPU)
+      return filled(gpu::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
+                                  correct_pads, want_gx, want_sums), none);
     if (bound_as < 0)
       return ::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
                         correct_pads, want_gx, want_sums);
@@ -984,6 +1009,7 @@ struct Passes {
 
   std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n, const Tensor& nu,
                                       double rate, int64_t kind, bool center, int64_t rows) const {
+    if (bound_as == GPU) return filled(gpu::finish_backward(part, weight, n, nu, rate, kind, center, rows), none);
     if (bound_as < 0) return ::finish_backward(part, weight, n, nu, rate, kind, center, rows);
     py::gil_scoped_acquire gil;
     return taken(bound()[bound_as][3](part, weight, n, given(nu), rate, kind, center, rows), none);
@@ -1104,6 +1130,10 @@ enum RowKind : int64_t { SCALENORM = 0, RMSNORM = 1, DYT = 2 };
 // {y, the statistic the backward reads}: ScaleNorm's p = (g), RMSNorm's (weight), DyT's (alpha, weight, bias)
 std::vector<Tensor> row_forward(int64_t kind, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
                                 double eps, int64_t bound_as) {
+  if (bound_as == GPU)
+    return kind == SCALENORM ? gpu::scalenorm_forward(x, p0, eps)
+           : kind == RMSNORM ? gpu::rmsnorm_forward(x, p0, eps)
+                             : gpu::dyt_forward(x, p0, p1, p2);
   if (bound_as >= 0) {
     py::gil_scoped_acquire gil;
     const py::object& f = bound()[bound_as][ROWS + 2 * kind];
@@ -1117,6 +1147,10 @@ std::vector<Tensor> row_forward(int64_t kind, const Tensor& x, const Tensor& p0,
 // the gradients of x and of each parameter
 std::vector<Tensor> row_backward(int64_t kind, const Tensor& x, const Tensor& stat, const Tensor& gy, const Tensor& p0,
                                  const Tensor& p1, double eps, int64_t bound_as) {
+  if (bound_as == GPU)
+    return kind == SCALENORM ? gpu::scalenorm_backward(x, stat, gy, p0, eps)
+           : kind == RMSNORM ? gpu::rmsnorm_backward(x, stat, gy, p0)
+                             : gpu::dyt_backward(x, gy, p0, p1, stat);
   if (bound_as >= 0) {
     py::gil_scoped_acquire gil;
     const py::object& f = bound()[bound_as][ROWS + 2 * kind + 1];
@@ -1210,4 +1244,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bind_passes", &bind_passes, arg("forward"), arg("finish_stats"), arg("backward"), arg("finish_backward"),
         arg("scalenorm_forward"), arg("scalenorm_backward"), arg("rmsnorm_forward"), arg("rmsnorm_backward"),
         arg("dyt_forward"), arg("dyt_backward"));
+  m.def("bind_gpu", [](const py::list& kernels, const py::dict& constants, py::object from_node) {
+    gpu::bind(kernels, constants, std::move(from_node));
+    return GPU;
+  }, arg("kernels"), arg("constants"), arg("from_node"));
+  m.def("compare_launches", [](bool on) { launch::registry().compare = on; }, arg("on"));
 }

@@ -1,0 +1,290 @@
+// The Triton kernels launched from C++ through the CUDA driver API.
+//
+// A launch is a kernel (one of gpu.py's, bound by ``bind_gpu``), a grid, its
+// run-time arguments in order and its constexprs. The variant that serves it
+// is the one Triton would choose: the key holds what Triton's binder
+// specialises on (each pointer's dtype and 16-byte alignment; each
+// specialised integer's equality to 1, divisibility by 16 and 32- or 64-bit
+// range, a do_not_specialize one's range alone), the constexprs and the
+// device. A key not held yet goes through Triton's JIT launch, in Python
+// (launcher.py's ``from_node``), which compiles or finds the variant, launches
+// it, and gives back its launch ABI as read from the compiled kernel: the
+// parameters it takes, in order, with the constexprs removed; the scratch
+// pointers after them; its warps (block = 32 x warps) and dynamic shared
+// memory. Every later launch of the key is made here: cuLaunchKernel on
+// torch's current stream of the tensors' device, in the context the function
+// was loaded in (or a one-line refusal), with no Python.
+//
+// libcuda is opened at run time, as Triton opens it: building needs no CUDA
+// toolkit. With CPU tensors (measure/standin.py's stand-in driver) the
+// launches go to device 0's stand-in on stream 0.
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+namespace launch {
+
+using CUresult = int;
+using CUfunction = void*;
+using CUcontext = void*;
+using CUstream = void*;
+constexpr int kMultiprocessorCount = 16;  // CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+constexpr int kMaxParams = 64;
+
+// the driver's entry points the launcher uses
+struct Driver {
+  CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                     void**, void**);
+  CUresult (*current_context)(CUcontext*);
+  CUresult (*device)(int*, int);
+  CUresult (*attribute)(int*, int, int);
+  CUresult (*error)(CUresult, const char**);
+};
+
+const Driver& driver() {
+  static const Driver d = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    TORCH_CHECK(lib != nullptr, "powernorm_fairseq: cannot open the CUDA driver, libcuda.so.1 (", dlerror(), ")");
+    const auto get = [&](const char* name) {
+      void* f = dlsym(lib, name);
+      TORCH_CHECK(f != nullptr, "powernorm_fairseq: the CUDA driver has no ", name);
+      return f;
+    };
+    Driver d;
+    d.launch = reinterpret_cast<decltype(d.launch)>(get("cuLaunchKernel"));
+    d.current_context = reinterpret_cast<decltype(d.current_context)>(get("cuCtxGetCurrent"));
+    d.device = reinterpret_cast<decltype(d.device)>(get("cuDeviceGet"));
+    d.attribute = reinterpret_cast<decltype(d.attribute)>(get("cuDeviceGetAttribute"));
+    d.error = reinterpret_cast<decltype(d.error)>(get("cuGetErrorString"));
+    return d;
+  }();
+  return d;
+}
+
+void check(CUresult r, const char* what) {
+  if (r == 0) return;
+  const char* text = nullptr;
+  driver().error(r, &text);
+  TORCH_CHECK(false, "powernorm_fairseq: ", what, " failed: CUDA error ", r, " (", text ? text : "?", ")");
+}
+
+// Where a step's launches go: the tensors' device and torch's current stream on it.
+struct Target {
+  bool cuda;
+  int device;
+  CUstream stream;
+  Tensor nothing;  // the placeholder an absent input's pointer comes from (gpu.py's _nothing)
+};
+
+// one zero of float32 per device: gpu.py's placeholder for inputs a variant does not read
+const Tensor& nothing_on(const at::Device& device) {
+  static std::mutex lock;
+  static std::unordered_map<std::string, Tensor>* made = new std::unordered_map<std::string, Tensor>();
+  std::lock_guard<std::mutex> hold(lock);
+  auto& t = (*made)[device.str()];
+  if (!t.defined()) t = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+  return t;
+}
+
+Target target_of(const Tensor& x) {
+  if (!x.is_cuda()) return {false, 0, nullptr, nothing_on(x.device())};
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+  return {true, x.device().index(), impl->getStream(x.device()).native_handle(), nothing_on(x.device())};
+}
+
+int multiprocessors(int device) {
+  static std::mutex lock;
+  static std::unordered_map<int, int> known;
+  std::lock_guard<std::mutex> hold(lock);
+  auto it = known.find(device);
+  if (it != known.end()) return it->second;
+  int dev = 0, n = 0;
+  check(driver().device(&dev, device), "cuDeviceGet");
+  check(driver().attribute(&n, kMultiprocessorCount, dev), "cuDeviceGetAttribute");
+  return known[device] = n;
+}
+
+// A run-time argument: a pointer (a tensor, at an element offset), an integer or a float.
+struct Arg {
+  enum Kind : uint8_t { PTR, INT, FLOAT } kind;
+  const Tensor* tensor;
+  int64_t offset;  // elements past the tensor's start (a view such as part[P])
+  int64_t i;
+  double f;
+};
+
+// A compiled variant's launch ABI, as the JIT's launch read it from the kernel (launcher.py's ``abi``).
+enum Type : uint8_t { T_PTR, T_I32, T_I64, T_FP32, T_FP64 };
+struct Variant {
+  CUfunction function = nullptr;  // none: every launch of the key through the JIT (it cannot be held)
+  CUcontext context = nullptr;
+  unsigned block = 0, shared = 0;
+  std::vector<std::pair<int, Type>> params;  // (argument index, type) of each parameter, in order
+  int scratch = 0;  // null scratch pointers after them
+};
+
+// A kernel as bound from Python: its JIT launch (``from_node``), its name, which of its
+// run-time parameters Triton does not specialise, and its constexprs' names.
+struct Kernel {
+  py::object jit;
+  std::string name;
+  std::vector<bool> fixed;  // do_not_specialize, per run-time parameter
+  std::vector<std::pair<std::string, bool>> constexprs;  // (name, a bool), in the order the call sites give them
+};
+
+struct Registry {
+  std::vector<Kernel> kernels;
+  py::object from_node;  // launcher.from_node(kernel, grid, args, constexprs, hold) -> ABI or None
+  std::unordered_map<std::string, std::shared_ptr<const Variant>> held;
+  std::mutex lock;
+  bool compare = false;  // each held launch made again through the JIT: a test compares what the driver got
+};
+
+Registry& registry() {
+  static auto* r = new Registry();  // never freed: it holds Python objects
+  return *r;
+}
+
+constexpr size_t kKeptVariants = 4096;
+
+// What Triton's binder specialises an argument on, as one byte of the key.
+char specialised(const Arg& a, bool fixed) {
+  if (a.kind == Arg::FLOAT) return 'f';
+  if (a.kind == Arg::PTR) {
+    const auto p = reinterpret_cast<uintptr_t>(a.tensor->data_ptr()) + a.offset * a.tensor->element_size();
+    return static_cast<char>(2 * static_cast<int>(a.tensor->scalar_type()) + (p % 16 == 0));
+  }
+  const int64_t v = a.i;
+  const char range = v >= -(int64_t(1) << 31) && v < (int64_t(1) << 31) ? 0 : 1;
+  if (fixed) return static_cast<char>(100 + range);
+  return static_cast<char>(110 + 4 * range + (v == 1 ? 1 : v % 16 == 0 ? 2 : 0));
+}
+
+py::object as_python(const Arg& a) {
+  if (a.kind == Arg::INT) return py::int_(a.i);
+  if (a.kind == Arg::FLOAT) return py::float_(a.f);
+  if (a.offset == 0) return py::cast(*a.tensor);
+  return py::cast(a.tensor->view(-1).narrow(0, a.offset, a.tensor->numel() - a.offset));
+}
+
+// Triton's JIT launch of the call (in Python); with ``hold``, the variant's ABI it gives back, or none.
+Variant through_jit(int kernel, const std::array<int64_t, 3>& grid, const std::vector<Arg>& args,
+                    const std::vector<int64_t>& values, bool hold) {
+  py::gil_scoped_acquire gil;
+  auto& r = registry();
+  const Kernel& k = r.kernels[kernel];
+  py::tuple a(args.size());
+  for (size_t i = 0; i < args.size(); ++i) a[i] = as_python(args[i]);
+  py::dict c;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const auto& [name, is_bool] = k.constexprs[i];
+    c[py::str(name)] = is_bool ? py::object(py::bool_(values[i] != 0)) : py::object(py::int_(values[i]));
+  }
+  py::object abi = r.from_node(k.jit, py::make_tuple(grid[0], grid[1], grid[2]), a, c, hold);
+  Variant v;
+  if (abi.is_none()) return v;
+  // (function, warps, shared, [argument index], [type], scratch pointers)
+  const auto t = abi.cast<py::tuple>();
+  const auto where = t[3].cast<std::vector<int>>();
+  const auto types = t[4].cast<std::vector<std::string>>();
+  TORCH_CHECK(where.size() == types.size() && where.size() + t[5].cast<int>() <= kMaxParams,
+              k.name, ": a launch ABI of ", where.size(), " parameters");
+  for (size_t i = 0; i < where.size(); ++i) {
+    const std::string& ty = types[i];
+    const Type type = ty[0] == '*' ? T_PTR : ty == "i32" ? T_I32 : (ty == "i64" || ty == "u64") ? T_I64
+                      : ty == "fp32" ? T_FP32 : ty == "fp64" ? T_FP64 : Type(255);
+    const int at = where[i];
+    TORCH_CHECK(at >= 0 && at < static_cast<int>(args.size()) && type != Type(255), k.name, ": parameter ", i,
+                " of type ", ty, " at argument ", at);
+    const auto kind = args[at].kind;
+    TORCH_CHECK((type == T_PTR) == (kind == Arg::PTR) && ((type == T_FP32 || type == T_FP64) == (kind == Arg::FLOAT)),
+                k.name, ": argument ", at, " does not fit parameter ", i, " of type ", ty);
+    v.params.emplace_back(at, type);
+  }
+  v.function = reinterpret_cast<CUfunction>(t[0].cast<uintptr_t>());
+  v.block = 32 * t[1].cast<unsigned>();
+  v.shared = t[2].cast<unsigned>();
+  v.scratch = t[5].cast<int>();
+  check(driver().current_context(&v.context), "cuCtxGetCurrent");
+  return v;
+}
+
+void launch_held(const Kernel& k, const Variant& v, const std::array<int64_t, 3>& grid, const std::vector<Arg>& args,
+                 const Target& to) {
+  CUcontext context = nullptr;
+  check(driver().current_context(&context), "cuCtxGetCurrent");
+  TORCH_CHECK(context == v.context, "powernorm_fairseq: ", k.name, " on device ", to.device,
+              ": the current CUDA context is not the one its kernel was loaded in (set the device with "
+              "torch.cuda.set_device or torch.cuda.device before the step)");
+  std::array<uint64_t, kMaxParams> storage{};
+  std::array<void*, kMaxParams> params{};
+  size_t n = 0;
+  for (const auto& [at, type] : v.params) {
+    const Arg& a = args[at];
+    void* slot = &storage[n];
+    switch (type) {
+      case T_PTR: {
+        const auto p = reinterpret_cast<uintptr_t>(a.tensor->data_ptr()) + a.offset * a.tensor->element_size();
+        *static_cast<uint64_t*>(slot) = p;
+        break;
+      }
+      case T_I32: *static_cast<int32_t*>(slot) = static_cast<int32_t>(a.i); break;
+      case T_I64: *static_cast<int64_t*>(slot) = a.i; break;
+      case T_FP32: *static_cast<float*>(slot) = static_cast<float>(a.f); break;
+      case T_FP64: *static_cast<double*>(slot) = a.f; break;
+    }
+    params[n] = slot;
+    ++n;
+  }
+  for (int s = 0; s < v.scratch; ++s, ++n) params[n] = &storage[n];  // null scratch pointers
+  if (grid[0] * grid[1] * grid[2] == 0) return;  // as Triton's launcher: nothing to run
+  check(driver().launch(v.function, grid[0], grid[1], grid[2], v.block, 1, 1, v.shared, to.stream, params.data(),
+                        nullptr),
+        "cuLaunchKernel");
+}
+
+// Launch ``kernel`` over ``grid`` with ``args`` and the constexprs' ``values``, through its held
+// variant, or through Triton's JIT, which gives the variant to hold.
+void run(int kernel, std::array<int64_t, 3> grid, const std::vector<Arg>& args, const std::vector<int64_t>& values,
+         const Target& to) {
+  auto& r = registry();
+  const Kernel& k = r.kernels[kernel];
+  TORCH_CHECK(args.size() == k.fixed.size() && values.size() == k.constexprs.size(), k.name, ": ", args.size(),
+              " arguments and ", values.size(), " constexprs, where the kernel takes ", k.fixed.size(), " and ",
+              k.constexprs.size());
+  std::string key;
+  key.reserve(4 + args.size() + 8 * values.size());
+  key.push_back(static_cast<char>(kernel));
+  key.push_back(static_cast<char>(to.cuda ? to.device : -1));
+  for (size_t i = 0; i < args.size(); ++i) key.push_back(specialised(args[i], k.fixed[i]));
+  key.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t));
+  std::optional<c10::DeviceGuard> guard;
+  if (to.cuda) guard.emplace(c10::Device(c10::DeviceType::CUDA, to.device));
+  std::shared_ptr<const Variant> v;
+  {
+    std::lock_guard<std::mutex> hold(r.lock);
+    auto it = r.held.find(key);
+    if (it != r.held.end()) v = it->second;
+  }
+  if (v == nullptr) {  // Triton's JIT launches it, and gives the variant to hold
+    auto made = std::make_shared<const Variant>(through_jit(kernel, grid, args, values, true));
+    std::lock_guard<std::mutex> hold(r.lock);
+    if (r.held.size() >= kKeptVariants) r.held.clear();
+    r.held.emplace(key, std::move(made));
+    return;
+  }
+  if (v->function == nullptr) {  // a variant the node cannot launch itself
+    through_jit(kernel, grid, args, values, false);
+    return;
+  }
+  launch_held(k, *v, grid, args, to);
+  if (r.compare) through_jit(kernel, grid, args, values, false);
+}
+
+}  // namespace launch
