@@ -73,7 +73,12 @@ at::ScalarType acc_of(const Tensor& x) { return x.scalar_type() == at::kDouble ?
 // the argument list of one launch
 struct Args {
   const launch::Target& to;
-  std::vector<Arg> list;
+  std::vector<Arg> list = reserved();
+  static std::vector<Arg> reserved() {
+    std::vector<Arg> v;
+    v.reserve(24);  // the most a kernel takes
+    return v;
+  }
   void ptr(const Tensor& t, int64_t offset = 0) { list.push_back({Arg::PTR, &t, offset, 0, 0.0}); }
   void ptr_or_none(const Tensor& t) { ptr(absent(t) ? to.nothing : t); }
   void i(int64_t v) { list.push_back({Arg::INT, nullptr, 0, v, 0.0}); }
@@ -96,7 +101,7 @@ ChannelPlan channel_plan(int kernel, const Tensor& x, const Tensor& mask, int64_
   int64_t block_c = pow2(cw);
   if (block_c > c.widest_group) block_c = c.sub_chunk;
   const int64_t chunks = cdiv(C, cw), block_n = std::max<int64_t>(1, std::min<int64_t>(32, (tall ? 2 : 1) * c.tile / block_c));
-  const int64_t programs = programs_per_sm(kernel, f64) * launch::multiprocessors(to.device);
+  const int64_t programs = programs_per_sm(kernel, f64) * launch::multiprocessors(to);
   const int64_t progs = std::max(cdiv(programs, chunks), cdiv(N, c.max_rows));
   const int64_t per_prog = cdiv(cdiv(N, progs), block_n) * block_n;
   const bool wide = block_c < cw, has_mask = !absent(mask);
@@ -110,21 +115,30 @@ std::vector<int64_t> joined(std::vector<int64_t> head, const std::vector<int64_t
   return head;
 }
 
+// A new tensor of ``dtype`` on like's device, from the device's allocator directly (as at::empty's
+// kernels make theirs): no dispatcher round trip, a dozen of which a step made. CUDA's caching allocator
+// allocates on the current device: the passes hold a guard of theirs.
 Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const Tensor& like) {
-  return at::empty(shape, like.options().dtype(dtype));
+  const auto type = like.device().type();
+  return at::detail::empty_generic(shape, c10::GetAllocator(type),
+                                   c10::DispatchKeySet(c10::computeDispatchKey(dtype, c10::kStrided, like.device())),
+                                   dtype, std::nullopt);
 }
+
+Tensor empty(at::IntArrayRef shape, const Tensor& like) { return empty(shape, like.scalar_type(), like); }
 
 // gpu._forward_pass: {y, group scales, part}, absent ones undefined
 std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups, double gs_eps, const Tensor& mean,
                             const Tensor& inv, double inv_eps, const Tensor& weight, const Tensor& bias, bool want_y,
                             bool want_stats, bool center) {
   const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const ChannelPlan p = channel_plan(CH_FWD, x, mask, groups, !want_y, to);
   const auto acc = acc_of(x);
-  Tensor y = want_y ? at::empty({p.N, p.C}, x.options()) : Tensor();
+  Tensor y = want_y ? empty({p.N, p.C}, x) : Tensor();
   Tensor scale = groups > 0 ? empty({p.N, groups}, acc, x) : Tensor();
   Tensor part = want_stats ? empty({p.progs + 1, 3, p.C}, acc, x) : Tensor();
-  Args a{to, {}};
+  Args a{to};
   a.ptr(x);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&mask, &mean, &inv, &weight, &bias, &y, &scale, &part}) a.ptr_or_none(*t);
   for (int64_t s : p.scalars) a.i(s);
@@ -138,12 +152,13 @@ std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups,
 std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
                                  const Tensor& steps, int64_t update, double momentum, double eps, int64_t warmup) {
   const launch::Target to = launch::target_of(part);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const int64_t P = part.size(0) - 1, C = part.size(2), progs = cdiv(C, config().finish_block);
   const auto sd = second_buf.scalar_type();
   Tensor mean = update == 0 ? empty({C}, sd, part) : Tensor();  // Update.BN
   Tensor inv = empty({C}, sd, part), inv_batch = empty({C}, sd, part), n = empty({1}, at::kDouble, part);
   Tensor scratch = empty({2, C}, sd, part), flags = empty({progs}, at::kInt, part);
-  Args a{to, {}};
+  Args a{to};
   a.ptr(part), a.ptr_or_none(mean_buf), a.ptr(second_buf), a.ptr_or_none(steps), a.ptr_or_none(mean);
   a.ptr(inv), a.ptr(inv_batch), a.ptr(n), a.ptr(scratch), a.ptr(flags), a.ptr(part, P * 3 * C);
   a.i(P), a.i(C), a.f(momentum), a.f(eps), a.i(warmup);
@@ -157,14 +172,15 @@ std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& 
                              const Tensor& A, const Tensor& B, double b_scale, int64_t groups, bool correct_pads,
                              bool want_gx, bool want_sums) {
   const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const ChannelPlan p = channel_plan(CH_BWD, x, mask, groups, !want_gx, to);
   const auto acc = acc_of(x);
   const bool wide = p.constexprs[3] != 0;
-  Tensor gx = want_gx ? at::empty({p.N, p.C}, x.options()) : Tensor();
+  Tensor gx = want_gx ? empty({p.N, p.C}, x) : Tensor();
   Tensor part = want_sums ? empty({p.progs + 1, 5, p.C}, acc, x) : Tensor();
   // a wide group: each row's dot product with its group's gradient, from a first pass
   Tensor dots = wide && want_gx && groups > 0 ? empty({p.N, groups}, acc, x) : Tensor();
-  Args a{to, {}};
+  Args a{to};
   a.ptr(x), a.ptr_or_none(mask), a.ptr_or_none(scale), a.ptr(grad_y), a.ptr(weight), a.ptr_or_none(mean);
   a.ptr(inv_fwd);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&inv_bwd, &A, &B, &gx, &part, &dots}) a.ptr_or_none(*t);
@@ -179,13 +195,14 @@ std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& 
 std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n, const Tensor& nu,
                                     double rate, int64_t kind, bool center, int64_t rows) {
   const launch::Target to = launch::target_of(part);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const int64_t P = part.size(0) - 1, C = part.size(2), progs = cdiv(C, config().finish_block);
   const bool has_nu = !absent(nu), exact = kind == 0;  // Mode.EXACT
   const auto sd = has_nu ? nu.scalar_type() : acc_of(part);
-  Tensor grad_w = at::empty_like(weight), grad_b = at::empty_like(weight);
+  Tensor grad_w = empty(weight.sizes(), weight), grad_b = empty(weight.sizes(), weight);
   Tensor A = exact && center ? empty({C}, sd, part) : Tensor(), B = exact ? empty({C}, sd, part) : Tensor();
   Tensor scratch = has_nu ? empty({C}, sd, part) : Tensor(), flags = empty({progs}, at::kInt, part);
-  Args a{to, {}};
+  Args a{to};
   a.ptr(part), a.ptr(weight), a.ptr(n), a.ptr_or_none(nu), a.ptr(grad_w), a.ptr(grad_b), a.ptr_or_none(A);
   a.ptr_or_none(B), a.ptr_or_none(scratch), a.ptr(flags), a.ptr(part, P * 5 * C);
   a.i(P), a.i(C), a.f(rate), a.i(rows);
@@ -208,7 +225,7 @@ RowPlan row_plan(int kernel, const Tensor& x, const launch::Target& to) {
   int64_t block_c = pow2(C);
   if (block_c > c.widest_row) block_c = c.sub_chunk;
   const int64_t block_n = std::max<int64_t>(1, std::min<int64_t>(32, c.row_tile / block_c));
-  const int64_t programs = programs_per_sm(kernel, f64) * launch::multiprocessors(to.device);
+  const int64_t programs = programs_per_sm(kernel, f64) * launch::multiprocessors(to);
   const int64_t progs = std::max<int64_t>(1, std::min(cdiv(N, block_n), std::max(programs, cdiv(N, c.max_rows))));
   const int64_t per_prog = cdiv(cdiv(N, progs), block_n) * block_n;
   return {N, C, cdiv(N, per_prog), {N, C, XB, XST, XSB, per_prog},
@@ -224,9 +241,10 @@ void run_rows(int kernel, const RowPlan& p, const launch::Target& to, Args& a, s
 
 std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
   const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(SN_FWD, x, to);
-  Tensor y = at::empty({p.N, p.C}, x.options()), norms = empty({p.N + 1}, p.acc, x);
-  Args a{to, {}};
+  Tensor y = empty({p.N, p.C}, x), norms = empty({p.N + 1}, p.acc, x);
+  Args a{to};
   a.ptr(x), a.ptr(scale), a.ptr(y), a.ptr(norms);
   run_rows(SN_FWD, p, to, a, eps);
   return {y, norms};
@@ -235,10 +253,11 @@ std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, doub
 std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& grad_y,
                                        const Tensor& scale, double eps) {
   const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(SN_BWD, x, to);
-  Tensor gx = at::empty({p.N, p.C}, x.options()), grad_scale = at::empty_like(scale);
+  Tensor gx = empty({p.N, p.C}, x), grad_scale = empty(scale.sizes(), scale);
   Tensor part = empty({p.progs}, p.acc, x);
-  Args a{to, {}};
+  Args a{to};
   a.ptr(x), a.ptr(norms), a.ptr(grad_y), a.ptr(scale), a.ptr(gx), a.ptr(part), a.ptr(grad_scale);
   a.ptr(norms, p.N);
   run_rows(SN_BWD, p, to, a, eps);
@@ -247,9 +266,10 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
 
 std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps) {
   const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(RMS_FWD, x, to);
-  Tensor y = at::empty({p.N, p.C}, x.options()), rstd = empty({p.N + 1}, p.acc, x);
-  Args a{to, {}};
+  Tensor y = empty({p.N, p.C}, x), rstd = empty({p.N + 1}, p.acc, x);
+  Args a{to};
   a.ptr(x), a.ptr(weight), a.ptr(y), a.ptr(rstd);
   run_rows(RMS_FWD, p, to, a, eps);
   return {y, rstd};
@@ -258,10 +278,11 @@ std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, doubl
 std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& grad_y,
                                      const Tensor& weight) {
   const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(RMS_BWD, x, to);
-  Tensor gx = at::empty({p.N, p.C}, x.options()), grad_w = at::empty_like(weight);
+  Tensor gx = empty({p.N, p.C}, x), grad_w = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs, p.C}, p.acc, x);
-  Args a{to, {}};
+  Args a{to};
   a.ptr(x), a.ptr(rstd), a.ptr(grad_y), a.ptr(weight), a.ptr(gx), a.ptr(part), a.ptr(grad_w), a.ptr(rstd, p.N);
   run_rows(RMS_BWD, p, to, a, std::nullopt);
   return {gx, grad_w};
@@ -269,9 +290,10 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
 
 std::vector<Tensor> dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
   const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(DYT_FWD, x, to);
-  Tensor y = at::empty({p.N, p.C}, x.options()), ticket = empty({1}, p.acc, x);
-  Args a{to, {}};
+  Tensor y = empty({p.N, p.C}, x), ticket = empty({1}, p.acc, x);
+  Args a{to};
   a.ptr(x), a.ptr(alpha), a.ptr(weight), a.ptr(bias), a.ptr(y), a.ptr(ticket);
   run_rows(DYT_FWD, p, to, a, std::nullopt);
   return {y, ticket};
@@ -280,11 +302,12 @@ std::vector<Tensor> dyt_forward(const Tensor& x, const Tensor& alpha, const Tens
 std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Tensor& alpha, const Tensor& weight,
                                  const Tensor& ticket) {
   const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(DYT_BWD, x, to);
-  Tensor gx = at::empty({p.N, p.C}, x.options()), grad_alpha = at::empty_like(alpha);
-  Tensor grad_w = at::empty_like(weight), grad_b = at::empty_like(weight);
+  Tensor gx = empty({p.N, p.C}, x), grad_alpha = empty(alpha.sizes(), alpha);
+  Tensor grad_w = empty(weight.sizes(), weight), grad_b = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs * (2 * p.C + 1)}, p.acc, x);
-  Args a{to, {}};
+  Args a{to};
   a.ptr(x), a.ptr(grad_y), a.ptr(alpha), a.ptr(weight), a.ptr(gx), a.ptr(grad_alpha), a.ptr(grad_w), a.ptr(grad_b);
   a.ptr(part), a.ptr(ticket);
   run_rows(DYT_BWD, p, to, a, std::nullopt);

@@ -23,6 +23,7 @@
 #include <dlfcn.h>
 
 #include <memory>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -82,32 +83,58 @@ struct Target {
   Tensor nothing;  // the placeholder an absent input's pointer comes from (gpu.py's _nothing)
 };
 
-// one zero of float32 per device: gpu.py's placeholder for inputs a variant does not read
-const Tensor& nothing_on(const at::Device& device) {
-  static std::mutex lock;
-  static std::unordered_map<std::string, Tensor>* made = new std::unordered_map<std::string, Tensor>();
-  std::lock_guard<std::mutex> hold(lock);
-  auto& t = (*made)[device.str()];
-  if (!t.defined()) t = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
-  return t;
+constexpr int kDevices = 64;  // CUDA devices a process addresses at most here
+
+// one zero of float32 per device (index kDevices: the CPU's): gpu.py's placeholder for inputs a variant
+// does not read; and the multiprocessors of each device, asked of the driver once
+struct PerDevice {
+  std::mutex lock;
+  std::array<Tensor, kDevices + 1> nothing;
+  std::array<int, kDevices + 1> multiprocessors{};
+};
+
+PerDevice& per_device() {
+  static auto* d = new PerDevice();  // never freed: tensors outlive the interpreter's teardown otherwise
+  return *d;
+}
+
+int slot_of(bool cuda, int device) {
+  TORCH_CHECK(!cuda || (device >= 0 && device < kDevices), "powernorm_fairseq: CUDA device ", device,
+              ": the norm kernels launch on devices 0 to ", kDevices - 1);
+  return cuda ? device : kDevices;
 }
 
 Target target_of(const Tensor& x) {
-  if (!x.is_cuda()) return {false, 0, nullptr, nothing_on(x.device())};
+  const bool cuda = x.is_cuda();
+  const int device = cuda ? x.device().index() : 0;
+  PerDevice& d = per_device();
+  Tensor nothing;
+  {
+    std::lock_guard<std::mutex> hold(d.lock);
+    Tensor& made = d.nothing[slot_of(cuda, device)];
+    if (!made.defined()) made = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(x.device()));
+    nothing = made;
+  }
+  if (!cuda) return {false, 0, nullptr, nothing};
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-  return {true, x.device().index(), impl->getStream(x.device()).native_handle(), nothing_on(x.device())};
+  return {true, device, impl->getStream(x.device()).native_handle(), nothing};
 }
 
-int multiprocessors(int device) {
-  static std::mutex lock;
-  static std::unordered_map<int, int> known;
-  std::lock_guard<std::mutex> hold(lock);
-  auto it = known.find(device);
-  if (it != known.end()) return it->second;
-  int dev = 0, n = 0;
-  check(driver().device(&dev, device), "cuDeviceGet");
-  check(driver().attribute(&n, kMultiprocessorCount, dev), "cuDeviceGetAttribute");
-  return known[device] = n;
+// the device a pass makes current while it allocates and launches (none for the stand-in's CPU tensors)
+std::optional<c10::Device> guarded(const Target& to) {
+  if (!to.cuda) return std::nullopt;
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(to.device));
+}
+
+int multiprocessors(const Target& to) {
+  int& n = per_device().multiprocessors[slot_of(to.cuda, to.device)];
+  if (n == 0) {  // (two threads may both ask: they get the same answer)
+    int dev = 0, count = 0;
+    check(driver().device(&dev, to.device), "cuDeviceGet");
+    check(driver().attribute(&count, kMultiprocessorCount, dev), "cuDeviceGetAttribute");
+    n = count;
+  }
+  return n;
 }
 
 // A run-time argument: a pointer (a tensor, at an element offset), an integer or a float.
@@ -138,10 +165,26 @@ struct Kernel {
   std::vector<std::pair<std::string, bool>> constexprs;  // (name, a bool), in the order the call sites give them
 };
 
+// A variant's key: the kernel, the device, a byte per argument (``specialised``), two per constexpr.
+struct Key {
+  std::array<uint8_t, 128> bytes{};
+  size_t size = 0;
+  void add(int v) { bytes[size++] = static_cast<uint8_t>(v); }
+  bool operator==(const Key& o) const { return size == o.size && std::memcmp(bytes.data(), o.bytes.data(), size) == 0; }
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {  // FNV-1a
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < k.size; ++i) h = (h ^ k.bytes[i]) * 1099511628211ull;
+    return h;
+  }
+};
+
 struct Registry {
   std::vector<Kernel> kernels;
   py::object from_node;  // launcher.from_node(kernel, grid, args, constexprs, hold) -> ABI or None
-  std::unordered_map<std::string, std::shared_ptr<const Variant>> held;
+  std::unordered_map<Key, std::shared_ptr<const Variant>, KeyHash> held;
   std::mutex lock;
   bool compare = false;  // each held launch made again through the JIT: a test compares what the driver got
 };
@@ -154,16 +197,16 @@ Registry& registry() {
 constexpr size_t kKeptVariants = 4096;
 
 // What Triton's binder specialises an argument on, as one byte of the key.
-char specialised(const Arg& a, bool fixed) {
-  if (a.kind == Arg::FLOAT) return 'f';
+uint8_t specialised(const Arg& a, bool fixed) {
+  if (a.kind == Arg::FLOAT) return 255;
   if (a.kind == Arg::PTR) {
     const auto p = reinterpret_cast<uintptr_t>(a.tensor->data_ptr()) + a.offset * a.tensor->element_size();
-    return static_cast<char>(2 * static_cast<int>(a.tensor->scalar_type()) + (p % 16 == 0));
+    return static_cast<uint8_t>(2 * static_cast<int>(a.tensor->scalar_type()) + (p % 16 == 0));
   }
   const int64_t v = a.i;
-  const char range = v >= -(int64_t(1) << 31) && v < (int64_t(1) << 31) ? 0 : 1;
-  if (fixed) return static_cast<char>(100 + range);
-  return static_cast<char>(110 + 4 * range + (v == 1 ? 1 : v % 16 == 0 ? 2 : 0));
+  const int range = v >= -(int64_t(1) << 31) && v < (int64_t(1) << 31) ? 0 : 1;
+  if (fixed) return static_cast<uint8_t>(200 + range);
+  return static_cast<uint8_t>(210 + 4 * range + (v == 1 ? 1 : v % 16 == 0 ? 2 : 0));
 }
 
 py::object as_python(const Arg& a) {
@@ -258,14 +301,15 @@ void run(int kernel, std::array<int64_t, 3> grid, const std::vector<Arg>& args, 
   TORCH_CHECK(args.size() == k.fixed.size() && values.size() == k.constexprs.size(), k.name, ": ", args.size(),
               " arguments and ", values.size(), " constexprs, where the kernel takes ", k.fixed.size(), " and ",
               k.constexprs.size());
-  std::string key;
-  key.reserve(4 + args.size() + 8 * values.size());
-  key.push_back(static_cast<char>(kernel));
-  key.push_back(static_cast<char>(to.cuda ? to.device : -1));
-  for (size_t i = 0; i < args.size(); ++i) key.push_back(specialised(args[i], k.fixed[i]));
-  key.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t));
-  std::optional<c10::DeviceGuard> guard;
-  if (to.cuda) guard.emplace(c10::Device(c10::DeviceType::CUDA, to.device));
+  TORCH_CHECK(2 + args.size() + 2 * values.size() <= Key().bytes.size(), k.name, ": too many arguments");
+  Key key;
+  key.add(kernel);
+  key.add(to.cuda ? to.device : kDevices);
+  for (size_t i = 0; i < args.size(); ++i) key.add(specialised(args[i], k.fixed[i]));
+  for (int64_t v : values) {
+    TORCH_CHECK(v >= 0 && v < 65536, k.name, ": a constexpr of ", v);
+    key.add(v & 255), key.add(v >> 8);
+  }
   std::shared_ptr<const Variant> v;
   {
     std::lock_guard<std::mutex> hold(r.lock);

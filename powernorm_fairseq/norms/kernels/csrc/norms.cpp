@@ -23,7 +23,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/full.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/ops/tanh.h>
