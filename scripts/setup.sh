@@ -48,7 +48,7 @@ if [[ -x "$VENV/bin/python" ]]; then
   [[ "$venv_has" == "$have" ]] \
     || fail ".venv has Python $venv_has, not $have ($PYTHON): remove .venv to rebuild it with $have"
 fi
-want="$(cat scripts/setup.sh requirements.txt pyproject.toml setup.py powernorm_fairseq/norms/kernels/csrc/norms.cpp | sha256sum | cut -d' ' -f1) $have $TORCH_INDEX"
+want="$(cat scripts/setup.sh requirements.txt pyproject.toml setup.py powernorm_fairseq/norms/kernels/csrc/* | sha256sum | cut -d' ' -f1) $have $TORCH_INDEX"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
   exit 0  # up to date
 fi

@@ -307,10 +307,12 @@ def test_no_module_imports_one_that_imports_it_back():
 
     circles = sorted(m for m in graph if m in reach(m))
     assert circles == []
-    # the GPU kernels, with the contract they meet and the launcher that launches them; nothing of the rest
-    assert graph["powernorm_fairseq.norms.kernels.gpu"] == {"powernorm_fairseq.norms.kernels.contract",
-                                                            "powernorm_fairseq.norms.kernels.launcher"}
-    assert graph["powernorm_fairseq.norms.kernels.launcher"] == set()
+    # the GPU backend: its kernels, their plans and launcher, and the contract they meet; nothing of the rest
+    kernels = "powernorm_fairseq.norms.kernels."
+    assert graph[kernels + "gpu"] == {kernels + m for m in ("contract", "launcher", "plans", "gpu_channel", "gpu_rows")}
+    assert graph[kernels + "gpu_channel"] == {kernels + "contract"}
+    assert graph[kernels + "gpu_rows"] == {kernels + "gpu_channel"}
+    assert graph[kernels + "launcher"] == graph[kernels + "plans"] == set()
 
 
 @pytest.mark.fast

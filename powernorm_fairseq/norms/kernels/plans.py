@@ -1,0 +1,267 @@
+"""The Triton path's plans: how each launch spreads a pass over a GPU.
+
+A channel norm's kernel runs on a grid of (row ranges, column chunks): as
+many row programs as the multiprocessors hold at once (``PROGRAMS_PER_SM``,
+whose registers bound each variant's), and more only past ``MAX_ROWS`` rows
+each; a chunk is one group of the released code's group scaling when that is
+on. A per-row kernel's grid is its row ranges. A plan is worked out once per
+input layout and variant, in plain Python (``gpu.py``'s passes under
+Triton's interpreter or a watched launch). The C++ nodes make the same plans
+themselves (``csrc/gpu_passes.h``, from the constants bound here), and the
+tests compare their launches with these.
+"""
+
+import functools
+import os
+
+import torch
+
+#: whether Triton's interpreter runs the kernels, read when this module (and so its kernels) is imported,
+#: as ``triton.jit`` reads it for each kernel then
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def interpreting() -> bool:
+    return _INTERPRETING
+
+
+#: the multiprocessors of a stand-in device (measure/standin.py), or None: CPU tensors then launch through
+#: Triton's CUDA launcher on a stand-in driver, which records each launch and runs nothing
+_STAND_IN = None
+
+
+def stand_in(multiprocessors) -> None:
+    """Take CPU tensors as a device with ``multiprocessors`` would (None: as before)."""
+    global _STAND_IN
+    _STAND_IN = multiprocessors
+
+
+def stand_in_size():
+    """The stand-in device's multiprocessors, or None (no stand-in)."""
+    return _STAND_IN
+
+
+#: resident programs per multiprocessor that each main kernel's grid launches
+#: (float64, which only the tests run, half as many): each launch bounds its
+#: registers to what this allows (``registers``, ptxas's .maxnreg), and every
+#: variant compiled for sm_90 spills nothing within it (measure/sm90.py, checked in CI)
+PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 3, "_scalenorm_forward": 4,
+                   "_scalenorm_backward": 3, "_rmsnorm_forward": 4, "_rmsnorm_backward": 3, "_dyt_forward": 4,
+                   "_dyt_backward": 3}
+WARPS = 4  # of every kernel (triton's default)
+REGISTERS_PER_SM, WARP = 65536, 32
+#: elements of a tile (rows x columns) of a channel kernel and of a per-row one
+TILE, ROW_TILE = 1024, 2048
+#: the widest group (channel kernels) and row (per-row kernels) held in registers
+#: whole; a wider one is walked in sub-chunks of this many columns (``WIDE``)
+WIDEST_GROUP, WIDEST_ROW, SUB_CHUNK = 1024, 2048, 1024
+#: rows a program sums at most, in float32 tile by tile: a longer input gets more programs
+#: (a grid of several waves), and the finishing kernels add the programs' sums in float64
+MAX_ROWS = 1024
+
+
+def programs_per_sm(kernel: str, float64: bool = False) -> int:
+    return max(1, PROGRAMS_PER_SM[kernel] // 2) if float64 else PROGRAMS_PER_SM[kernel]
+
+
+def registers(kernel: str, float64: bool = False) -> int:
+    """A main kernel's launch bound: the registers per thread (allocated in
+    units of 8, at most 255) with which its grid's programs per
+    multiprocessor are resident at once. ptxas, left unbounded, spills a few
+    bytes in some variants to stay under a budget of its own choosing."""
+    return min(255, REGISTERS_PER_SM // (programs_per_sm(kernel, float64) * WARPS * WARP)) // 8 * 8
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _programs(x: torch.Tensor, kernel: str) -> int:
+    """How many programs to spread rows over: as many per multiprocessor as are resident at once."""
+    if x.is_cuda or _STAND_IN is not None:
+        sms = _multiprocessors(x.device) if x.is_cuda else _STAND_IN
+        return programs_per_sm(kernel, x.dtype == torch.float64) * sms
+    return 4  # the interpreter runs programs one after another
+
+
+# The host's arithmetic of the launches, in plain Python: triton.cdiv and
+# triton.next_power_of_2 are wrappers for kernels that cost microseconds a
+# call on the host, about 18 of them a step of a PN layer.
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _pow2(n) -> int:
+    """The least power of two >= n (a width: a symbolic one is fixed here, as its kernel's block is)."""
+    return 1 << (int(n) - 1).bit_length()
+
+
+def _acc(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _layout(x, groups, kernel, tall=False):
+    """(chunk width, its power-of-two block, chunks, rows per step, rows per
+    program, row programs). A group wider than ``WIDEST_GROUP`` is one chunk
+    walked in blocks of ``SUB_CHUNK`` columns (``WIDE``: block < width); its
+    width goes to the kernels at run time (``cw``, the constexpr ``CW`` 0), so
+    that one variant serves every wide group, where a narrower group's
+    kernels are compiled for its width."""
+    N, C = x.numel() // x.size(-1), x.size(-1)
+    if groups > 0:
+        cw = C // groups
+    else:
+        cw = min(_pow2(C), 128)
+    block_c = _pow2(cw)
+    if block_c > WIDEST_GROUP:
+        block_c = SUB_CHUNK
+    chunks = _cdiv(C, cw)
+    # a pass that writes nothing row-sized (statistics only) holds fewer live
+    # tiles and takes them twice as tall (some shorter ones spill on sm_90)
+    block_n = max(1, min(32, (2 if tall else 1) * TILE // block_c))
+    # as many row programs as are resident at once, whatever N (those past the last row sum nothing), and more
+    # only past MAX_ROWS rows each: the per-program sums' shape does not follow the sequence length, so
+    # torch.compile keeps one graph for every length of a batch (a single guard, N <= progs * MAX_ROWS)
+    progs = max(_cdiv(_programs(x, kernel), chunks), _cdiv(N, MAX_ROWS))
+    per_prog = _cdiv(_cdiv(N, progs), block_n) * block_n
+    return cw, block_c, chunks, block_n, per_prog, progs
+
+
+def parts(x, groups, kernel, tall):
+    """(rows, dtype) of the per-program statistics ``forward`` and ``backward``
+    return (``tall``: a statistics-only pass): a row per program, and the
+    arrival ticket of the finishing kernel."""
+    return _layout(x, groups, kernel, tall)[-1] + 1, _acc(x)
+
+
+#: rows past the per-program ones in a part, and elements past the N per-row
+#: statistics of the row kernels' forward: the finishing kernel's arrival ticket
+TICKET_ROWS, ROW_TICKET = 1, 1
+
+
+_NOTHING = {}
+
+
+def _nothing(device):
+    """A one-element placeholder for the pointer of an input a variant does not read."""
+    if device not in _NOTHING:
+        _NOTHING[device] = torch.zeros(1, device=device)
+    return _NOTHING[device]
+
+
+def _mask_args(mask, device):
+    """(pointer, batch size, sequence length) of a (B, T) padding mask (None: none), rows r = t * B + b."""
+    if mask is None:
+        return _nothing(device), 1, 1
+    return mask, mask.size(0), mask.size(1)
+
+
+def _rows(x):
+    """x, (N, C) or (T, B, C), as the kernels read its rows r = t * B + b:
+    (x, N, C, (B, row stride of t, row stride of b)). Rows of unit column
+    stride are read where they lie, at any row strides: fairseq's residual
+    stream, the transposed view of a (B, T, C) tensor, is not copied."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    C = x.size(-1)
+    N = x.numel() // C
+    if x.dim() == 3 and not x.is_contiguous():
+        return x, N, C, (x.size(1), x.stride(0), x.stride(1))
+    return x, N, C, (1, x.stride(0) if x.dim() == 2 else C, 0)
+
+
+_FINISH_BLOCK = 64  # columns per program of the finishing kernels
+
+
+class _Plan:
+    """What a channel pass's launch takes besides its tensors, worked out once
+    per input layout and variant (``_PLANS``): a step then allocates its
+    outputs and launches, with no other host arithmetic."""
+
+    __slots__ = ("rows", "C", "grid", "scalars", "constexprs", "part", "scale", "dots", "nothing", "acc")
+
+
+_PLANS = {}
+#: plans kept at most (of each kind): a layout per batch shape, and batch shapes vary; past this many,
+#: the plans are made anew as the shapes come
+_KEPT_PLANS = 4096
+
+
+def _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs):
+    """The :class:`_Plan` of ``kernel`` over x's rows (``_rows``: unit column
+    stride) with padding ``mask`` (or none); ``sums``: rows of the part."""
+    x, N, C, geometry = _rows(x)
+    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, kernel, tall)
+    acc, wide = _acc(x), block_c < cw
+    m, nb, nt = _mask_args(mask, x.device)
+    plan = _Plan()
+    plan.rows, plan.C, plan.nothing, plan.acc = N, C, _nothing(x.device), acc
+    # with the part, one program more than the rows need: it has no rows, and so writes the part's last row
+    # as zeros, the first of which is the finishing kernel's ticket
+    plan.grid = (progs + int(want_part), chunks)
+    plan.scalars = (N, C, *geometry, nb, nt, per_prog, cw)
+    plan.constexprs = dict(zip(constexprs[::2], constexprs[1::2]), HAS_MASK=mask is not None, GROUPED=groups > 0,
+                           F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c,
+                           CW=0 if wide else cw, num_warps=WARPS, maxnreg=registers(kernel, acc == torch.float64))
+    plan.part = (progs + 1, sums, C) if want_part else None
+    plan.scale = (N, groups) if groups > 0 else None
+    plan.dots = (N, groups) if wide and want_rows and kernel == "_channel_backward" else None
+    return plan
+
+
+def _planned(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs):
+    """(x with unit column stride, the :class:`_Plan` of the launch over x with
+    padding ``mask`` (None: none), made on its first use); ``constexprs``: the
+    variant's, as a flat (name, value, ...) tuple. Inline tests, no helpers:
+    a step's host calls are counted (measure/host.py)."""
+    strides = x.stride()
+    if strides[-1] != 1:
+        x = x.contiguous()
+        strides = x.stride()
+    key = (kernel, x.shape, strides, x.dtype, x.device, None if mask is None else mask.shape, groups, constexprs)
+    if key in _PLANS:
+        return x, _PLANS[key]
+    if len(_PLANS) > _KEPT_PLANS:
+        _PLANS.clear()
+    plan = _PLANS[key] = _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
+    return x, plan
+
+
+def _row_layout(x, kernel):
+    """(columns per block, rows per step, rows per program, programs): a row
+    wider than ``WIDEST_ROW`` is walked in blocks of ``SUB_CHUNK`` columns."""
+    N, C = x.numel() // x.size(-1), x.size(-1)
+    block_c = _pow2(C)
+    if block_c > WIDEST_ROW:
+        block_c = SUB_CHUNK
+    block_n = max(1, min(32, ROW_TILE // block_c))
+    progs = max(1, min(_cdiv(N, block_n), max(_programs(x, kernel), _cdiv(N, MAX_ROWS))))
+    per_prog = _cdiv(_cdiv(N, progs), block_n) * block_n
+    return block_c, block_n, per_prog, _cdiv(N, per_prog)
+
+
+_ROW_PLANS = {}  # at most _KEPT_PLANS, as _PLANS
+
+
+def _row_plan(kernel, x):
+    """(x with unit column stride, its rows N, programs, the launch's integer
+    arguments, its constexprs, the accumulation dtype) of per-row ``kernel`` over the rows of x
+    (``_rows``), worked out once per kernel, layout and dtype: the kernel
+    takes (x, its tensors, N, C, x's row geometry, rows per program, its scalars)."""
+    strides = x.stride()
+    if strides[-1] != 1:
+        x = x.contiguous()
+        strides = x.stride()
+    key = (kernel, x.shape, strides, x.dtype, x.device)
+    if key in _ROW_PLANS:
+        return (x, *_ROW_PLANS[key])
+    _, N, C, geometry = _rows(x)
+    block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
+    f64 = x.dtype == torch.float64
+    if len(_ROW_PLANS) > _KEPT_PLANS:
+        _ROW_PLANS.clear()
+    plan = _ROW_PLANS[key] = (N, C, progs, (N, C, *geometry, per_prog), dict(
+        F64=f64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS,
+        maxnreg=registers(kernel.__name__, f64)), _acc(x))
+    return (x, *plan)
