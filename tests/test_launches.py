@@ -380,91 +380,129 @@ os.environ["TRITON_INTERPRET"] = "0"
 import torch
 from powernorm_fairseq.measure import launches, standin
 from powernorm_fairseq.norms import build_norm, kernels
-from powernorm_fairseq.norms.kernels import gpu, launcher
+from powernorm_fairseq.norms.kernels import cpu, launcher
 
 standin.activate()
-launch = gpu._launch
+node = cpu.load()
 
 
-def twice(kernel, grid, *args, **constexprs):  # Triton's JIT launch, then the held kernel's, of the same call
-    launcher.HOLD = False
-    launch(kernel, grid, *args, **constexprs)
-    launcher.HOLD = True
-    launch(kernel, grid, *args, **constexprs)
+def recorded(run):
+    standin.clear()
+    run()
+    return standin.launches()
+
+
+def shown(ls):
+    return [dict(l._asdict(), data=l.data.hex()) for l in ls]
 
 
 out = []
-for kind, options, dtype, layout in json.loads(sys.argv[1]):
-    T, B, C = (1, 1, 64) if layout == "single" else (7, 3, 64)
+for kind, options, dtype, layout, (T, B, C) in json.loads(sys.argv[1]):
     g = torch.Generator().manual_seed(0)
     base = torch.randn(T * B * C + 1, generator=g).to(getattr(torch, dtype))
     # "misaligned": x 2 bytes past a 16-byte boundary, as a view x[1:] of a longer tensor is
     x = (base[1:] if layout == "misaligned" else base[:-1]).view(B, T, C).transpose(0, 1).detach()
     x = x if layout in ("batch_first", "misaligned") else x.contiguous()
     x.requires_grad_(True)
-    pad = None if layout == "single" else torch.zeros(B, T, dtype=torch.bool)
+    pad = None if T * B == 1 else torch.zeros(B, T, dtype=torch.bool)
     if pad is not None:
-        pad[1, 5:] = True
+        pad[-1, T // 2 + 1:] = True
     dy = torch.randn(T, B, C, generator=g).to(x.dtype)
     norm = build_norm(kind, C, **options).train().to(x.dtype)
+    step = lambda: norm(x, pad).backward(dy)
     with kernels.use("triton"):
-        norm(x, pad).backward(dy)  # the first step compiles each kernel for sm_90, and holds it
-        standin.clear()
+        step()  # the first step compiles each variant for sm_90, and the node holds it
+        cxx = recorded(step)  # the C++ node's launches
         with launches.counting() as seen:
-            norm(x, pad).backward(dy)
-        held = standin.launches()
-        standin.clear()
-        gpu._launch = twice
+            step()
+        node.compare_launches(True)  # each held launch, then Triton's JIT launch of the same call
         try:
-            norm(x, pad).backward(dy)
+            pairs = recorded(step)
         finally:
-            gpu._launch = launch
-        pairs = standin.launches()
-    out.append(dict(counted=seen.kernels(), x=x.data_ptr(), launched=[dict(l._asdict(), data=l.data.hex())
-                                                                       for l in held],
+            node.compare_launches(False)
+        launcher.HOLD = False  # gpu.py's passes, each launch through Triton's JIT
+        try:
+            jit = recorded(step)
+        finally:
+            launcher.HOLD = True
+    out.append(dict(counted=seen.kernels(), x=x.data_ptr(), cxx=shown(cxx), jit=shown(jit),
                     same=[a == b for a, b in zip(pairs[::2], pairs[1::2])], pairs=len(pairs)))
 print(json.dumps(out))
 """
 
 
+def _same_but_addresses(a: dict, b: dict) -> bool:
+    """Two recorded launches of the same call in two steps: the same variant,
+    grid, block, shared memory, stream and parameters, but for where a step's
+    own tensors lie (8-byte parameters: the pointers, each in the same
+    16-byte alignment class)."""
+    if {k: v for k, v in a.items() if k != "data"} != {k: v for k, v in b.items() if k != "data"}:
+        return False
+    da, db, at = bytes.fromhex(a["data"]), bytes.fromhex(b["data"]), 0
+    for size in a["sizes"]:
+        pa, pb = da[at:at + size], db[at:at + size]
+        if size == 8:
+            if (int.from_bytes(pa, "little") % 16 == 0) != (int.from_bytes(pb, "little") % 16 == 0):
+                return False
+        elif pa != pb:
+            return False
+        at += size
+    return True
+
+
 @pytest.mark.slow
-def test_the_held_kernels_send_a_gpu_what_triton_s_own_launch_sends():
+def test_the_nodes_send_a_gpu_what_triton_s_own_launch_sends():
     """Each fused kind's training step on Triton's real CUDA launch path with a
     stand-in driver (measure/standin.py: kernels compiled for sm_90, every
-    launch recorded, none run). Every launch made through the held compiled
-    kernel (launcher.py) records the same bytes as Triton's JIT launch of the
-    same call: the function, grid, block, shared memory, stream and every
-    parameter, with masks and without, (T, B, C) and (B, T, C), in float32,
-    float16 and bfloat16, PN in and after its warmup, x 2 bytes off a 16-byte
-    boundary and a single token. The kernels launched are those the counter
-    sees under the interpreter, in order and no more than the targets; each
-    has 4 warps' block, torch's stream, and its PTX parameters, x first."""
+    launch recorded, none run). Every launch the C++ node makes through its
+    held variant (csrc/launch.h) records the same bytes as Triton's JIT launch
+    of the same call: the function (so the variant Triton selects), grid,
+    block, shared memory, stream and every parameter. A step planned by the
+    node (csrc/gpu_passes.h) launches what gpu.py's passes launch through the
+    JIT, in order, but for the step's own addresses. Covered: masks and none,
+    (T, B, C) and (B, T, C), float32, float16 and bfloat16, PN in and after its
+    warmup, x 2 bytes off a 16-byte boundary, a single token (integers equal
+    to 1: constexprs), one sequence, channels not a multiple of 16, and
+    groups and rows wider than a block (WIDE). The kernels launched are
+    those the counter sees, in order and no more than the targets; each has
+    4 warps' block, torch's stream, and its PTX parameters, x first."""
     import json
     import os
     import subprocess
     import sys
 
-    cases = [(kind, options, "float32", "contiguous") for kind, options, _ in TARGETS]
-    # each misaligned x after an aligned one of the same layout: a kernel held for the one must not serve the other
-    cases += [("pn", {}, "float16", "batch_first"), ("pn", {}, "bfloat16", "contiguous"),
-              ("pn", {}, "float32", "batch_first"), ("pn", {}, "float32", "misaligned"),
-              ("bn", {}, "float16", "batch_first"), ("bn", {}, "float16", "misaligned"),
-              ("rmsnorm", {}, "float16", "batch_first"), ("rmsnorm", {}, "float16", "misaligned"),
-              ("rmsnorm", {}, "float32", "single"), ("dyt", {}, "bfloat16", "batch_first")]
-    targets = [t for *_, t in TARGETS] + [4, 4, 4, 4, 6, 6, 2, 2, 2, 2]
+    shape = (T, B, C)
+    cases = [(kind, options, "float32", "contiguous", shape) for kind, options, _ in TARGETS]
+    # each misaligned x after an aligned one of the same layout: a variant held for the one must not serve the other
+    cases += [("pn", {}, "float16", "batch_first", shape), ("pn", {}, "bfloat16", "contiguous", shape),
+              ("pn", {}, "float32", "batch_first", shape), ("pn", {}, "float32", "misaligned", shape),
+              ("bn", {}, "float16", "batch_first", shape), ("bn", {}, "float16", "misaligned", shape),
+              ("rmsnorm", {}, "float16", "batch_first", shape), ("rmsnorm", {}, "float16", "misaligned", shape),
+              ("rmsnorm", {}, "float32", "contiguous", (1, 1, C)), ("pn", {}, "float32", "contiguous", (1, 1, C)),
+              ("pn", {}, "float32", "batch_first", (5, 1, C)), ("dyt", {}, "bfloat16", "batch_first", shape),
+              ("scalenorm", {}, "float32", "contiguous", (3, 2, 40)), ("bn", {}, "float32", "contiguous", (3, 2, 40)),
+              ("pn", {"layer_scale": True, "groups": 1}, "float32", "batch_first", (3, 2, 2048)),
+              ("rmsnorm", {}, "float32", "batch_first", (2, 2, 4096))]
+    targets = [t for *_, t in TARGETS] + [4, 4, 4, 4, 6, 6, 2, 2, 2, 4, 4, 2, 2, 6, 4, 2]
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # Triton's own kernel cache: bench/run.py's host section shares it
     proc = subprocess.run([sys.executable, "-c", STAND_IN, json.dumps(cases)], capture_output=True, text=True,
-                          env=env, timeout=600)
+                          env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for case, target, got in zip(cases, targets, json.loads(proc.stdout)):
-        names = [launch["kernel"] for launch in got["launched"]]
+        names = [launch["kernel"] for launch in got["cxx"]]
         assert names == [k.removeprefix("triton:") for k in got["counted"]] and len(names) <= target, case
-        assert got["pairs"] == 2 * len(names) and all(got["same"]), case  # held = Triton's own, byte for byte
-        for launch in got["launched"]:
+        assert got["pairs"] == 2 * len(names) and all(got["same"]), case  # the node's = Triton's, byte for byte
+        assert len(got["jit"]) == len(names), case
+        assert all(_same_but_addresses(a, b) for a, b in zip(got["cxx"], got["jit"])), case  # the node's plan
+        for launch in got["cxx"]:
             assert launch["block"] == [128, 1, 1] and launch["stream"] == 0, launch
             assert launch["params"] == len(launch["sizes"]) > 0 and len(launch["data"]) == 2 * sum(launch["sizes"])
-        first = bytes.fromhex(got["launched"][0]["data"])
+        first = bytes.fromhex(got["cxx"][0]["data"])
         assert int.from_bytes(first[:8], "little") == got["x"], case  # the main kernel reads x where it lies
+    misaligned = [got for case, got in zip(cases, json.loads(proc.stdout)) if case[3] == "misaligned"]
+    aligned = [got for case, got in zip(cases, json.loads(proc.stdout)) if case[3] == "batch_first"]
+    # a misaligned x selects a variant of its own (another function) where an aligned one of its kind had one
+    assert all(m["cxx"][0]["function"] not in {a["cxx"][0]["function"] for a in aligned} for m in misaligned)
 
 
 @pytest.mark.fast
