@@ -298,6 +298,15 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     assert any(b["signature"].get("W") == "*fp32" and b["signature"].get("X") == "*fp16" for b in built)  # --amp
     spilled = [b for b in built if b["spill_bytes"]]
     assert not spilled, spilled[:3]
+    # the C++ node holds every variant, and passes each the parameters its PTX .entry declares, of the kinds
+    # gpu.py's passes give (launcher.layout: sizes against the PTX; scratch pointers after them)
+    for variant, b in zip(sm90.distinct(launched), built):
+        assert b["layout"] is not None, b
+        where, types, scratch = b["layout"]
+        kinds = [next(iter(variant["args"][i])) for i in where]
+        assert all((k == "tensor") == t.startswith("*") and (k == "float") == t.startswith("fp")
+                   for k, t in zip(kinds, types)), (b["kernel"], kinds, types)
+        assert scratch == len(b["ptx_sizes"]) - len(where) and scratch in (0, 1, 2), b
     crowded = [b for b in built if b.get("resident_per_sm", 1) < b.get("launched_per_sm", 1)]
     assert not crowded, crowded[:3]
     # every wide group width was launched, and compiled once for all of them (its width a run-time argument)

@@ -16,6 +16,7 @@ grid launches (``gpu.PROGRAMS_PER_SM``) to be resident at once.
 """
 
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..norms.kernels import gpu
+from ..norms.kernels import gpu, launcher
 
 REGISTERS_PER_SM, WARP = gpu.REGISTERS_PER_SM, gpu.WARP
 
@@ -125,17 +126,19 @@ def _resources(log: str):
 
 
 def _compile(job):
-    """Compile one specialisation for sm_90: (registers, local bytes, stack bytes, warps, shared bytes)."""
+    """Compile one specialisation for sm_90: (registers, local bytes, stack bytes, warps, shared bytes,
+    the parameters as the C++ node passes them, checked against the kernel's PTX (``launcher.layout``))."""
     import triton
     from triton.compiler import ASTSource
 
-    name, signature, constexprs, attrs, options = job
+    name, signature, constexprs, attrs, options, given = job
     fn = getattr(gpu, name)
     log = io.StringIO()  # ptxas's own -v report, as triton prints it (build sets dump_ptxas_log)
     with contextlib.redirect_stdout(log):
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                 target=TARGET(), options=options)
-    return (*_resources(log.getvalue()), kernel.metadata.num_warps, kernel.metadata.shared)
+    return (*_resources(log.getvalue()), kernel.metadata.num_warps, kernel.metadata.shared,
+            launcher.layout(kernel, given), launcher.ptx_params(kernel.asm["ptx"], kernel.name))
 
 
 def TARGET():
@@ -171,20 +174,40 @@ def build(variants, workers=None):
         key = json.dumps([v["kernel"], signature, sorted(map(str, constexprs.items())), sorted(map(str, attrs))])
         keys.append(key)
         if key not in jobs:
-            jobs[key] = (v["kernel"], signature, constexprs, attrs, options.__dict__)
+            jobs[key] = (v["kernel"], signature, constexprs, attrs, options.__dict__, len(v["args"]))
             described[key] = dict(
                 kernel=v["kernel"], signature={k: str(t) for k, t in signature.items() if t != "constexpr"},
                 constexprs={fn.arg_names[k[0]] if isinstance(k, tuple) else str(k): c
                             for k, c in constexprs.items() if not isinstance(c, (tuple, list))})
-    with ProcessPoolExecutor(workers or os.cpu_count(), mp_context=get_context("fork")) as pool:
-        for key, (regs, spilled, stack, warps, shared) in zip(jobs, pool.map(_compile, jobs.values())):
-            row = described[key]
-            row.update(registers=regs, spill_bytes=spilled, stack_bytes=stack, warps=warps, shared_bytes=shared,
-                       resident_warps=resident_warps(regs, warps, shared))
-            if row["kernel"] in gpu.PROGRAMS_PER_SM:  # how many programs fit at once, and how many the grid has
-                row["resident_per_sm"] = REGISTERS_PER_SM // (_allocated(regs) * WARP * warps)
-                row["launched_per_sm"] = gpu.programs_per_sm(row["kernel"], bool(row["constexprs"].get("F64")))
+    import triton
+
+    # each compile's report, kept by content (the kernel's source and its callees', the specialisation,
+    # triton's version): a variant is compiled once per machine, not on every run
+    kept = {key: KEPT / (hashlib.sha256(f"{getattr(gpu, jobs[key][0]).cache_key}{key}{triton.__version__}".encode())
+                         .hexdigest()[:24] + ".json") for key in jobs}
+    reports = {key: json.loads(kept[key].read_text()) for key in jobs if kept[key].is_file()}
+    todo = [key for key in jobs if key not in reports]
+    if todo:
+        KEPT.mkdir(parents=True, exist_ok=True)
+        with ProcessPoolExecutor(workers or os.cpu_count(), mp_context=get_context("fork")) as pool:
+            for key, report in zip(todo, pool.map(_compile, [jobs[key] for key in todo])):
+                reports[key] = list(report)
+                partial = kept[key].with_suffix(f".{os.getpid()}.tmp")
+                partial.write_text(json.dumps(reports[key]))
+                os.replace(partial, kept[key])
+    for key in jobs:
+        regs, spilled, stack, warps, shared, laid, sizes = reports[key]
+        row = described[key]
+        row.update(registers=regs, spill_bytes=spilled, stack_bytes=stack, warps=warps, shared_bytes=shared,
+                   resident_warps=resident_warps(regs, warps, shared), layout=laid, ptx_sizes=sizes)
+        if row["kernel"] in gpu.PROGRAMS_PER_SM:  # how many programs fit at once, and how many the grid has
+            row["resident_per_sm"] = REGISTERS_PER_SM // (_allocated(regs) * WARP * warps)
+            row["launched_per_sm"] = gpu.programs_per_sm(row["kernel"], bool(row["constexprs"].get("F64")))
     return [described[key] for key in keys]
+
+
+#: where each variant's compile report is kept (``build``)
+KEPT = Path(tempfile.gettempdir()) / "powernorm-sm90"
 
 
 def _allocated(regs: int) -> int:
@@ -193,8 +216,8 @@ def _allocated(regs: int) -> int:
 
 
 def build_in_fresh_process(variants, timeout=900):
-    """:func:`build` in a process of its own (triton compiles only when not interpreting), with
-    an empty kernel cache."""
+    """:func:`build` in a process of its own (triton compiles only when not interpreting), with a
+    kernel cache of its own: a variant not reported yet (``KEPT``) is compiled, so ptxas reports on it."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "variants.json"
         path.write_text(json.dumps(variants))

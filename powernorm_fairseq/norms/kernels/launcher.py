@@ -80,14 +80,24 @@ def from_node(kernel, grid, args, constexprs, hold):
 
 def abi(compiled, given: int):
     """How the driver takes a launch of ``compiled``, read from the compiled
-    kernel: (function, warps, dynamic shared memory, the index among the
-    ``given`` run-time arguments of each parameter it takes, in order, their
-    types (Triton's signature, constexprs removed: a specialised integer equal
-    to 1 is one), and the scratch pointers after them (its PTX ``.entry``
-    counts them: Triton appends one per scratch buffer, null where a kernel
-    needs none)). None where Triton launches it in a way the node does not:
-    clusters, a cooperative or PDL launch, scratch memory, tensor descriptors,
-    oversized shared memory."""
+    kernel: (function, warps, dynamic shared memory, then its :func:`layout`),
+    or None where Triton launches it in a way the node does not."""
+    laid = layout(compiled, given)
+    if laid is None:
+        return None
+    return (compiled.function, compiled.metadata.num_warps, compiled.metadata.shared, *laid)
+
+
+def layout(compiled, given: int):
+    """The parameters of ``compiled`` as the node passes them: (the index
+    among the ``given`` run-time arguments of each parameter the kernel takes,
+    in order, their types (Triton's signature, constexprs removed: a
+    specialised integer equal to 1 is one), and the scratch pointers after
+    them (its PTX ``.entry`` counts them: Triton appends one per scratch
+    buffer, null where a kernel needs none)). Each parameter's size in the
+    PTX must be its type's. None where Triton launches the kernel in a way the
+    node does not: clusters, a cooperative or PDL launch, scratch memory,
+    tensor descriptors, oversized shared memory."""
     m = compiled.metadata
     if (getattr(m, "num_ctas", 1) != 1 or getattr(m, "launch_cooperative_grid", False)
             or getattr(m, "launch_pdl", False) or getattr(m, "global_scratch_size", 0)
@@ -105,7 +115,7 @@ def abi(compiled, given: int):
     scratch = sizes[len(kept):]
     if len(sizes) < len(kept) or any(size != 8 for size in scratch):
         raise TypeError(f"{compiled.name}: {len(sizes)} PTX parameters for {len(kept)} of its signature")
-    return (compiled.function, m.num_warps, m.shared, [i for i, _ in kept], [t for _, t in kept], len(scratch))
+    return [i for i, _ in kept], [t for _, t in kept], len(scratch)
 
 
 #: bytes of each PTX parameter type
