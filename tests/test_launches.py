@@ -129,6 +129,7 @@ def test_torch_compile_traces_every_norm_without_a_graph_break(kind, backend, mo
             norm = build_norm(kind, C, **options).train(training)
             torch._dynamo.reset()
             monkeypatch.setattr(kernels.cpu, "_module", None)
+            monkeypatch.setattr(kernels.cpu, "NODE", None)
             with kernels.use(backend):
                 explained = torch._dynamo.explain(norm)(x, pad)
             assert explained.graph_break_count == 0, (training, options, explained.break_reasons)

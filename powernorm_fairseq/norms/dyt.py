@@ -41,7 +41,8 @@ class DyT(Norm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         # per entry, one fused pass each way (kernels/functions.py, FusedDyT): padding rows are computed and
         # never mixed into a real one; the output keeps x's dtype, as every norm's does
-        return row_norm(FusedDyT, x, (self.alpha, self.weight, self.bias))
+        params = self._parameters  # not nn.Module's __getattr__, a call each
+        return row_norm(FusedDyT, x, (params["alpha"], params["weight"], params["bias"]))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, alpha_init={self.alpha_init}"

@@ -193,7 +193,7 @@ class PowerNorm(Norm):
                                     momentum=1.0 - self.alpha_fwd, eps=self.eps, sync=self.sync,
                                     second_buf=bufs["running_psi2"], steps=bufs["num_steps"], nu=bufs["running_nu"],
                                     given_inv=given, warmup=self.warmup_updates, rate=1.0 - self.alpha_bwd,
-                                    clock=self._clock.key, replay=replay)
+                                    clock=self._clock.key if warm else -1, replay=replay)  # past warmup: no count
         if not replay:  # what a recomputation of this forward must use again (a plain attribute, set without a call)
             self.__dict__["_last"] = (warm, inv if given is not None or update in RUNNING_SCALE else None)
         return y

@@ -21,7 +21,7 @@ class RMSNorm(Norm):
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        return row_norm(FusedRMSNorm, x, (self.weight,), self.eps)
+        return row_norm(FusedRMSNorm, x, (self._parameters["weight"],), self.eps)  # no __getattr__ call
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

@@ -28,7 +28,7 @@ class ScaleNorm(Norm):
             self.scale.fill_(math.sqrt(self.dim))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        return row_norm(FusedScaleNorm, x, (self.scale,), self.eps)
+        return row_norm(FusedScaleNorm, x, (self._parameters["scale"],), self.eps)  # no __getattr__ call
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

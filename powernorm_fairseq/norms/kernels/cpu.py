@@ -43,16 +43,18 @@ def build_wait() -> int:
     return seconds
 _module = None
 failure = None  # why the kernels could not be built, once tried
+#: the compiled module once loaded (``load``), read without a call by the steps (a small layer's step is host time)
+NODE = None
 
 
 def load():
     """The compiled module, or None (``failure`` says why) when it cannot be built."""
-    global _module, failure
+    global _module, failure, NODE
     if _module is not None or failure is not None:
         return _module
     module = installed()
     if module is not None:
-        _module = module
+        _module = NODE = module
         return _module
     try:
         from torch.utils.cpp_extension import load as load_extension
@@ -69,7 +71,7 @@ def load():
                 verbose=False,
             )
         contract.check(module, "compiled cpu")  # a module that drifted from the contract is not used
-        _module = module
+        _module = NODE = module
     except Exception as err:  # no compiler, no ninja, a build error: the caller falls back, loudly
         text = str(err).strip()
         failure = f"{type(err).__name__}: {text.splitlines()[-1] if text else err}"

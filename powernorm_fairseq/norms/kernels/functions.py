@@ -91,9 +91,8 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
         mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
     sync, clock = sync if sync != "none" and sync_mod.active(sync) else "none", -1 if replay else clock
     tensors = (xk, pad_mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv)
-    quiet = sync == "none" and k.NAME != "plain" and not ops.observed(tensors)
-    node = cpu.load() if quiet else None
-    if node is not None:  # one C++ autograd node (ChannelStep) around the backend's passes
+    quiet, node = _quiet(tensors) if sync == "none" and k.NAME != "plain" else (False, None)
+    if quiet and node is not None:  # one C++ autograd node (ChannelStep) around the backend's passes
         bound = _BOUND[k] if k in _BOUND else _bind(k, node)
         bound_as = bound[0] if launcher.HOLD and not launcher.OBSERVERS else bound[1]
         y, inv = node.channel_step(*tensors, GROUP_EPS, groups, center, update, mode, momentum, eps, warmup, rate,
@@ -113,6 +112,17 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
         y, inv = FusedChannelNorm.apply(x2, weight, bias, _none(x2, mask, torch.bool),
                                         *(_none(x2, t) for t in tensors[4:]), step)
     return _as(y.view(x2.shape), x), inv  # a view outside the function: in-place ops on y work
+
+
+def _quiet(values) -> tuple:
+    """(whether nothing observes a call with ``values``, ``ops.observed``; the
+    compiled C++ module, or None): the module tests what ``ops.observed`` does
+    in one call (Python's is a call each), but for torch.compile, which dynamo
+    must see in Python, and which loads nothing (a load reads files)."""
+    if torch.compiler.is_compiling():
+        return False, None
+    node = cpu.NODE if cpu.NODE is not None else cpu.load()
+    return not (ops.observed(values) if node is None else node.observed(values)), node
 
 
 #: backend module -> the indices its passes are bound under in the C++ nodes: (where nothing watches the
@@ -359,9 +369,8 @@ def row_norm(fused, x: Tensor, params: tuple, eps=None) -> Tensor:
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
     # where nothing observes the call: one C++ autograd node (RowStep) around the backend's passes
-    quiet = k.NAME != "plain" and not ops.observed((xk, *params))
-    node = cpu.load() if quiet else None
-    if node is not None:
+    quiet, node = _quiet((xk, *params)) if k.NAME != "plain" else (False, None)
+    if quiet and node is not None:
         p = params + (None, None)
         bound = _BOUND[k] if k in _BOUND else _bind(k, node)
         bound_as = bound[0] if launcher.HOLD and not launcher.OBSERVERS else bound[1]

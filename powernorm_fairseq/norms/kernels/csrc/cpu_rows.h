@@ -1,0 +1,235 @@
+// The CPU kernels of the per-row and per-entry norms: ScaleNorm, RMSNorm
+// and DyT, one row at a time, forward and backward.
+namespace {
+
+// The per-token norms, one row at a time: y = x * f * w with f = 1 / rms(x)
+// (RMSNorm, dims = C, eps inside the root) or 1 / max(||x||, eps) (ScaleNorm,
+// dims = 1, w = its scalar g). Returns {y, per-row statistic}: RMSNorm's f,
+// ScaleNorm's clamped norm 1 / f.
+template <typename T>
+std::vector<Tensor> rows_forward(const Tensor& x, const std::vector<at::opmath_type<T>>& w, double eps,
+                                 bool scalenorm) {
+  using A = at::opmath_type<T>;
+  const int64_t N = rows_in(x), C = x.size(-1);
+  Tensor y = at::empty({N, C}, x.options()), stat = at::empty({N}, x.options().dtype(stat_dtype<T>()));
+  const RowsOf<T> xp(x);
+  T* yp = y.data_ptr<T>();
+  A* st = stat.data_ptr<A>();
+  const A* __restrict__ wp = w.data();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp(n);
+      T* __restrict__ yr = yp + n * C;
+      const A ss = reduce<A>(C, [&](int64_t c) { return val(xr[c]) * val(xr[c]); });
+      const double norm = scalenorm ? std::max(std::sqrt(double(ss)), eps) : 0.0;
+      const A f = A(scalenorm ? 1.0 / norm : 1.0 / std::sqrt(double(ss) / C + eps));
+      st[n] = scalenorm ? A(norm) : f;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = put<T>(val(xr[c]) * f * wp[c]);
+    }
+  });
+  return {y, stat};
+}
+
+// dL/dx = f * (g - x * f^2 <g, x> / dims), g = gy * w (no correction where
+// ScaleNorm's norm is clamped); and the parameter's gradient: the sum of
+// <gy, x> f over rows (ScaleNorm's g), or per channel of gy * x * f (RMSNorm's w).
+template <typename T>
+std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Tensor& gy,
+                                  const std::vector<at::opmath_type<T>>& w, double eps, bool scalenorm,
+                                  at::ScalarType param_dtype) {
+  using A = at::opmath_type<T>;
+  const int64_t N = rows_in(x), C = x.size(-1);
+  Tensor gx = at::empty({N, C}, x.options());
+  Sums<A> sums(scalenorm ? 1 : C);
+  const RowsOf<T> xp(x);
+  const T* gp = gy.data_ptr<T>();
+  const A *st = stat.data_ptr<A>(), *__restrict__ wp = w.data();
+  T* op = gx.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<A> stage(scalenorm ? 0 : C, A(0));
+    A* __restrict__ sw = stage.data();
+    double* dst = sums.local();
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp(n);
+      const T* __restrict__ gr = gp + n * C;
+      const A* __restrict__ w1 = wp;  // a local copy: a pointer read through a capture is reloaded per element
+      T* __restrict__ out = op + n * C;
+      const A f = scalenorm ? A(1) / st[n] : st[n];
+      A k;
+      if (scalenorm) {  // one g: <gy, x> is the row's whole contribution
+        const A dot = reduce<A>(C, [&](int64_t c) { return val(gr[c]) * val(xr[c]); });
+        dst[0] += double(dot) * f;
+        k = double(st[n]) <= eps ? A(0) : dot * w1[0] * f * f;
+      } else {
+        k = reduce<A>(C, [&](int64_t c) { return val(gr[c]) * w1[c] * val(xr[c]); }) * f * f / A(C);
+#pragma omp simd
+        for (int64_t c = 0; c < C; ++c) sw[c] += val(gr[c]) * val(xr[c]) * f;
+        if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
+      }
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) out[c] = put<T>(f * (val(gr[c]) * w1[c] - val(xr[c]) * k));
+    }
+    flush(stage, dst);
+  });
+  // the parameter's gradient in its dtype, made here (a `to` or `sum` is a dispatcher call each):
+  // ScaleNorm's one g as a 0-dimensional tensor, RMSNorm's per channel
+  return {gx, from(sums.total(), param_dtype, scalenorm)};
+}
+
+
+// ScaleNorm's g is read from its tensor's memory, not through an op: reading a
+// value through the dispatcher would count as a host wait, and a `to` is a call
+template <typename A>
+std::vector<A> scalar_weight(const Tensor& scale, int64_t C) {
+  TORCH_CHECK(scale.numel() == 1, "scale: one value");
+  return std::vector<A>(C, A(doubles(scale)[0]));
+}
+
+std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
+  check_rows(x);
+  std::vector<Tensor> out;
+  DISPATCH(x, "scalenorm_forward", [&] {
+    using A = at::opmath_type<scalar_t>;
+    out = rows_forward<scalar_t>(x, scalar_weight<A>(scale, x.size(-1)), eps, true);
+  });
+  return out;
+}
+
+std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& grad_y,
+                                       const Tensor& scale, double eps) {
+  check_rows(x);
+  std::vector<Tensor> out;
+  DISPATCH(x, "scalenorm_backward", [&] {
+    using A = at::opmath_type<scalar_t>;
+    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(-1)), eps, true,
+                                  scale.scalar_type());
+  });
+  return out;
+}
+
+std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps) {
+  check_rows(x);
+  std::vector<Tensor> out;
+  DISPATCH(x, "rmsnorm_forward", [&] {
+    out = rows_forward<scalar_t>(x, channels<at::opmath_type<scalar_t>>(weight, x.size(-1)), eps, false);
+  });
+  return out;
+}
+
+std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& grad_y,
+                                     const Tensor& weight) {
+  check_rows(x);
+  std::vector<Tensor> out;
+  DISPATCH(x, "rmsnorm_backward", [&] {
+    out = rows_backward<scalar_t>(x, rstd, grad_y.contiguous(), channels<at::opmath_type<scalar_t>>(weight, x.size(-1)),
+                                  0.0, false, weight.scalar_type());
+  });
+  return out;
+}
+
+// tanh for DyT's loops: in float a rational approximation that vectorizes (std::tanh does not, and took
+// 10x the rest of a step), x P(x^2) / Q(x^2) on x clamped to where tanh rounds to +-1, and x itself below
+// 4e-4: within 6 ulp of tanh over every float (Eigen's generic_fast_tanh_float; torch's is within 1). In
+// double (the tests' precision), std::tanh.
+inline float tanh_of(float x) {
+  const float c = std::min(std::max(x, -7.90531110763549805f), 7.90531110763549805f), x2 = c * c;
+  float p = -2.76076847742355e-16f;
+  p = p * x2 + 2.00018790482477e-13f;
+  p = p * x2 - 8.60467152213735e-11f;
+  p = p * x2 + 5.12229709037114e-08f;
+  p = p * x2 + 1.48572235717979e-05f;
+  p = p * x2 + 6.37261928875436e-04f;
+  p = p * x2 + 4.89352455891786e-03f;
+  float q = 1.19825839466702e-06f;
+  q = q * x2 + 1.18534705686654e-04f;
+  q = q * x2 + 2.26843463243900e-03f;
+  q = q * x2 + 4.89352518554385e-03f;
+  return std::abs(x) < 0.0004f ? x : c * p / q;
+}
+inline double tanh_of(double x) { return std::tanh(x); }
+
+// DyT (Zhu et al., 2025, Eq. 1), contract "dyt_forward": y = w * tanh(a * x) + b per entry. The ticket is
+// the GPU kernels' (gpu.py); none here.
+template <typename T>
+std::vector<Tensor> dyt_forward_impl(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
+  using A = at::opmath_type<T>;
+  const int64_t N = rows_in(x), C = x.size(-1);
+  const A a = A(doubles(alpha)[0]);
+  const std::vector<A> w = channels<A>(weight, C), b = channels<A>(bias, C);
+  Tensor y = at::empty({N, C}, x.options());
+  const RowsOf<T> xp(x);
+  T* yp = y.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    const A *__restrict__ wp = w.data(), *__restrict__ bp = b.data();
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp(n);
+      T* __restrict__ yr = yp + n * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = put<T>(tanh_of(a * val(xr[c])) * wp[c] + bp[c]);
+    }
+  });
+  return {y, at::empty({0}, x.options().dtype(stat_dtype<T>()))};
+}
+
+// Contract "dyt_backward": with t = tanh(a x) and d = dy * w * (1 - t^2), dL/dx = a d, dL/da = the sum of
+// d x, dL/dw = the sum over rows of dy t, dL/db = the sum over rows of dy; the sums in doubles, in order.
+template <typename T>
+std::vector<Tensor> dyt_backward_impl(const Tensor& x, const Tensor& gy, const Tensor& alpha, const Tensor& weight) {
+  using A = at::opmath_type<T>;
+  const int64_t N = rows_in(x), C = x.size(-1);
+  const A a = A(doubles(alpha)[0]);
+  const std::vector<A> w = channels<A>(weight, C);
+  Tensor gx = at::empty({N, C}, x.options());
+  Sums<A> sums(2 * C + 1);  // dL/dw's, dL/db's, then dL/da's
+  const RowsOf<T> xp(x);
+  const T* gp = gy.data_ptr<T>();
+  T* op = gx.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<A> stage(2 * C, A(0));
+    A *__restrict__ sw = stage.data(), *__restrict__ sb = sw + C;
+    const A* __restrict__ wp = w.data();
+    const A al = a;  // a local: read through the closure, it kept the loop below from vectorizing
+    double* dst = sums.local();
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp(n);
+      const T* __restrict__ gr = gp + n * C;
+      T* __restrict__ out = op + n * C;
+      A da = 0;
+#pragma omp simd reduction(+ : da)
+      for (int64_t c = 0; c < C; ++c) {
+        const A xv = val(xr[c]), g = val(gr[c]), t = tanh_of(al * xv), d = g * wp[c] * (A(1) - t * t);
+        out[c] = put<T>(al * d);
+        sw[c] += g * t;
+        sb[c] += g;
+        da += d * xv;
+      }
+      dst[2 * C] += double(da);  // a row's sum, added in doubles: the rows' terms cancel
+      if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
+    }
+    flush(stage, dst);
+  });
+  const std::vector<double> s = sums.total();
+  return {gx, from({s[2 * C]}, alpha.scalar_type(), true), from({s.begin(), s.begin() + C}, weight.scalar_type()),
+          from({s.begin() + C, s.begin() + 2 * C}, weight.scalar_type())};
+}
+
+std::vector<Tensor> dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
+  check_rows(x);
+  TORCH_CHECK(alpha.numel() == 1, "alpha: one value");
+  std::vector<Tensor> out;
+  DISPATCH(x, "dyt_forward", [&] { out = dyt_forward_impl<scalar_t>(x, alpha, weight, bias); });
+  return out;
+}
+
+std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Tensor& alpha, const Tensor& weight,
+                                 const Tensor& ticket) {
+  check_rows(x);
+  TORCH_CHECK(alpha.numel() == 1, "alpha: one value");
+  std::vector<Tensor> out;
+  DISPATCH(x, "dyt_backward", [&] { out = dyt_backward_impl<scalar_t>(x, grad_y.contiguous(), alpha, weight); });
+  return out;
+}
+
+
+}  // namespace

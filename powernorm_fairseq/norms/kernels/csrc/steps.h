@@ -1,0 +1,326 @@
+// The training steps as C++ autograd nodes: ChannelStep (BN, PN-V, PN) and
+// RowStep (ScaleNorm, RMSNorm, DyT), on the CPU kernels, the Triton path's
+// C++ passes (gpu_passes.h) or a backend's Python passes bound once.
+namespace {
+
+// The training step of BN, PN-V and PN as one autograd node: the calls of
+// functions.py's FusedChannelNorm, mode for mode (see it for the math), made
+// here so that an eager step costs one call from Python each way. (The host
+// code between the kernels took longer than the kernels of a small layer.)
+// Not under --norm-sync, whose all-reduces run between the calls.
+//
+// The passes are this file's kernels, or another backend's, bound once from
+// Python (``bind_passes``: gpu.py's DIRECT, absent tensors None both ways):
+// the Triton kernels' host code then runs between the same calls, and the
+// step has no autograd code in Python.
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// bound_as of the Triton path's passes in C++ (gpu_passes.h), once bind_gpu has bound its kernels
+constexpr int64_t GPU = -2;
+
+// the bound backends' passes, in bind_passes' order: the four channel passes (ChannelStep's), then each
+// row norm's forward and backward (RowStep's, from ROWS on). Never freed: these are Python objects, and a
+// static's destructor could run after the interpreter is gone.
+constexpr size_t ROWS = 4;
+using Bound = std::array<py::object, ROWS + 6>;
+std::vector<Bound>& bound() {
+  static auto* passes = new std::vector<Bound>();
+  return *passes;
+}
+
+int64_t bind_passes(py::object forward, py::object finish_stats, py::object backward, py::object finish_backward,
+                    py::object scalenorm_forward, py::object scalenorm_backward, py::object rmsnorm_forward,
+                    py::object rmsnorm_backward, py::object dyt_forward, py::object dyt_backward) {
+  bound().push_back({forward, finish_stats, backward, finish_backward, scalenorm_forward, scalenorm_backward,
+                     rmsnorm_forward, rmsnorm_backward, dyt_forward, dyt_backward});
+  return static_cast<int64_t>(bound().size()) - 1;
+}
+
+// -1 (this file's kernels) or an index bind_passes gave
+void check_bound(int64_t bound_as) {
+  TORCH_CHECK((bound_as >= -1 || (bound_as == GPU && !launch::registry().kernels.empty())) &&
+                  bound_as < static_cast<int64_t>(bound().size()),
+              "no passes bound as ", bound_as);
+}
+
+// the C++ passes' results, absent ones (undefined) as `none`
+std::vector<Tensor> filled(std::vector<Tensor> results, const Tensor& none) {
+  for (auto& t : results)
+    if (!t.defined()) t = none;
+  return results;
+}
+
+// an absent tensor (empty here) as the bound passes take it, None
+py::object given(const Tensor& t) { return t.numel() ? py::cast(t) : py::none(); }
+
+// the bound passes' results, None as `none`
+std::vector<Tensor> taken(const py::handle& results, const Tensor& none) {
+  std::vector<Tensor> out;
+  for (const auto& r : results) out.push_back(r.is_none() ? none : r.cast<Tensor>());
+  return out;
+}
+
+// The contract's four channel passes, this file's (-1) or bound ones (their index).
+struct Passes {
+  int64_t bound_as;
+  Tensor none;
+
+  std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups, double gs_eps,
+                              const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
+                              const Tensor& bias, bool want_y, bool want_stats, bool center) const {
+    if (bound_as == GPU)
+      return filled(gpu::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats,
+                                 center), none);
+    if (bound_as < 0)
+      return ::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center);
+    py::gil_scoped_acquire gil;
+    return taken(bound()[bound_as][0](x, given(mask), groups, gs_eps, given(mean), given(inv), inv_eps,
+                                      given(weight), given(bias), want_y, want_stats, center), none);
+  }
+
+  std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
+                                   const Tensor& steps, int64_t update, double momentum, double eps,
+                                   int64_t warmup) const {
+    if (bound_as == GPU)
+      return filled(gpu::finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup), none);
+    if (bound_as < 0) return ::finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
+    py::gil_scoped_acquire gil;
+    return taken(bound()[bound_as][1](part, given(mean_buf), second_buf, given(steps), update, momentum, eps,
+                                      warmup), none);
+  }
+
+  std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& grad_y,
+                               const Tensor& weight, const Tensor& mean, const Tensor& inv_fwd,
+                               const Tensor& inv_bwd, const Tensor& A, const Tensor& B, double b_scale,
+                               int64_t groups, bool correct_pads, bool want_gx, bool want_sums) const {
+    if (bound_as == GPU)
+      return filled(gpu::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
+                                  correct_pads, want_gx, want_sums), none);
+    if (bound_as < 0)
+      return ::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
+                        correct_pads, want_gx, want_sums);
+    py::gil_scoped_acquire gil;
+    return taken(bound()[bound_as][2](x, given(mask), given(scale), grad_y, weight, given(mean), inv_fwd,
+                                      given(inv_bwd), given(A), given(B), b_scale, groups, correct_pads, want_gx,
+                                      want_sums), none);
+  }
+
+  std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n, const Tensor& nu,
+                                      double rate, int64_t kind, bool center, int64_t rows) const {
+    if (bound_as == GPU) return filled(gpu::finish_backward(part, weight, n, nu, rate, kind, center, rows), none);
+    if (bound_as < 0) return ::finish_backward(part, weight, n, nu, rate, kind, center, rows);
+    py::gil_scoped_acquire gil;
+    return taken(bound()[bound_as][3](part, weight, n, given(nu), rate, kind, center, rows), none);
+  }
+};
+
+struct ChannelStep : torch::autograd::Function<ChannelStep> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& x, const Tensor& mask, const Tensor& weight,
+                               const Tensor& bias, const Tensor& mean_buf, const Tensor& second_buf,
+                               const Tensor& steps, const Tensor& nu, const Tensor& given_mean,
+                               const Tensor& given_inv, double gs_eps, int64_t groups, bool center, int64_t update,
+                               int64_t mode, double momentum, double eps, int64_t warmup, double rate,
+                               int64_t bound_as) {
+    const Tensor none = at::empty({0}, x.options());
+    const Passes k{bound_as, none};
+    Tensor y, scale, mean, inv, inv_batch, n;
+    const auto finish = [&](const Tensor& part) {
+      return k.finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
+    };
+    if (given_inv.numel()) {  // statistics fixed by the caller: one pass, which still sums the batch's
+      auto f = k.forward(x, mask, groups, gs_eps, given_mean, given_inv, /*inv_eps=*/-1.0, weight, bias,
+                           /*want_y=*/true, /*want_stats=*/true, center);
+      y = f[0], scale = f[1];
+      auto s = finish(f[2]);
+      mean = given_mean, inv = given_inv, inv_batch = s[2], n = s[3];
+    } else if (update == PN || update == REFERENCE_RUN) {  // the running psi^2_{t-1}: one pass
+      auto f = k.forward(x, mask, groups, gs_eps, none, second_buf, /*inv_eps=*/eps, weight, bias,
+                           /*want_y=*/true, /*want_stats=*/true, /*center=*/false);
+      y = f[0], scale = f[1];
+      auto s = finish(f[2]);
+      mean = s[0], inv = s[1], inv_batch = s[2], n = s[3];
+    } else {  // the batch's statistics, then normalising
+      auto s = finish(k.forward(x, mask, groups, gs_eps, none, none, /*inv_eps=*/-1.0, none, none,
+                                  /*want_y=*/false, /*want_stats=*/true, center)[2]);
+      mean = s[0], inv = s[1], inv_batch = s[2], n = s[3];
+      auto f = k.forward(x, mask, groups, gs_eps, mean, inv, /*inv_eps=*/-1.0, weight, bias, /*want_y=*/true,
+                           /*want_stats=*/false, /*center=*/false);
+      y = f[0], scale = f[1];
+    }
+    ctx->save_for_backward({x, mask, scale, weight, mean, inv, inv_batch, n});
+    ctx->saved_data["nu"] = nu;  // a buffer the backward updates, not a saved value
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["center"] = center;
+    ctx->saved_data["mode"] = mode;
+    ctx->saved_data["rate"] = rate;
+    ctx->saved_data["bound_as"] = bound_as;
+    ctx->mark_non_differentiable({inv});
+    ctx->set_materialize_grads(false);
+    return {y, inv};  // (N, C): the caller's view of it is one autograd records (in-place ops on it work)
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list out(20);
+    const Tensor& grad_y = grads[0];
+    if (!grad_y.defined()) return out;
+    TORCH_CHECK(!(at::GradMode::is_enabled() && grad_y.requires_grad()),
+                "bn, pn-v and pn have no second derivative here (a backward with create_graph=True went through "
+                "one): use ln, layernorm-simple or none for double backward");
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &mask = saved[1], &scale = saved[2], &weight = saved[3], &mean = saved[4],
+                 &inv = saved[5], &inv_batch = saved[6], &n = saved[7];
+    const Tensor nu = ctx->saved_data["nu"].toTensor(), gy = grad_y.contiguous(), none = at::empty({0}, x.options());
+    const int64_t groups = ctx->saved_data["groups"].toInt(), mode = ctx->saved_data["mode"].toInt();
+    const bool center = ctx->saved_data["center"].toBool();
+    const double rate = ctx->saved_data["rate"].toDouble();
+    const Passes k{ctx->saved_data["bound_as"].toInt(), none};
+    const int64_t rows = x.numel() / x.size(-1);
+    Tensor grad_x;
+    std::vector<Tensor> terms;
+    if (mode == EXACT) {  // the batch terms of Eq. 3 / Eq. 6 first, then the gradient
+      auto part = k.backward(x, mask, scale, gy, weight, mean, inv, none, none, none, /*b_scale=*/1.0, groups,
+                               /*correct_pads=*/false, /*want_gx=*/false, /*want_sums=*/true)[1];
+      terms = k.finish_backward(part, weight, n, nu, rate, EXACT, center, rows);
+      grad_x = k.backward(x, mask, scale, gy, weight, mean, inv, inv, terms[2], terms[3], /*b_scale=*/1.0, groups,
+                            /*correct_pads=*/false, /*want_gx=*/true, /*want_sums=*/false)[0];
+    } else {  // B = nu_{t-1}, the released code's (1 - alpha_bwd) nu, or none (FIXED)
+      const bool reference = mode == REFERENCE;
+      auto b = k.backward(x, mask, scale, gy, weight, mean, inv, reference ? inv_batch : inv, none,
+                            mode != FIXED ? nu : none, reference ? rate : 1.0, groups, /*correct_pads=*/reference,
+                            /*want_gx=*/true, /*want_sums=*/true);
+      grad_x = b[0];
+      terms = k.finish_backward(b[1], weight, n, nu, rate, mode == FIXED ? PAPER : mode, center, rows);
+    }
+    out[0] = grad_x.view(x.sizes()), out[2] = terms[0], out[3] = terms[1];
+    return out;
+  }
+};
+
+// Absent tensors come as None (one empty tensor stands for them here): making
+// them in Python cost more than this call's host code. x is taken at any
+// strides, its channels made adjacent here where they are not (functions.py's
+// rows), and the mask made contiguous: each is a call less in Python.
+// ``bound_as``: the passes, this file's (-1) or a bound backend's.
+variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, const Tensor& weight,
+                           const Tensor& bias, const std::optional<Tensor>& mean_buf, const Tensor& second_buf,
+                           const std::optional<Tensor>& steps, const std::optional<Tensor>& nu,
+                           const std::optional<Tensor>& given_mean, const std::optional<Tensor>& given_inv,
+                           double gs_eps, int64_t groups, bool center, int64_t update, int64_t mode, double momentum,
+                           double eps, int64_t warmup, double rate, int64_t bound_as) {
+  TORCH_CHECK(mode >= EXACT && mode <= FIXED, "unknown mode ", mode, " (contract.py's Mode: 0 to 3)");
+  check_bound(bound_as);
+  const Tensor empty = at::empty({0}, x.options());
+  const auto or_empty = [&](const std::optional<Tensor>& t) { return t ? *t : empty; };
+  auto out = ChannelStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), mask ? mask->contiguous() : empty, weight,
+                                bias, or_empty(mean_buf), second_buf, or_empty(steps), or_empty(nu),
+                                or_empty(given_mean), or_empty(given_inv), gs_eps, groups, center, update, mode,
+                                momentum, eps, warmup, rate, bound_as);
+  out[0] = out[0].view(x.sizes());  // a view autograd records, not one made inside the node
+  return out;
+}
+
+// The per-row and per-entry norms (ScaleNorm, RMSNorm, DyT) as one autograd
+// node each way, as ChannelStep is for the channel norms: the contract's two
+// calls of functions.py's FusedScaleNorm, FusedRMSNorm and FusedDyT, on this
+// file's kernels or a bound backend's (``bind_passes``).
+enum RowKind : int64_t { SCALENORM = 0, RMSNORM = 1, DYT = 2 };
+
+// {y, the statistic the backward reads}: ScaleNorm's p = (g), RMSNorm's (weight), DyT's (alpha, weight, bias)
+std::vector<Tensor> row_forward(int64_t kind, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
+                                double eps, int64_t bound_as) {
+  if (bound_as == GPU)
+    return kind == SCALENORM ? gpu::scalenorm_forward(x, p0, eps)
+           : kind == RMSNORM ? gpu::rmsnorm_forward(x, p0, eps)
+                             : gpu::dyt_forward(x, p0, p1, p2);
+  if (bound_as >= 0) {
+    py::gil_scoped_acquire gil;
+    const py::object& f = bound()[bound_as][ROWS + 2 * kind];
+    return taken(kind == DYT ? f(x, p0, p1, p2) : f(x, p0, eps), Tensor());
+  }
+  return kind == SCALENORM ? scalenorm_forward(x, p0, eps)
+         : kind == RMSNORM ? rmsnorm_forward(x, p0, eps)
+                           : dyt_forward(x, p0, p1, p2);
+}
+
+// the gradients of x and of each parameter
+std::vector<Tensor> row_backward(int64_t kind, const Tensor& x, const Tensor& stat, const Tensor& gy, const Tensor& p0,
+                                 const Tensor& p1, double eps, int64_t bound_as) {
+  if (bound_as == GPU)
+    return kind == SCALENORM ? gpu::scalenorm_backward(x, stat, gy, p0, eps)
+           : kind == RMSNORM ? gpu::rmsnorm_backward(x, stat, gy, p0)
+                             : gpu::dyt_backward(x, gy, p0, p1, stat);
+  if (bound_as >= 0) {
+    py::gil_scoped_acquire gil;
+    const py::object& f = bound()[bound_as][ROWS + 2 * kind + 1];
+    return taken(kind == SCALENORM ? f(x, stat, gy, p0, eps)
+                 : kind == RMSNORM ? f(x, stat, gy, p0)
+                                   : f(x, gy, p0, p1, stat), Tensor());
+  }
+  return kind == SCALENORM ? scalenorm_backward(x, stat, gy, p0, eps)
+         : kind == RMSNORM ? rmsnorm_backward(x, stat, gy, p0)
+                           : dyt_backward(x, gy, p0, p1, stat);
+}
+
+struct RowStep : torch::autograd::Function<RowStep> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
+                        int64_t kind, double eps, int64_t bound_as) {
+    auto f = row_forward(kind, x, p0, p1, p2, eps, bound_as);
+    ctx->save_for_backward({x, f[1], p0, p1});
+    ctx->saved_data["kind"] = kind;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["bound_as"] = bound_as;
+    return f[0];  // (N, C), as ChannelStep's y
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &x = saved[0], &stat = saved[1], &p0 = saved[2], &p1 = saved[3], &gy = grads[0];
+    const int64_t kind = ctx->saved_data["kind"].toInt();
+    variable_list out(7);
+    if (at::GradMode::is_enabled() && gy.requires_grad()) {  // a graph of the gradient
+      TORCH_CHECK(kind == DYT, kind == SCALENORM ? "scalenorm" : "rmsnorm",
+                  " have no second derivative here (a backward with create_graph=True went through one): use "
+                  "ln, layernorm-simple or none for double backward");
+      // DyT's in ATen ops, which autograd differentiates again: t = tanh(alpha x), y = w t + b
+      const Tensor g = gy.view(x.sizes()), t = at::tanh(p0 * x), d = g * p1 * (1 - t * t);  // y's rows as x
+      std::vector<int64_t> rows(x.dim() - 1);
+      std::iota(rows.begin(), rows.end(), 0);
+      out[0] = d * p0, out[1] = (d * x).sum(), out[2] = (g * t).sum(rows), out[3] = g.sum(rows);
+      return out;
+    }
+    auto g = row_backward(kind, x, stat, gy.contiguous(), p0, p1, ctx->saved_data["eps"].toDouble(),
+                          ctx->saved_data["bound_as"].toInt());
+    out[0] = g[0].view(x.sizes());
+    for (size_t i = 1; i < g.size(); ++i) out[i] = g[i];
+    return out;
+  }
+};
+
+Tensor row_step(int64_t kind, const Tensor& x, const Tensor& p0, const std::optional<Tensor>& p1,
+                const std::optional<Tensor>& p2, double eps, int64_t bound_as) {
+  TORCH_CHECK(kind >= SCALENORM && kind <= DYT, "unknown row kind ", kind, " (0: scalenorm, 1: rmsnorm, 2: dyt)");
+  check_bound(bound_as);
+  const Tensor empty = at::empty({0}, x.options());
+  return RowStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), p0, p1 ? *p1 : empty, p2 ? *p2 : empty, kind, eps,
+                        bound_as).view(x.sizes());
+}
+
+// ops.py's ``observed``, but for torch.compile's test: whether something may watch or transform the ops
+// of a call with ``values``: a dispatch or function mode, functorch, the JIT tracer, the profiler, or
+// a value other than a plain tensor, parameter or None. One call, where Python's test is a call each.
+bool observed(const py::tuple& values) {
+  static PyObject* parameter = py::object(py::module_::import("torch.nn").attr("Parameter")).release().ptr();
+  for (const auto& v : values) {
+    const PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(v.ptr()));
+    if (v.ptr() != Py_None && type != THPVariableClass && type != parameter) return true;
+  }
+  const auto included = c10::impl::tls_local_dispatch_key_set().included_;
+  return c10::impl::TorchDispatchModeTLS::stack_len() > 0 || at::impl::torch_function_mode_enabled() ||
+         included.has(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+         included.has(c10::DispatchKey::FuncTorchDynamicLayerBackMode) ||
+         included.has(c10::DispatchKey::Tracer) || torch::profiler::impl::profilerEnabled();
+}
+
+
+}  // namespace
