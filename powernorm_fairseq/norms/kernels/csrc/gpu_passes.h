@@ -135,7 +135,7 @@ std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups,
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const ChannelPlan p = channel_plan(CH_FWD, x, mask, groups, !want_y, to);
   const auto acc = acc_of(x);
-  Tensor y = want_y ? empty({p.N, p.C}, x) : Tensor();
+  Tensor y = want_y ? empty(x.sizes(), x) : Tensor();  // x's shape: its rows, contiguous
   Tensor scale = groups > 0 ? empty({p.N, groups}, acc, x) : Tensor();
   Tensor part = want_stats ? empty({p.progs + 1, 3, p.C}, acc, x) : Tensor();
   Args a{to};
@@ -176,7 +176,7 @@ std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& 
   const ChannelPlan p = channel_plan(CH_BWD, x, mask, groups, !want_gx, to);
   const auto acc = acc_of(x);
   const bool wide = p.constexprs[3] != 0;
-  Tensor gx = want_gx ? empty({p.N, p.C}, x) : Tensor();
+  Tensor gx = want_gx ? empty(x.sizes(), x) : Tensor();
   Tensor part = want_sums ? empty({p.progs + 1, 5, p.C}, acc, x) : Tensor();
   // a wide group: each row's dot product with its group's gradient, from a first pass
   Tensor dots = wide && want_gx && groups > 0 ? empty({p.N, groups}, acc, x) : Tensor();
@@ -243,7 +243,7 @@ std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, doub
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(SN_FWD, x, to);
-  Tensor y = empty({p.N, p.C}, x), norms = empty({p.N + 1}, p.acc, x);
+  Tensor y = empty(x.sizes(), x), norms = empty({p.N + 1}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(scale), a.ptr(y), a.ptr(norms);
   run_rows(SN_FWD, p, to, a, eps);
@@ -255,7 +255,7 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(SN_BWD, x, to);
-  Tensor gx = empty({p.N, p.C}, x), grad_scale = empty(scale.sizes(), scale);
+  Tensor gx = empty(x.sizes(), x), grad_scale = empty(scale.sizes(), scale);
   Tensor part = empty({p.progs}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(norms), a.ptr(grad_y), a.ptr(scale), a.ptr(gx), a.ptr(part), a.ptr(grad_scale);
@@ -268,7 +268,7 @@ std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, doubl
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(RMS_FWD, x, to);
-  Tensor y = empty({p.N, p.C}, x), rstd = empty({p.N + 1}, p.acc, x);
+  Tensor y = empty(x.sizes(), x), rstd = empty({p.N + 1}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(weight), a.ptr(y), a.ptr(rstd);
   run_rows(RMS_FWD, p, to, a, eps);
@@ -280,7 +280,7 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(RMS_BWD, x, to);
-  Tensor gx = empty({p.N, p.C}, x), grad_w = empty(weight.sizes(), weight);
+  Tensor gx = empty(x.sizes(), x), grad_w = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs, p.C}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(rstd), a.ptr(grad_y), a.ptr(weight), a.ptr(gx), a.ptr(part), a.ptr(grad_w), a.ptr(rstd, p.N);
@@ -292,7 +292,7 @@ std::vector<Tensor> dyt_forward(const Tensor& x, const Tensor& alpha, const Tens
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(DYT_FWD, x, to);
-  Tensor y = empty({p.N, p.C}, x), ticket = empty({1}, p.acc, x);
+  Tensor y = empty(x.sizes(), x), ticket = empty({1}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(alpha), a.ptr(weight), a.ptr(bias), a.ptr(y), a.ptr(ticket);
   run_rows(DYT_FWD, p, to, a, std::nullopt);
@@ -304,7 +304,7 @@ std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Te
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan p = row_plan(DYT_BWD, x, to);
-  Tensor gx = empty({p.N, p.C}, x), grad_alpha = empty(alpha.sizes(), alpha);
+  Tensor gx = empty(x.sizes(), x), grad_alpha = empty(alpha.sizes(), alpha);
   Tensor grad_w = empty(weight.sizes(), weight), grad_b = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs * (2 * p.C + 1)}, p.acc, x);
   Args a{to};

@@ -80,7 +80,7 @@ struct Target {
   bool cuda;
   int device;
   CUstream stream;
-  Tensor nothing;  // the placeholder an absent input's pointer comes from (gpu.py's _nothing)
+  const Tensor& nothing;  // the placeholder an absent input's pointer comes from (gpu.py's _nothing)
 };
 
 constexpr int kDevices = 64;  // CUDA devices a process addresses at most here
@@ -88,7 +88,7 @@ constexpr int kDevices = 64;  // CUDA devices a process addresses at most here
 // one zero of float32 per device (index kDevices: the CPU's): gpu.py's placeholder for inputs a variant
 // does not read; and the multiprocessors of each device, asked of the driver once
 struct PerDevice {
-  std::mutex lock;
+  std::array<std::once_flag, kDevices + 1> made;
   std::array<Tensor, kDevices + 1> nothing;
   std::array<int, kDevices + 1> multiprocessors{};
 };
@@ -108,13 +108,11 @@ Target target_of(const Tensor& x) {
   const bool cuda = x.is_cuda();
   const int device = cuda ? x.device().index() : 0;
   PerDevice& d = per_device();
-  Tensor nothing;
-  {
-    std::lock_guard<std::mutex> hold(d.lock);
-    Tensor& made = d.nothing[slot_of(cuda, device)];
-    if (!made.defined()) made = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(x.device()));
-    nothing = made;
-  }
+  const int slot = slot_of(cuda, device);
+  std::call_once(d.made[slot], [&] {
+    d.nothing[slot] = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(x.device()));
+  });
+  const Tensor& nothing = d.nothing[slot];  // made once, never replaced
   if (!cuda) return {false, 0, nullptr, nothing};
   const auto* impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
   return {true, device, impl->getStream(x.device()).native_handle(), nothing};

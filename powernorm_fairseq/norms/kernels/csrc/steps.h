@@ -3,6 +3,15 @@
 // C++ passes (gpu_passes.h) or a backend's Python passes bound once.
 namespace {
 
+// An empty tensor standing for an absent one: from the allocator, without a dispatcher round trip
+Tensor nothing_like(const Tensor& x) { return gpu::empty({0}, x); }
+
+// t with contiguous memory: t itself, without a call, where it has it
+Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
+
+// a pass's (N, C) rows in x's shape: as they are where the pass made them so (the Triton path's)
+Tensor shaped(const Tensor& rows, const Tensor& x) { return rows.sizes() == x.sizes() ? rows : rows.view(x.sizes()); }
+
 // The training step of BN, PN-V and PN as one autograd node: the calls of
 // functions.py's FusedChannelNorm, mode for mode (see it for the math), made
 // here so that an eager step costs one call from Python each way. (The host
@@ -122,7 +131,7 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
                                const Tensor& given_inv, double gs_eps, int64_t groups, bool center, int64_t update,
                                int64_t mode, double momentum, double eps, int64_t warmup, double rate,
                                int64_t bound_as) {
-    const Tensor none = at::empty({0}, x.options());
+    const Tensor none = nothing_like(x);
     const Passes k{bound_as, none};
     Tensor y, scale, mean, inv, inv_batch, n;
     const auto finish = [&](const Tensor& part) {
@@ -150,11 +159,8 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     }
     ctx->save_for_backward({x, mask, scale, weight, mean, inv, inv_batch, n});
     ctx->saved_data["nu"] = nu;  // a buffer the backward updates, not a saved value
-    ctx->saved_data["groups"] = groups;
-    ctx->saved_data["center"] = center;
-    ctx->saved_data["mode"] = mode;
+    ctx->saved_data["step"] = std::vector<int64_t>{groups, center, mode, bound_as};  // one entry: each costs a hash
     ctx->saved_data["rate"] = rate;
-    ctx->saved_data["bound_as"] = bound_as;
     ctx->mark_non_differentiable({inv});
     ctx->set_materialize_grads(false);
     return {y, inv};  // (N, C): the caller's view of it is one autograd records (in-place ops on it work)
@@ -170,11 +176,12 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &mask = saved[1], &scale = saved[2], &weight = saved[3], &mean = saved[4],
                  &inv = saved[5], &inv_batch = saved[6], &n = saved[7];
-    const Tensor nu = ctx->saved_data["nu"].toTensor(), gy = grad_y.contiguous(), none = at::empty({0}, x.options());
-    const int64_t groups = ctx->saved_data["groups"].toInt(), mode = ctx->saved_data["mode"].toInt();
-    const bool center = ctx->saved_data["center"].toBool();
+    const Tensor nu = ctx->saved_data["nu"].toTensor(), gy = dense(grad_y), none = nothing_like(x);
+    const auto step = ctx->saved_data["step"].toIntVector();
+    const int64_t groups = step[0], mode = step[2];
+    const bool center = step[1] != 0;
     const double rate = ctx->saved_data["rate"].toDouble();
-    const Passes k{ctx->saved_data["bound_as"].toInt(), none};
+    const Passes k{step[3], none};
     const int64_t rows = x.numel() / x.size(-1);
     Tensor grad_x;
     std::vector<Tensor> terms;
@@ -192,7 +199,7 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
       grad_x = b[0];
       terms = k.finish_backward(b[1], weight, n, nu, rate, mode == FIXED ? PAPER : mode, center, rows);
     }
-    out[0] = grad_x.view(x.sizes()), out[2] = terms[0], out[3] = terms[1];
+    out[0] = shaped(grad_x, x), out[2] = terms[0], out[3] = terms[1];
     return out;
   }
 };
@@ -210,13 +217,13 @@ variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, c
                            double eps, int64_t warmup, double rate, int64_t bound_as) {
   TORCH_CHECK(mode >= EXACT && mode <= FIXED, "unknown mode ", mode, " (contract.py's Mode: 0 to 3)");
   check_bound(bound_as);
-  const Tensor empty = at::empty({0}, x.options());
+  const Tensor empty = nothing_like(x);
   const auto or_empty = [&](const std::optional<Tensor>& t) { return t ? *t : empty; };
-  auto out = ChannelStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), mask ? mask->contiguous() : empty, weight,
+  auto out = ChannelStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), mask ? dense(*mask) : empty, weight,
                                 bias, or_empty(mean_buf), second_buf, or_empty(steps), or_empty(nu),
                                 or_empty(given_mean), or_empty(given_inv), gs_eps, groups, center, update, mode,
                                 momentum, eps, warmup, rate, bound_as);
-  out[0] = out[0].view(x.sizes());  // a view autograd records, not one made inside the node
+  out[0] = shaped(out[0], x);  // where a view: one autograd records, not one made inside the node
   return out;
 }
 
@@ -267,16 +274,16 @@ struct RowStep : torch::autograd::Function<RowStep> {
                         int64_t kind, double eps, int64_t bound_as) {
     auto f = row_forward(kind, x, p0, p1, p2, eps, bound_as);
     ctx->save_for_backward({x, f[1], p0, p1});
-    ctx->saved_data["kind"] = kind;
+    ctx->saved_data["step"] = std::vector<int64_t>{kind, bound_as};  // one entry: each costs a hash
     ctx->saved_data["eps"] = eps;
-    ctx->saved_data["bound_as"] = bound_as;
     return f[0];  // (N, C), as ChannelStep's y
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &stat = saved[1], &p0 = saved[2], &p1 = saved[3], &gy = grads[0];
-    const int64_t kind = ctx->saved_data["kind"].toInt();
+    const auto step = ctx->saved_data["step"].toIntVector();
+    const int64_t kind = step[0];
     variable_list out(7);
     if (at::GradMode::is_enabled() && gy.requires_grad()) {  // a graph of the gradient
       TORCH_CHECK(kind == DYT, kind == SCALENORM ? "scalenorm" : "rmsnorm",
@@ -289,9 +296,8 @@ struct RowStep : torch::autograd::Function<RowStep> {
       out[0] = d * p0, out[1] = (d * x).sum(), out[2] = (g * t).sum(rows), out[3] = g.sum(rows);
       return out;
     }
-    auto g = row_backward(kind, x, stat, gy.contiguous(), p0, p1, ctx->saved_data["eps"].toDouble(),
-                          ctx->saved_data["bound_as"].toInt());
-    out[0] = g[0].view(x.sizes());
+    auto g = row_backward(kind, x, stat, dense(gy), p0, p1, ctx->saved_data["eps"].toDouble(), step[1]);
+    out[0] = shaped(g[0], x);
     for (size_t i = 1; i < g.size(); ++i) out[i] = g[i];
     return out;
   }
@@ -301,9 +307,9 @@ Tensor row_step(int64_t kind, const Tensor& x, const Tensor& p0, const std::opti
                 const std::optional<Tensor>& p2, double eps, int64_t bound_as) {
   TORCH_CHECK(kind >= SCALENORM && kind <= DYT, "unknown row kind ", kind, " (0: scalenorm, 1: rmsnorm, 2: dyt)");
   check_bound(bound_as);
-  const Tensor empty = at::empty({0}, x.options());
-  return RowStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), p0, p1 ? *p1 : empty, p2 ? *p2 : empty, kind, eps,
-                        bound_as).view(x.sizes());
+  const Tensor empty = nothing_like(x);
+  return shaped(RowStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), p0, p1 ? *p1 : empty, p2 ? *p2 : empty,
+                               kind, eps, bound_as), x);
 }
 
 // ops.py's ``observed``, but for torch.compile's test: whether something may watch or transform the ops
