@@ -5,7 +5,7 @@ Three backends, side by side:
 * ``plain``: the same entry points in PyTorch operations (``plain.py``); it
   runs anywhere, on any dtype.
 * ``cpu``: C++ kernels for CPU tensors in float32/float64 (``cpu.py``,
-  ``csrc/norms.cpp``), compiled on first use.
+  ``csrc/``), compiled at install or on first use.
 * ``triton``: Triton kernels for CUDA tensors in float16, bfloat16, float32 and
   float64 (``gpu.py``); on CPU tensors under Triton's interpreter
   (``TRITON_INTERPRET=1``), which is how the tests check them without a GPU.

@@ -1,4 +1,4 @@
-"""The CPU backend: C++ kernels (``csrc/norms.cpp``).
+"""The CPU backend: C++ kernels (``csrc/``, one translation unit, ``norms.cpp``).
 
 ``pip install`` builds them (``setup.py``, the extension ``kernels._C``), so a
 run starts at once. Where that build is missing, was made from another
@@ -111,7 +111,7 @@ def installed():
         logger.debug("powernorm_fairseq: no installed CPU kernels (%s)", err)
         return None
     if getattr(_C, "source", None) != source_digest():
-        logger.info("powernorm_fairseq: the installed CPU kernels were built from another csrc/norms.cpp: "
+        logger.info("powernorm_fairseq: the installed CPU kernels were built from another csrc/: "
                     "building this one (rerun scripts/setup.sh or pip install to build it at install)")
         return None
     try:

@@ -78,7 +78,7 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     updates copies of the running statistics.
 
     Where nothing observes the call (``ops.observed``) and no workers
-    synchronise, the step is one C++ autograd node (``csrc/norms.cpp``,
+    synchronise, the step is one C++ autograd node (``csrc/steps.h``,
     ChannelStep) that makes :class:`FusedChannelNorm`'s calls: the same passes
     in the same order, the CPU kernels' own or the Triton kernels' (gpu.py's
     DIRECT, bound into the node once), with one call from Python each way
@@ -386,7 +386,7 @@ class FusedScaleNorm(torch.autograd.Function):
     """ScaleNorm in one pass each way. ``how``: (eps, backend), the backend a
     name (each call through its op) or, where nothing observes the call, its module."""
 
-    ROW_KIND = 0  # csrc/norms.cpp's RowKind, for RowStep, the same step as one C++ node
+    ROW_KIND = 0  # csrc/steps.h's RowKind, for RowStep, the same step as one C++ node
 
     @staticmethod
     def forward(ctx, x, scale, how):

@@ -5,7 +5,7 @@ nothing back to the host, and is what ``POWERNORM_KERNELS=0`` runs: every
 training step of BN, PN-V and PN takes the same route on every backend
 (``functions.py``), so the backends can differ only in their arithmetic. The
 sums are taken in float64 over all rows at once (one "program"); the math of
-each entry point is written beside the C++ one (``csrc/norms.cpp``).
+each entry point is written beside the C++ one (``csrc/cpu_channel.h``, ``csrc/cpu_rows.h``).
 """
 
 import sys
