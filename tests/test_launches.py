@@ -276,16 +276,29 @@ def test_a_direct_call_computes_what_the_op_computes(backend):
         assert all(torch.equal(a, b) for a, b in zip(*runs)), kind
 
 
-def test_the_ops_are_called_directly_only_where_nothing_observes_them():
+@pytest.mark.parametrize("test", ["python", "compiled"])
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # the traced test's bool, a constant of the trace
+def test_the_ops_are_called_directly_only_where_nothing_observes_them(test):
+    """ops.observed, and the compiled module's one-call test of the same
+    (functions.py's steps ask it, torch.compile's test aside): a dispatch or
+    function mode, the profiler, functorch, the JIT tracer, a tensor subclass."""
+    if test == "compiled":
+        backend_or_fail("cpu")
+        observed = lambda values: kernels.cpu.load().observed(tuple(values))  # noqa: E731
+    else:
+        observed = ops.observed
     x = torch.ones(2)
-    assert not ops.observed([x, torch.nn.Parameter(x), 1])
+    assert not observed([x, torch.nn.Parameter(x), None])
     observers = [_Watching(), torch.device("cpu"), torch.profiler.profile(), launches.counting()]
     for observer in observers:
         with observer:
-            assert ops.observed([x]), observer
-    assert torch.func.vmap(lambda t: t * ops.observed([t]))(torch.ones(2, 2)).sum() == 4
-    assert torch.compile(lambda t: t * ops.observed([t]), backend="eager", fullgraph=True)(x).sum() == 2
-    assert ops.observed([torch.nn.Buffer(x).as_subclass(_Subclass)])
+            assert observed([x]), observer
+    assert torch.func.vmap(lambda t: t * observed([t]))(torch.ones(2, 2)).sum() == 4
+    assert torch.jit.trace(lambda t: t * float(observed([t])), x)(x).sum() == 2
+    assert observed([torch.nn.Buffer(x).as_subclass(_Subclass)])
+    assert not observed([x])  # as before, once each is gone
+    if test == "python":  # (the steps test torch.compile in Python, before the module's test)
+        assert torch.compile(lambda t: t * observed([t]), backend="eager", fullgraph=True)(x).sum() == 2
 
 
 class _Subclass(torch.Tensor):
