@@ -171,7 +171,8 @@ def build(variants, workers=None):
         bound, specialization, options = binder(*[_argument(d) for d in v["args"]], **v["constexprs"])
         options, signature, constexprs, attrs = fn._pack_args(backend, v["constexprs"], bound, specialization,
                                                               options)
-        key = json.dumps([v["kernel"], signature, sorted(map(str, constexprs.items())), sorted(map(str, attrs))])
+        key = json.dumps([v["kernel"], signature, sorted(map(str, constexprs.items())), sorted(map(str, attrs)),
+                          sorted(map(str, options.__dict__.items()))])  # maxnreg and warps among the options
         keys.append(key)
         if key not in jobs:
             jobs[key] = (v["kernel"], signature, constexprs, attrs, options.__dict__, len(v["args"]))

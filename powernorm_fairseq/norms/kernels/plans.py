@@ -45,16 +45,16 @@ def stand_in_size():
 #: (float64, which only the tests run, half as many): each launch bounds its
 #: registers to what this allows (``registers``, ptxas's .maxnreg), and every
 #: variant compiled for sm_90 spills nothing within it (measure/sm90.py, checked in CI)
-PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 3, "_scalenorm_forward": 4,
-                   "_scalenorm_backward": 3, "_rmsnorm_forward": 4, "_rmsnorm_backward": 3, "_dyt_forward": 4,
-                   "_dyt_backward": 3}
-WARPS = 4  # of every kernel (triton's default)
+PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 4, "_scalenorm_forward": 4,
+                   "_scalenorm_backward": 4, "_rmsnorm_forward": 4, "_rmsnorm_backward": 4, "_dyt_forward": 4,
+                   "_dyt_backward": 4}
+WARPS = 8  # of every kernel
 REGISTERS_PER_SM, WARP = 65536, 32
 #: elements of a tile (rows x columns) of a channel kernel and of a per-row one
-TILE, ROW_TILE = 1024, 2048
+TILE, ROW_TILE = 512, 1024
 #: the widest group (channel kernels) and row (per-row kernels) held in registers
 #: whole; a wider one is walked in sub-chunks of this many columns (``WIDE``)
-WIDEST_GROUP, WIDEST_ROW, SUB_CHUNK = 1024, 2048, 1024
+WIDEST_GROUP, WIDEST_ROW, SUB_CHUNK = 512, 1024, 256
 #: rows a program sums at most, in float32 tile by tile: a longer input gets more programs
 #: (a grid of several waves), and the finishing kernels add the programs' sums in float64
 MAX_ROWS = 1024
@@ -118,8 +118,8 @@ def _layout(x, groups, kernel, tall=False):
         block_c = SUB_CHUNK
     chunks = _cdiv(C, cw)
     # a pass that writes nothing row-sized (statistics only) holds fewer live
-    # tiles and takes them twice as tall (some shorter ones spill on sm_90)
-    block_n = max(1, min(32, (2 if tall else 1) * TILE // block_c))
+    # tiles and takes them twice as tall (some shorter ones spill on sm_90), but for a wide group's blocks
+    block_n = max(1, min(32, (2 if tall and block_c >= cw else 1) * TILE // block_c))
     # as many row programs as are resident at once, whatever N (those past the last row sum nothing), and more
     # only past MAX_ROWS rows each: the per-program sums' shape does not follow the sequence length, so
     # torch.compile keeps one graph for every length of a batch (a single guard, N <= progs * MAX_ROWS)

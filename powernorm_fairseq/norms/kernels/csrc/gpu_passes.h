@@ -100,7 +100,8 @@ ChannelPlan channel_plan(int kernel, const Tensor& x, const Tensor& mask, int64_
   const int64_t cw = groups > 0 ? C / groups : std::min<int64_t>(pow2(C), 128);
   int64_t block_c = pow2(cw);
   if (block_c > c.widest_group) block_c = c.sub_chunk;
-  const int64_t chunks = cdiv(C, cw), block_n = std::max<int64_t>(1, std::min<int64_t>(32, (tall ? 2 : 1) * c.tile / block_c));
+  const int64_t chunks = cdiv(C, cw);
+  const int64_t block_n = std::max<int64_t>(1, std::min<int64_t>(32, (tall && block_c >= cw ? 2 : 1) * c.tile / block_c));
   const int64_t programs = programs_per_sm(kernel, f64) * launch::multiprocessors(to);
   const int64_t progs = std::max(cdiv(programs, chunks), cdiv(N, c.max_rows));
   const int64_t per_prog = cdiv(cdiv(N, progs), block_n) * block_n;
