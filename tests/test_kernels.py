@@ -294,7 +294,8 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     built = sm90.build_in_fresh_process(sm90.distinct(launched))
     assert {b["kernel"] for b in built} == {
         "_channel_forward", "_finish_stats", "_channel_backward", "_finish_backward", "_scalenorm_forward",
-        "_scalenorm_backward", "_rmsnorm_forward", "_rmsnorm_backward", "_dyt_forward", "_dyt_backward"}
+        "_scalenorm_backward", "_rmsnorm_forward", "_rmsnorm_backward", "_dyt_forward", "_dyt_backward",
+        "_sum_columns"}
     assert any(b["signature"].get("W") == "*fp32" and b["signature"].get("X") == "*fp16" for b in built)  # --amp
     spilled = [b for b in built if b["spill_bytes"]]
     assert not spilled, spilled[:3]

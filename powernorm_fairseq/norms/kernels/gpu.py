@@ -23,10 +23,11 @@ from .launcher import OBSERVERS, observed  # noqa: F401 (the measuring tools' ho
 from .launcher import launch as _launch
 from .plans import (MAX_ROWS, PROGRAMS_PER_SM, REGISTERS_PER_SM, ROW_TICKET, SUB_CHUNK, TICKET_ROWS,  # noqa: F401
                     TILE, ROW_TILE, WARP, WARPS, WIDEST_GROUP, WIDEST_ROW, _FINISH_BLOCK, _NOTHING, _acc, _nothing,
-                    _planned, _row_plan, interpreting, parts, programs_per_sm, registers, stand_in, stand_in_size)
+                    SUM_ROWS, _planned, _row_plan, interpreting, parts, programs_per_sm, registers, stand_in,
+                    stand_in_size)
 from .gpu_channel import _channel_backward, _channel_forward, _finish_backward, _finish_stats, triton  # noqa: F401
 from .gpu_rows import (_dyt_backward, _dyt_forward, _rmsnorm_backward, _rmsnorm_forward, _scalenorm_backward,
-                       _scalenorm_forward)
+                       _scalenorm_forward, _sum_columns)
 
 NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -109,7 +110,7 @@ def _finish_stats_pass(part, mean_buf, second_buf, steps, update, momentum, eps,
     _launch(_finish_stats, (progs,),
             part, none if mean_buf is None else mean_buf, second_buf, none if steps is None else steps,
             none if mean is None else mean, inv, inv_batch, n, scratch, flags, part[P], P, C, momentum, eps, warmup,
-            UPDATE=int(update), HAS_STEPS=steps is not None, BLOCK=_FINISH_BLOCK)
+            UPDATE=int(update), HAS_STEPS=steps is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK)
     return mean, inv, inv_batch, n
 
 
@@ -173,7 +174,7 @@ def _finish_backward_pass(part, weight, n, nu, rate, kind, center, rows):
     _launch(_finish_backward, (progs,),
             part, weight, n, none if nu is None else nu, grad_w, grad_b, none if A is None else A,
             none if B is None else B, scratch, flags, part[P], P, C, rate, rows,
-            MODE=int(kind), CENTER=center, HAS_NU=nu is not None, BLOCK=_FINISH_BLOCK)
+            MODE=int(kind), CENTER=center, HAS_NU=nu is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK)
     return grad_w, grad_b, A, B
 
 
@@ -189,10 +190,11 @@ def bind_node(node):
     if interpreting():
         return None
     kernels = [_channel_forward, _finish_stats, _channel_backward, _finish_backward, _scalenorm_forward,
-               _scalenorm_backward, _rmsnorm_forward, _rmsnorm_backward, _dyt_forward, _dyt_backward]
+               _scalenorm_backward, _rmsnorm_forward, _rmsnorm_backward, _dyt_forward, _dyt_backward, _sum_columns]
     constants = dict(programs_per_sm=[PROGRAMS_PER_SM.get(k.__name__, 0) for k in kernels], warps=WARPS, warp=WARP,
                      registers_per_sm=REGISTERS_PER_SM, tile=TILE, row_tile=ROW_TILE, widest_group=WIDEST_GROUP,
-                     widest_row=WIDEST_ROW, sub_chunk=SUB_CHUNK, max_rows=MAX_ROWS, finish_block=_FINISH_BLOCK)
+                     widest_row=WIDEST_ROW, sub_chunk=SUB_CHUNK, max_rows=MAX_ROWS, finish_block=_FINISH_BLOCK,
+                     sum_rows=SUM_ROWS)
     from .launcher import from_node
 
     return node.bind_gpu(kernels, constants, from_node)
@@ -227,13 +229,20 @@ def rmsnorm_forward(x, weight, eps):
 
 
 def rmsnorm_backward(x, rstd, grad_y, weight):
-    """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, summed
-    by the last program in a fixed order."""
+    """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, each
+    program's sums added over channel blocks in a fixed order (``_sum_columns``)."""
     x, N, C, progs, shape, constexprs, acc = _row_plan(_rmsnorm_backward, x)
     gx, grad_w = x.new_empty(N, C), torch.empty_like(weight)
     part = torch.empty(progs, C, dtype=acc, device=x.device)  # a program's sums of dy x r
-    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:], *shape, **constexprs)
+    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, *shape, **constexprs)
+    _sum_columns_of(part, grad_w, None, progs, C)
     return gx, grad_w
+
+
+def _sum_columns_of(part, out, out2, rows, C):
+    """``_sum_columns``: out (and out2, from the block after) the sums over ``rows`` rows of ``part``."""
+    _launch(_sum_columns, (-(-C // _FINISH_BLOCK),), part, out, _nothing(part.device) if out2 is None else out2,
+            rows, C, TWO=out2 is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK)
 
 
 def dyt_forward(x, alpha, weight, bias):
@@ -251,8 +260,8 @@ def dyt_backward(x, grad_y, alpha, weight, ticket):
     gx, grad_alpha = x.new_empty(N, C), torch.empty_like(alpha)
     grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
     part = torch.empty(progs * (2 * C + 1), dtype=acc, device=x.device)  # a program's sums (the kernel's doc)
-    _launch(_dyt_backward, (progs,), x, grad_y, alpha, weight, gx, grad_alpha, grad_w, grad_b, part, ticket, *shape,
-            **constexprs)
+    _launch(_dyt_backward, (progs,), x, grad_y, alpha, weight, gx, grad_alpha, part, ticket, *shape, **constexprs)
+    _sum_columns_of(part, grad_w, grad_b, progs, C)
     return gx, grad_alpha, grad_w, grad_b
 
 

@@ -90,6 +90,13 @@ if triton is not None:
         return last
 
     @triton.jit
+    def _part_rows(PART, p0, P, stride, cols, cm, BLOCK_R: tl.constexpr):
+        """(pointers, mask) of rows p0 .. p0 + BLOCK_R of a part's programs (``stride`` apart), at ``cols``."""
+        rows = p0 + tl.arange(0, BLOCK_R)
+        return (PART + rows[:, None].to(tl.int64) * stride + cols[None, :],
+                (rows < P)[:, None] & cm[None, :])
+
+    @triton.jit
     def _all_set(FLAGS, n):
         ok = tl.load(FLAGS) != 0
         for i in range(1, n):
@@ -212,29 +219,30 @@ if triton is not None:
     @triton.jit(do_not_specialize=["P", "warmup"])
     def _finish_stats(PART, RA, RB, STEPS, MEAN, INV, INVB, NOUT, SCRATCH, FLAGS, TICKET,
                       P, C, momentum, eps, warmup,
-                      UPDATE: tl.constexpr, HAS_STEPS: tl.constexpr, BLOCK: tl.constexpr):
-        """UPDATE: an Update (contract.py)."""
+                      UPDATE: tl.constexpr, HAS_STEPS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
+        """UPDATE: an Update (contract.py). The programs' rows of the part are
+        added BLOCK_R at a time, in a fixed order: the same result every run."""
         cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cm = cols < C
         z = tl.zeros([BLOCK], dtype=tl.float64)
         n = z
         s1 = z
         s2 = z
-        for p in range(0, P):  # in a fixed order: the same result every run
-            base = PART + p * 3 * C + cols
-            cnt = tl.load(base, mask=cm, other=0.0).to(tl.float64)
-            n += cnt
-            s1 += cnt * tl.load(base + C, mask=cm, other=0.0).to(tl.float64)
-            s2 += tl.load(base + 2 * C, mask=cm, other=0.0).to(tl.float64)
+        for p0 in range(0, P, BLOCK_R):
+            base, m = _part_rows(PART, p0, P, 3 * C, cols, cm, BLOCK_R)
+            cnt = tl.load(base, mask=m, other=0.0).to(tl.float64)
+            n += tl.sum(cnt, axis=0)
+            s1 += tl.sum(cnt * tl.load(base + C, mask=m, other=0.0).to(tl.float64), axis=0)
+            s2 += tl.sum(tl.load(base + 2 * C, mask=m, other=0.0).to(tl.float64), axis=0)
         ns = tl.maximum(n, 1.0)
         mean = s1 / ns
         if UPDATE == BN:  # Chan et al.'s pairwise formula: each program's M2 plus its mean's spread
             m2 = z
-            for p in range(0, P):
-                base = PART + p * 3 * C + cols
-                cnt = tl.load(base, mask=cm, other=0.0).to(tl.float64)
-                dm = tl.load(base + C, mask=cm, other=0.0).to(tl.float64) - mean
-                m2 += tl.load(base + 2 * C, mask=cm, other=0.0).to(tl.float64) + cnt * dm * dm
+            for p0 in range(0, P, BLOCK_R):
+                base, m = _part_rows(PART, p0, P, 3 * C, cols, cm, BLOCK_R)
+                cnt = tl.load(base, mask=m, other=0.0).to(tl.float64)
+                dm = tl.load(base + C, mask=m, other=0.0).to(tl.float64) - mean[None, :]
+                m2 += tl.sum(tl.load(base + 2 * C, mask=m, other=0.0).to(tl.float64) + cnt * dm * dm, axis=0)
             second = tl.maximum(m2 / ns, 0.0)
         else:
             second = s2 / ns
@@ -403,9 +411,11 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["P", "rows"])
     def _finish_backward(PART, W, NIN, NU, GW, GB, A, Bc, SCRATCH, FLAGS, TICKET, P, C, rate, rows,
-                         MODE: tl.constexpr, CENTER: tl.constexpr, HAS_NU: tl.constexpr, BLOCK: tl.constexpr):
+                         MODE: tl.constexpr, CENTER: tl.constexpr, HAS_NU: tl.constexpr, BLOCK_R: tl.constexpr,
+                         BLOCK: tl.constexpr):
         """MODE: a Mode (contract.py): EXACT, the exact gradient's A and B (Eq. 3
-        / Eq. 6); REFERENCE, the released code's nu update; else Algorithm 2's."""
+        / Eq. 6); REFERENCE, the released code's nu update; else Algorithm 2's.
+        The part's rows are added as _finish_stats adds them."""
         cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         cm = cols < C
         z = tl.zeros([BLOCK], dtype=tl.float64)
@@ -414,13 +424,13 @@ if triton is not None:
         s2 = z
         s3 = z
         s4 = z
-        for p in range(0, P):  # in a fixed order: the same result every run
-            base = PART + p * 5 * C + cols
-            s0 += tl.load(base, mask=cm, other=0.0).to(tl.float64)
-            s1 += tl.load(base + C, mask=cm, other=0.0).to(tl.float64)
-            s2 += tl.load(base + 2 * C, mask=cm, other=0.0).to(tl.float64)
-            s3 += tl.load(base + 3 * C, mask=cm, other=0.0).to(tl.float64)
-            s4 += tl.load(base + 4 * C, mask=cm, other=0.0).to(tl.float64)
+        for p0 in range(0, P, BLOCK_R):
+            base, m = _part_rows(PART, p0, P, 5 * C, cols, cm, BLOCK_R)
+            s0 += tl.sum(tl.load(base, mask=m, other=0.0).to(tl.float64), axis=0)
+            s1 += tl.sum(tl.load(base + C, mask=m, other=0.0).to(tl.float64), axis=0)
+            s2 += tl.sum(tl.load(base + 2 * C, mask=m, other=0.0).to(tl.float64), axis=0)
+            s3 += tl.sum(tl.load(base + 3 * C, mask=m, other=0.0).to(tl.float64), axis=0)
+            s4 += tl.sum(tl.load(base + 4 * C, mask=m, other=0.0).to(tl.float64), axis=0)
         w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float64)
         tl.store(GW + cols, _cast(s0, GW), mask=cm)
         tl.store(GB + cols, _cast(s1, GB), mask=cm)

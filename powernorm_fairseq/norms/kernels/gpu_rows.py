@@ -120,10 +120,10 @@ if triton is not None:
                 tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
+    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
                           WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         """dL/dw's per-program sums stay in registers, or with WIDE in the
-        program's row of PART, added to block by block."""
+        program's row of PART, added to block by block; _sum_columns adds the rows."""
         cols = tl.arange(0, BLOCK_C)
         part = PART + tl.program_id(0).to(tl.int64) * C
         w = _f(tl.load(W + cols, mask=cols < C, other=0.0), F64)
@@ -160,8 +160,6 @@ if triton is not None:
                     gw += tl.sum(gy * xr, axis=0)
         if not WIDE:
             tl.store(part + cols, gw, mask=cols < C)
-        if _last_to_arrive(TICKET):  # dL/dw: the programs' sums, in a fixed order
-            _sum_parts(PART, GW, C, cols, BLOCK_C)
 
     @triton.jit
     def _tanh(u):
@@ -194,11 +192,12 @@ if triton is not None:
                 tl.store(Y + at, (_tanh(a * x) * w[None, :] + b[None, :]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _dyt_backward(X, GY, ALPHA, W, GX, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
+    def _dyt_backward(X, GY, ALPHA, W, GX, GA, PART, TICKET, N, C, XB, XST, XSB, per_prog,
                       F64: tl.constexpr, WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         """dL/dx = alpha d, d = dy w (1 - t^2), t = tanh(alpha x). Each program's sums go to PART: dy t
         (dL/dw) in its row of a (P, C) block, dy (dL/db) in a second, d x (dL/dalpha) in a (P,) one; in
-        registers, or with WIDE in PART itself, added to block by block (as _rmsnorm_backward's)."""
+        registers, or with WIDE in PART itself, added to block by block (as _rmsnorm_backward's). The last
+        program adds dL/dalpha's P sums; _sum_columns adds the two blocks."""
         cols = tl.arange(0, BLOCK_C)
         P = tl.num_programs(0)
         pid = tl.program_id(0).to(tl.int64)
@@ -233,7 +232,26 @@ if triton is not None:
             tl.store(pw + cols, gw, mask=cols < C)
             tl.store(pb + cols, gb, mask=cols < C)
         tl.store(PART + 2 * P * C + pid, tl.sum(ga, axis=0))
-        if _last_to_arrive(TICKET):  # the programs' sums, in a fixed order
-            _sum_parts(PART, GW, C, cols, BLOCK_C)
-            _sum_parts(PART + P * C, GB, C, cols, BLOCK_C)
+        if _last_to_arrive(TICKET):  # dL/dalpha: the programs' sums, in a fixed order
             _sum_parts(PART + 2 * P * C, GA, 1, tl.arange(0, 1), 1)
+
+    @triton.jit(do_not_specialize=["P"])
+    def _sum_columns(PART, OUT, OUT2, P, C, TWO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
+        """OUT[c] = the sum over p < P of PART[p, c] (a (P, C) block of per-program sums), and with TWO
+        OUT2[c] of the (P, C) block after it: each program adds a block of columns, BLOCK_R rows at a time,
+        in float64 and in a fixed order (the same result every run), so that no program reads more than
+        another; a row kernel's backward leaves its parameters' sums to this launch."""
+        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        cm = cols < C
+        rows = tl.arange(0, BLOCK_R)
+        acc = tl.zeros([BLOCK], dtype=tl.float64)
+        acc2 = acc
+        for p0 in range(0, P, BLOCK_R):
+            at = (p0 + rows)[:, None].to(tl.int64) * C + cols[None, :]
+            m = ((p0 + rows) < P)[:, None] & cm[None, :]
+            acc += tl.sum(tl.load(PART + at, mask=m, other=0.0).to(tl.float64), axis=0)
+            if TWO:
+                acc2 += tl.sum(tl.load(PART + P * C + at, mask=m, other=0.0).to(tl.float64), axis=0)
+        tl.store(OUT + cols, _cast(acc, OUT), mask=cm)
+        if TWO:
+            tl.store(OUT2 + cols, _cast(acc2, OUT2), mask=cm)

@@ -172,6 +172,7 @@ def _rows(x):
 
 
 _FINISH_BLOCK = 64  # columns per program of the finishing kernels
+SUM_ROWS = 32  # rows of per-program sums a finishing program adds at a time
 
 
 class _Plan:

@@ -9,7 +9,9 @@ namespace gpu {
 using launch::Arg;
 
 // the kernels, in bind_gpu's order
-enum KernelId : int { CH_FWD, FIN_STATS, CH_BWD, FIN_BWD, SN_FWD, SN_BWD, RMS_FWD, RMS_BWD, DYT_FWD, DYT_BWD, KERNELS };
+enum KernelId : int {
+  CH_FWD, FIN_STATS, CH_BWD, FIN_BWD, SN_FWD, SN_BWD, RMS_FWD, RMS_BWD, DYT_FWD, DYT_BWD, SUM_COLS, KERNELS
+};
 
 // each kernel's constexprs (and launch options), in the order the passes below give them; true: a bool
 const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
@@ -26,11 +28,11 @@ const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
   static const std::array<V, KERNELS> all = {
       with({{"HAS_MEAN", true}, {"INV_RUNNING", true}, {"WANT_Y", true}, {"WANT_STATS", true}, {"CENTER", true}},
            common),
-      V{{"UPDATE", false}, {"HAS_STEPS", true}, {"BLOCK", false}},
+      V{{"UPDATE", false}, {"HAS_STEPS", true}, {"BLOCK_R", false}, {"BLOCK", false}},
       with({{"HAS_MEAN", true}, {"HAS_A", true}, {"HAS_B", true}, {"CORRECT_PADS", true}, {"WANT_GX", true},
             {"WANT_SUMS", true}}, common),
-      V{{"MODE", false}, {"CENTER", true}, {"HAS_NU", true}, {"BLOCK", false}},
-      rows, rows, rows, rows, rows, rows};
+      V{{"MODE", false}, {"CENTER", true}, {"HAS_NU", true}, {"BLOCK_R", false}, {"BLOCK", false}},
+      rows, rows, rows, rows, rows, rows, V{{"TWO", true}, {"BLOCK_R", false}, {"BLOCK", false}}};
   return all[kernel];
 }
 
@@ -38,7 +40,7 @@ const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
 struct Config {
   std::array<int64_t, KERNELS> programs_per_sm{};
   int64_t warps = 4, warp = 32, registers_per_sm = 65536, tile = 1024, row_tile = 2048, widest_group = 1024,
-          widest_row = 2048, sub_chunk = 1024, max_rows = 1024, finish_block = 64;
+          widest_row = 2048, sub_chunk = 1024, max_rows = 1024, finish_block = 64, sum_rows = 32;
 };
 
 Config& config() {
@@ -163,7 +165,7 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
   a.ptr(part), a.ptr_or_none(mean_buf), a.ptr(second_buf), a.ptr_or_none(steps), a.ptr_or_none(mean);
   a.ptr(inv), a.ptr(inv_batch), a.ptr(n), a.ptr(scratch), a.ptr(flags), a.ptr(part, P * 3 * C);
   a.i(P), a.i(C), a.f(momentum), a.f(eps), a.i(warmup);
-  launch::run(FIN_STATS, {progs, 1, 1}, a.list, {update, !absent(steps), config().finish_block}, to);
+  launch::run(FIN_STATS, {progs, 1, 1}, a.list, {update, !absent(steps), config().sum_rows, config().finish_block}, to);
   return {mean, inv, inv_batch, n};
 }
 
@@ -207,7 +209,7 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
   a.ptr(part), a.ptr(weight), a.ptr(n), a.ptr_or_none(nu), a.ptr(grad_w), a.ptr(grad_b), a.ptr_or_none(A);
   a.ptr_or_none(B), a.ptr_or_none(scratch), a.ptr(flags), a.ptr(part, P * 5 * C);
   a.i(P), a.i(C), a.f(rate), a.i(rows);
-  launch::run(FIN_BWD, {progs, 1, 1}, a.list, {kind, center, has_nu, config().finish_block}, to);
+  launch::run(FIN_BWD, {progs, 1, 1}, a.list, {kind, center, has_nu, config().sum_rows, config().finish_block}, to);
   return {grad_w, grad_b, A, B};
 }
 
@@ -231,6 +233,15 @@ RowPlan row_plan(int kernel, const Tensor& x, const launch::Target& to) {
   const int64_t per_prog = cdiv(cdiv(N, progs), block_n) * block_n;
   return {N, C, cdiv(N, per_prog), {N, C, XB, XST, XSB, per_prog},
           {f64, block_c < C, block_n, block_c, c.warps, registers(kernel, f64)}, acc_of(x)};
+}
+
+// gpu._sum_columns_of: out (and out2, from the block after) the sums over ``rows`` rows of part's (rows, C) block
+void sum_columns(const Tensor& part, const Tensor& out, const Tensor& out2, int64_t rows, int64_t C,
+                 const launch::Target& to) {
+  Args a{to};
+  a.ptr(part), a.ptr(out), a.ptr_or_none(out2), a.i(rows), a.i(C);
+  launch::run(SUM_COLS, {cdiv(C, config().finish_block), 1, 1}, a.list,
+              {!absent(out2), config().sum_rows, config().finish_block}, to);
 }
 
 // the launch of a row kernel: its tensors, then the plan's integers and any scalar
@@ -284,8 +295,9 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
   Tensor gx = empty(x.sizes(), x), grad_w = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs, p.C}, p.acc, x);
   Args a{to};
-  a.ptr(x), a.ptr(rstd), a.ptr(grad_y), a.ptr(weight), a.ptr(gx), a.ptr(part), a.ptr(grad_w), a.ptr(rstd, p.N);
+  a.ptr(x), a.ptr(rstd), a.ptr(grad_y), a.ptr(weight), a.ptr(gx), a.ptr(part);
   run_rows(RMS_BWD, p, to, a, std::nullopt);
+  sum_columns(part, grad_w, Tensor(), p.progs, p.C, to);
   return {gx, grad_w};
 }
 
@@ -309,9 +321,9 @@ std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Te
   Tensor grad_w = empty(weight.sizes(), weight), grad_b = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs * (2 * p.C + 1)}, p.acc, x);
   Args a{to};
-  a.ptr(x), a.ptr(grad_y), a.ptr(alpha), a.ptr(weight), a.ptr(gx), a.ptr(grad_alpha), a.ptr(grad_w), a.ptr(grad_b);
-  a.ptr(part), a.ptr(ticket);
+  a.ptr(x), a.ptr(grad_y), a.ptr(alpha), a.ptr(weight), a.ptr(gx), a.ptr(grad_alpha), a.ptr(part), a.ptr(ticket);
   run_rows(DYT_BWD, p, to, a, std::nullopt);
+  sum_columns(part, grad_w, grad_b, p.progs, p.C, to);
   return {gx, grad_alpha, grad_w, grad_b};
 }
 
@@ -337,6 +349,7 @@ void bind(const py::list& kernels, const py::dict& constants, py::object from_no
     else if (name == "widest_group") c.widest_group = v;
     else if (name == "widest_row") c.widest_row = v;
     else if (name == "sub_chunk") c.sub_chunk = v;
+    else if (name == "sum_rows") c.sum_rows = v;
     else if (name == "max_rows") c.max_rows = v;
     else if (name == "finish_block") c.finish_block = v;
     else TORCH_CHECK(false, "bind_gpu: no constant ", name);
