@@ -110,7 +110,8 @@ def _finish_stats_pass(part, mean_buf, second_buf, steps, update, momentum, eps,
     _launch(_finish_stats, (progs,),
             part, none if mean_buf is None else mean_buf, second_buf, none if steps is None else steps,
             none if mean is None else mean, inv, inv_batch, n, scratch, flags, part[P], P, C, momentum, eps, warmup,
-            UPDATE=int(update), HAS_STEPS=steps is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK)
+            UPDATE=int(update), HAS_STEPS=steps is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK,
+            num_warps=WARPS)
     return mean, inv, inv_batch, n
 
 
@@ -174,7 +175,8 @@ def _finish_backward_pass(part, weight, n, nu, rate, kind, center, rows):
     _launch(_finish_backward, (progs,),
             part, weight, n, none if nu is None else nu, grad_w, grad_b, none if A is None else A,
             none if B is None else B, scratch, flags, part[P], P, C, rate, rows,
-            MODE=int(kind), CENTER=center, HAS_NU=nu is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK)
+            MODE=int(kind), CENTER=center, HAS_NU=nu is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK,
+            num_warps=WARPS)
     return grad_w, grad_b, A, B
 
 
@@ -242,7 +244,7 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
 def _sum_columns_of(part, out, out2, rows, C):
     """``_sum_columns``: out (and out2, from the block after) the sums over ``rows`` rows of ``part``."""
     _launch(_sum_columns, (-(-C // _FINISH_BLOCK),), part, out, _nothing(part.device) if out2 is None else out2,
-            rows, C, TWO=out2 is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK)
+            rows, C, TWO=out2 is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK, num_warps=WARPS)
 
 
 def dyt_forward(x, alpha, weight, bias):
