@@ -111,7 +111,7 @@ def _finish_stats_pass(part, mean_buf, second_buf, steps, update, momentum, eps,
             part, none if mean_buf is None else mean_buf, second_buf, none if steps is None else steps,
             none if mean is None else mean, inv, inv_batch, n, scratch, flags, part[P], P, C, momentum, eps, warmup,
             UPDATE=int(update), HAS_STEPS=steps is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK,
-            num_warps=WARPS)
+            num_warps=WARPS, maxnreg=registers("_finish_stats", part.dtype == torch.float64))
     return mean, inv, inv_batch, n
 
 
@@ -176,7 +176,7 @@ def _finish_backward_pass(part, weight, n, nu, rate, kind, center, rows):
             part, weight, n, none if nu is None else nu, grad_w, grad_b, none if A is None else A,
             none if B is None else B, scratch, flags, part[P], P, C, rate, rows,
             MODE=int(kind), CENTER=center, HAS_NU=nu is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK,
-            num_warps=WARPS)
+            num_warps=WARPS, maxnreg=registers("_finish_backward", part.dtype == torch.float64))
     return grad_w, grad_b, A, B
 
 
@@ -244,7 +244,8 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
 def _sum_columns_of(part, out, out2, rows, C):
     """``_sum_columns``: out (and out2, from the block after) the sums over ``rows`` rows of ``part``."""
     _launch(_sum_columns, (-(-C // _FINISH_BLOCK),), part, out, _nothing(part.device) if out2 is None else out2,
-            rows, C, TWO=out2 is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK, num_warps=WARPS)
+            rows, C, TWO=out2 is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK, num_warps=WARPS,
+            maxnreg=registers("_sum_columns", part.dtype == torch.float64))
 
 
 def dyt_forward(x, alpha, weight, bias):

@@ -47,7 +47,7 @@ def stand_in_size():
 #: variant compiled for sm_90 spills nothing within it (measure/sm90.py, checked in CI)
 PROGRAMS_PER_SM = {"_channel_forward": 4, "_channel_backward": 4, "_scalenorm_forward": 4,
                    "_scalenorm_backward": 4, "_rmsnorm_forward": 4, "_rmsnorm_backward": 4, "_dyt_forward": 4,
-                   "_dyt_backward": 4}
+                   "_dyt_backward": 4, "_finish_stats": 4, "_finish_backward": 4, "_sum_columns": 4}
 WARPS = 8  # of every kernel
 REGISTERS_PER_SM, WARP = 65536, 32
 #: elements of a tile (rows x columns) of a channel kernel and of a per-row one
@@ -172,7 +172,7 @@ def _rows(x):
 
 
 _FINISH_BLOCK = 64  # columns per program of the finishing kernels
-SUM_ROWS = 32  # rows of per-program sums a finishing program adds at a time
+SUM_ROWS = 8  # rows of per-program sums a finishing program adds at a time
 
 
 class _Plan:

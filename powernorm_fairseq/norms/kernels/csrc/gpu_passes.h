@@ -28,12 +28,14 @@ const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
   static const std::array<V, KERNELS> all = {
       with({{"HAS_MEAN", true}, {"INV_RUNNING", true}, {"WANT_Y", true}, {"WANT_STATS", true}, {"CENTER", true}},
            common),
-      V{{"UPDATE", false}, {"HAS_STEPS", true}, {"BLOCK_R", false}, {"BLOCK", false}, {"num_warps", false}},
+      V{{"UPDATE", false}, {"HAS_STEPS", true}, {"BLOCK_R", false}, {"BLOCK", false}, {"num_warps", false},
+        {"maxnreg", false}},
       with({{"HAS_MEAN", true}, {"HAS_A", true}, {"HAS_B", true}, {"CORRECT_PADS", true}, {"WANT_GX", true},
             {"WANT_SUMS", true}}, common),
       V{{"MODE", false}, {"CENTER", true}, {"HAS_NU", true}, {"BLOCK_R", false}, {"BLOCK", false},
-        {"num_warps", false}},
-      rows, rows, rows, rows, rows, rows, V{{"TWO", true}, {"BLOCK_R", false}, {"BLOCK", false}, {"num_warps", false}}};
+        {"num_warps", false}, {"maxnreg", false}},
+      rows, rows, rows, rows, rows, rows, V{{"TWO", true}, {"BLOCK_R", false}, {"BLOCK", false}, {"num_warps", false},
+                                       {"maxnreg", false}}};
   return all[kernel];
 }
 
@@ -166,8 +168,8 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
   a.ptr(part), a.ptr_or_none(mean_buf), a.ptr(second_buf), a.ptr_or_none(steps), a.ptr_or_none(mean);
   a.ptr(inv), a.ptr(inv_batch), a.ptr(n), a.ptr(scratch), a.ptr(flags), a.ptr(part, P * 3 * C);
   a.i(P), a.i(C), a.f(momentum), a.f(eps), a.i(warmup);
-  launch::run(FIN_STATS, {progs, 1, 1}, a.list, {update, !absent(steps), config().sum_rows, config().finish_block, config().warps},
-              to);
+  launch::run(FIN_STATS, {progs, 1, 1}, a.list, {update, !absent(steps), config().sum_rows, config().finish_block, config().warps,
+               registers(FIN_STATS, part.scalar_type() == at::kDouble)}, to);
   return {mean, inv, inv_batch, n};
 }
 
@@ -211,7 +213,8 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
   a.ptr(part), a.ptr(weight), a.ptr(n), a.ptr_or_none(nu), a.ptr(grad_w), a.ptr(grad_b), a.ptr_or_none(A);
   a.ptr_or_none(B), a.ptr_or_none(scratch), a.ptr(flags), a.ptr(part, P * 5 * C);
   a.i(P), a.i(C), a.f(rate), a.i(rows);
-  launch::run(FIN_BWD, {progs, 1, 1}, a.list, {kind, center, has_nu, config().sum_rows, config().finish_block, config().warps}, to);
+  launch::run(FIN_BWD, {progs, 1, 1}, a.list, {kind, center, has_nu, config().sum_rows, config().finish_block, config().warps,
+               registers(FIN_BWD, part.scalar_type() == at::kDouble)}, to);
   return {grad_w, grad_b, A, B};
 }
 
@@ -243,7 +246,8 @@ void sum_columns(const Tensor& part, const Tensor& out, const Tensor& out2, int6
   Args a{to};
   a.ptr(part), a.ptr(out), a.ptr_or_none(out2), a.i(rows), a.i(C);
   launch::run(SUM_COLS, {cdiv(C, config().finish_block), 1, 1}, a.list,
-              {!absent(out2), config().sum_rows, config().finish_block, config().warps}, to);
+              {!absent(out2), config().sum_rows, config().finish_block, config().warps,
+               registers(SUM_COLS, part.scalar_type() == at::kDouble)}, to);
 }
 
 // the launch of a row kernel: its tensors, then the plan's integers and any scalar
