@@ -475,3 +475,26 @@ def test_an_empty_batch_gives_the_plain_paths_result(kind):
         assert y.shape == x.shape and x.grad.shape == x.shape
         assert all(torch.equal(a, b) for a, b in zip(norm.state_dict().values(), plain.state_dict().values()))
 
+
+
+def test_torch_s_fused_rmsnorm_serves_only_where_it_matches_eq_4(monkeypatch):
+    """On a GPU, RMSNorm runs torch's fused RMSNorm where it matches Eq. 4 on a
+    probe (output in x's dtype, both gradients), per device and dtypes, once;
+    a torch whose RMSNorm is off, or a mixed dtype it does not fuse, keeps the
+    plugin's kernels. The check itself runs on any device."""
+    import torch.nn.functional as F
+
+    from powernorm_fairseq.norms import rmsnorm
+
+    monkeypatch.setattr(rmsnorm, "_TORCH_FUSED", {})
+    x = torch.randn(2, 3, 8)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert rmsnorm.torch_fused(x.to(dtype), torch.ones(8, dtype=dtype))
+    assert not rmsnorm.torch_fused(x.half(), torch.ones(8))  # amp's float16 x, float32 weight
+    monkeypatch.setattr(rmsnorm, "_TORCH_FUSED", {})
+    rms_norm = F.rms_norm
+    monkeypatch.setattr(F, "rms_norm", lambda x, shape, w, eps: rms_norm(x, shape, w, eps) * (1 + 1e-3))
+    assert not rmsnorm.torch_fused(x, torch.ones(8))
+    monkeypatch.setattr(F, "rms_norm", lambda x, shape, w, eps: rms_norm(x, shape, w, eps).float())
+    assert not rmsnorm.torch_fused(x, torch.ones(8))  # the verdict kept: asked once per device and dtypes
+    assert not rmsnorm.torch_fused(x.double(), torch.ones(8, dtype=torch.float64))  # output not in x's dtype

@@ -1,11 +1,16 @@
 """RMSNorm (Zhang & Sennrich, 2019, "Root Mean Square Layer Normalization",
 https://arxiv.org/abs/1910.07467, Eq. 4): x / sqrt(mean(x^2) + eps) * g per
 token, g one gain per channel initialised to 1. The per-token cousin of PN-V,
-which takes the same quadratic mean over the batch instead of the channels."""
+which takes the same quadratic mean over the batch instead of the channels.
+
+On a GPU it runs torch's fused RMSNorm (``aten._fused_rms_norm``) where the
+installed torch has one and it matches Eq. 4 (:func:`torch_fused`, checked
+once per device and dtypes); otherwise, and on the CPU, the plugin's kernels."""
 
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import Norm
@@ -21,7 +26,45 @@ class RMSNorm(Norm):
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        return row_norm(FusedRMSNorm, x, (self._parameters["weight"],), self.eps)  # no __getattr__ call
+        weight = self._parameters["weight"]  # not nn.Module's __getattr__, a call
+        if x.is_cuda and torch_fused(x, weight):
+            return F.rms_norm(x, (self.dim,), weight, self.eps)
+        return row_norm(FusedRMSNorm, x, (weight,), self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"
+
+
+#: (device, x's dtype, the weight's dtype) -> whether torch's fused RMSNorm serves there
+_TORCH_FUSED = {}
+
+
+def torch_fused(x: Tensor, weight: Tensor) -> bool:
+    """Whether torch's fused RMSNorm serves x and weight's device and dtypes:
+    the installed torch has one, it takes them (one dtype: torch fuses no
+    mixed one), and on a probe its output (in x's dtype) and gradients match
+    Eq. 4 computed in float64 within a few roundings of x's dtype."""
+    key = (x.device, x.dtype, weight.dtype)
+    if key not in _TORCH_FUSED:
+        _TORCH_FUSED[key] = (hasattr(torch.ops.aten, "_fused_rms_norm") and x.dtype == weight.dtype
+                             and _matches(x.device, x.dtype, weight.dtype))
+    return _TORCH_FUSED[key]
+
+
+def _matches(device, dtype, weight_dtype, T=5, B=3, C=48, eps=1e-5) -> bool:
+    g = torch.Generator().manual_seed(0)
+    x64, dy64 = torch.randn(T, B, C, generator=g, dtype=torch.float64), torch.randn(T, B, C, generator=g,
+                                                                                   dtype=torch.float64)
+    w64 = 1 + 0.1 * torch.randn(C, generator=g, dtype=torch.float64)
+    x, w = x64.to(device, dtype).requires_grad_(True), w64.to(device, weight_dtype).requires_grad_(True)
+    with torch.enable_grad():
+        y = F.rms_norm(x, (C,), w, eps)
+        if y.dtype != dtype:
+            return False
+        gx, gw = torch.autograd.grad(y, (x, w), dy64.to(device, dtype))
+        xr, wr = x.detach().double().cpu().requires_grad_(True), w.detach().double().cpu().requires_grad_(True)
+        yr = xr * torch.rsqrt(xr.pow(2).mean(-1, keepdim=True) + eps) * wr  # Eq. 4
+        gxr, gwr = torch.autograd.grad(yr, (xr, wr), dy64.to(dtype).double())
+    tolerance = 8 * torch.finfo(dtype).eps
+    return all(torch.allclose(a.detach().double().cpu(), b, rtol=tolerance, atol=tolerance * b.abs().max().item())
+               for a, b in ((y, yr), (gx, gxr), (gw, gwr)))
