@@ -300,7 +300,34 @@ def bench_launches(T=512, B=8, C=512):
                 row["resident_warps"] = min(b["resident_warps"] for b in mine)
     for row in rows:  # the grid of each launch, in order
         row["programs"] = "/".join(str(v["programs"]) for v in variants.get(row["norm"], []))
+    if gpu.available():  # the busiest program against the mean, of each launch of a step at 128 x 128 x 1024
+        for row, (_, kind, options) in zip(rows, LAUNCH_ROWS):
+            ratios = list(map(sm90.balance, planned_step(kind, options, (128, 128, 1024))))
+            row["busiest_to_mean"] = round(max(ratios), 2) if ratios else None
     return rows
+
+
+def planned_step(kind, options, shape):
+    """The Triton launches of one float16 training step at ``shape`` (20% padding), planned for an H100 and
+    noted, not run (measure/sm90.py)."""
+    from powernorm_fairseq.measure import sm90
+    from powernorm_fairseq.measure.standin import MULTIPROCESSORS
+    from powernorm_fairseq.norms.kernels import gpu
+
+    T, B, C = shape
+    pad = torch.arange(T)[None, :] >= (T - (torch.rand(B, generator=torch.Generator().manual_seed(0)) * 0.4 * T)
+                                       .long())[:, None]
+    norm = build_norm(kind, C, **options).half().train()
+    x = torch.empty(T, B, C, dtype=torch.float16).requires_grad_(True)
+    gpu.stand_in(MULTIPROCESSORS)
+    try:
+        with kernels.use("triton"), sm90.recording(run=False) as launched:
+            norm(x, pad).backward(torch.empty_like(x))
+            launched.clear()
+            norm(x, pad).backward(torch.empty_like(x))
+    finally:
+        gpu.stand_in(None)
+    return launched
 
 
 # ------------------------------------------------------ 2./4. throughput, memory
@@ -699,20 +726,24 @@ def markdown(results):
                 "after the first step. Activation tensors: (N, C) tensors the kernels read or write "
                 "(LayerNorm's minimum: 5). Registers and spills: the largest over the sm_90 builds of "
                 "the kernels launched (measure/sm90.py); programs/SM: how many the grid launches per "
-                "multiprocessor; all resident: whether every kernel's registers allow that many at once.", "",
+                "multiprocessor; all resident: whether every kernel's registers allow that many at once. "
+                "Busiest / mean: the bytes the busiest program moves over the mean program's, the largest "
+                "over the launches of a step at 128 x 128 x 1024, modelled from the plans (sm90.balance).", "",
                 "| norm | launches | Triton kernels | host waits (triton / cpu) | activation tensors | "
                 "registers | spill bytes | programs/SM | all resident | resident warps/SM (least) | "
-                "programs per launch | launch target |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                "programs per launch | busiest / mean | launch target |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in results["launches"]:
             met = _met(r["launches"], r["target"])
             resident = {True: "yes", False: "**no**"}.get(r.get("all_resident"), "")
             warps = r.get("resident_warps")
             warps = "" if warps is None else f"{warps}" + (" **< 32**" if warps < 32 else "")
+            busiest = r.get("busiest_to_mean")
+            busiest = "" if busiest is None else f"{busiest}" + (" **> 2**" if busiest > 2 else "")
             out.append(f"| {r['norm']} | {r['launches']} | {r['kernels']} | {r['host_waits']} / "
                        f"{r['cpu_host_waits']} | {r['activation_tensors']} | {r.get('max_registers', '')} | "
                        f"{r.get('spill_bytes', '')} | {r.get('programs_per_sm', '')} | {resident} | {warps} | "
-                       f"{r.get('programs', '')} | {met} |")
+                       f"{r.get('programs', '')} | {busiest} | {met} |")
         out.append("")
     if "host" in results:
         out += ["### 6. Host cost of a training step of one layer, relative to `nn.LayerNorm`'s", "",

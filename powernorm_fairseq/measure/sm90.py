@@ -68,8 +68,10 @@ def recording(run: bool = True):
     def noted(kernel, grid, *args, **constexprs):
         name = getattr(kernel, "__name__", None) or kernel.fn.__name__
         programs = grid if isinstance(grid, int) else math.prod(grid)
+        fn = kernel if hasattr(kernel, "arg_names") else kernel.fn
         seen.append({"kernel": name, "args": [_describe(a) for a in args], "constexprs": constexprs,
-                     "programs": programs})
+                     "programs": programs, "grid": list(grid) if not isinstance(grid, int) else [grid],
+                     "ints": {k: a for k, a in zip(fn.arg_names, args) if type(a) is int}})
         if run:
             launch(kernel, grid, *args, **constexprs)
         else:
@@ -99,11 +101,37 @@ def activation_tensors(variant) -> int:
     return 0  # the finishing kernels read per-program sums, not activations
 
 
+#: per-program sums a finishing kernel reads per row of its part, and the columns each extra-committing
+#: last program reads and writes besides (its running buffers, nu)
+_FINISHING = {"_finish_stats": (3, 4), "_finish_backward": (5, 2), "_sum_columns": (1, 0)}
+
+
+def balance(variant) -> float:
+    """The bytes the busiest program of a launch moves over the mean
+    program's, modelled from its plan: a main kernel's programs each cover
+    ``per_prog`` rows of a chunk of columns (some past the last row cover
+    none); a finishing program adds its block of columns over the part's rows,
+    and the last to arrive of a finishing or row-backward kernel also commits
+    the buffers of every channel, or adds the programs' scalar sums."""
+    name, n, programs = variant["kernel"], variant["ints"], variant["programs"]
+    if name in _FINISHING:
+        sums, extra = _FINISHING[name]
+        rows = n.get("P", n.get("rows", 1))
+        block = variant["constexprs"]
+        mean = rows * sums * min(n["C"], block["BLOCK"]) * (2 if block.get("TWO") else 1)
+        return (mean + extra * n["C"]) / mean
+    N, C, per_prog = n["N"], n["C"], n["per_prog"]
+    width = n.get("cw", C) if name.startswith("_channel") else C
+    mean = N * C / programs  # elements a program moves, on average
+    extra = programs if name in ("_scalenorm_backward", "_dyt_backward") else 0  # the last one's scalar sums
+    return (min(per_prog, N) * width + extra) / mean
+
+
 def distinct(variants):
     """The variants with distinct descriptions (the same description always specialises alike)."""
     out = {}
     for v in variants:
-        v = {k: x for k, x in v.items() if k != "programs"}  # the grid is the launch's, not the variant's
+        v = {k: x for k, x in v.items() if k not in ("programs", "grid", "ints")}  # the launch's, not the variant's
         out.setdefault(json.dumps(v, sort_keys=True), v)
     return list(out.values())
 
