@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU checks in one call of the `device` tool (../shared/gpu/README.md),
 # within its 10-minute limit: fairseq set up there, the cuda tests, the layer
-# timings (bench/run.py --device cuda --sections layers) and a fairseq-train
-# --fp16 round at 4,096 tokens. Each step runs under what is left of the
+# timings (bench/run.py --device cuda --sections layers), the device-only time
+# of a step replayed in a CUDA graph with its host time (--sections device),
+# and a fairseq-train --fp16 round at 4,096 and 16,384 tokens. Each step runs under what is left of the
 # deadline (DEADLINE seconds, default 540, from the start); whatever it wrote
 # is copied into $OUT (default out/gpu) at the end, even after a failed or
 # stopped step, for the session to commit. Run from the repository root, with
@@ -47,5 +48,6 @@ export TRITON_INTERPRET=0
 # the C++ autograd nodes that drive the Triton passes (kernels/cpu.py builds them here, once: about a minute)
 step 120 build python -c "from powernorm_fairseq.norms.kernels import cpu; assert cpu.load(), cpu.failure"
 step 120 tests python -m pytest -q -p no:cacheprovider tests/test_kernels.py -k cuda
-step 180 layers python bench/run.py --device cuda --sections layers
-step 200 train python bench/run.py --device cuda --sections throughput --gpu-tokens 4096 --rounds 1 --updates 100
+step 150 layers python bench/run.py --device cuda --sections layers
+step 90 device python bench/run.py --device cuda --sections device
+step 180 train python bench/run.py --device cuda --sections throughput --gpu-tokens 4096,16384 --rounds 1 --updates 60

@@ -330,6 +330,74 @@ def planned_step(kind, options, shape):
     return launched
 
 
+def bench_device(shapes, dtypes, replays=50):
+    """On a GPU, per fused kind and LayerNorm: the host time of an eager
+    training step of one layer (issued, not waited for), and the device time
+    of the same step replayed in a CUDA graph, with the GB/s it moves (5 x the
+    tensor, as the layer rows count) and its share of copy bandwidth at the
+    layer's size."""
+    rows = []
+    for dtype in dtypes:
+        for T, B, C in shapes:
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(T, B, C, generator=g).to("cuda", dtype).requires_grad_(True)
+            grad = torch.randn(T, B, C, generator=g).to("cuda", dtype)
+            pad = (torch.arange(T)[None, :] >= (T - (torch.rand(B, generator=g) * 0.4 * T).long())[:, None]).cuda()
+            copy = measure_bandwidth("cuda", x.numel() * x.element_size())
+            for kind in ["ln", "pn", "pn-v", "bn", "scalenorm", "rmsnorm", "dyt"]:
+                norm = build_norm(kind, C, **layer_options(kind, C)).to("cuda", dtype).train()
+                params = [x, *norm.parameters()]
+
+                def step():
+                    return torch.autograd.grad(norm(x, pad), params, grad)
+
+                for _ in range(3):  # compiles, and the C++ node holds each variant
+                    step()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(replays):
+                    step()
+                host_us = (time.perf_counter() - start) / replays * 1e6
+                torch.cuda.synchronize()
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    step()  # a warm-up on the side stream, as capture asks
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step()
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                for _ in range(replays):
+                    graph.replay()
+                end.record()
+                torch.cuda.synchronize()
+                seconds = begin.elapsed_time(end) / 1e3 / replays
+                moved = 5 * x.numel() * x.element_size()
+                rows.append(dict(dtype=str(dtype).replace("torch.", ""), shape=f"{T}x{B}x{C}", norm=kind,
+                                 host_us=sig(host_us), device_ms=sig(seconds * 1e3), gbps=sig(moved / seconds / 1e9),
+                                 of_copy=sig(moved / seconds / copy)))
+    return rows
+
+
+def device_markdown(rows) -> list:
+    out = ["### Device-only: a training step of one layer replayed in a CUDA graph", "",
+           "Forward + backward (torch.autograd.grad), 20% padding; device ms: CUDA events over 50 replays of "
+           "the captured step; GB/s: 5 x the tensor's bytes over that time; of copy bandwidth: against a copy "
+           "of the layer's size. The target: >= 50% of copy bandwidth for every fused kind at 128x128x1024.", "",
+           "| dtype | shape | norm | device ms | GB/s | of copy bandwidth |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        share = _percent(r["of_copy"])
+        if r["shape"] == "128x128x1024" and r["norm"] != "ln":
+            share += " (met)" if r["of_copy"] >= 0.5 else " **(missed)**"
+        out.append(f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['device_ms']} | {r['gbps']} | {share} |")
+    out += ["", "Host us per eager step (issued, not waited for), the same steps:", "",
+            "| dtype | shape | norm | host us |", "|---|---|---|---|"]
+    out += [f"| {r['dtype']} | {r['shape']} | {r['norm']} | {r['host_us']} |" for r in rows]
+    return out + [""]
+
+
 # ------------------------------------------------------ 2./4. throughput, memory
 def model_flags(dims):
     layers, d, ffn, heads = dims
@@ -546,6 +614,8 @@ def gpu_markdown(results):
                 f"20% padding; median of interleaved pairs, each the mean of {GPU_CALLS} calls timed with CUDA "
                 f"events; copy bandwidth {results['copy_bandwidth_gb_s']} GB/s; bytes = 5 x tensor.", "",
                 *_layer_rows(results["layers"], 3, copy=False), ""]
+    if results.get("device"):
+        out += [_machine_line(results, "device"), "", *device_markdown(results["device"])]
     if results.get("train"):
         out += ["### 2. `fairseq-train --fp16` words/s and peak GPU memory, relative to stock "
                 "`transformer_iwslt_de_en` (pre-norm LN)", "",
@@ -646,10 +716,10 @@ def main_gpu(p, args, out):
     if not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible (torch.cuda.is_available() is False)")
     sections = set(args.sections.split(","))
-    unknown = sections - {"layers", "throughput"}
+    unknown = sections - {"layers", "throughput", "device"}
     if unknown:
         p.error(f"--sections: {', '.join(sorted(unknown))} not available with --device cuda; allowed: layers, "
-                "throughput (GPU quality runs are the recipes': scripts/train.sh and evaluate.sh)")
+                "throughput, device (GPU quality runs are the recipes': scripts/train.sh and evaluate.sh)")
     previous = out / "results-cuda.json"
     results = json.loads(previous.read_text()) if previous.exists() else {}
     for key in ("device", "torch", "triton", "cuda", "python", "date", "backend"):
@@ -660,6 +730,10 @@ def main_gpu(p, args, out):
         rows, bw = bench_layers(shapes, max(30, args.reps), dtypes, device="cuda")
         results["layers"], results["copy_bandwidth_gb_s"] = rows, round(bw / 1e9, 1)
         ran_on(results, ["layers"], gpu_machine())
+    if "device" in sections:
+        results["device"] = bench_device([(64, 64, 512), (128, 128, 1024)],
+                                         [torch.float32, torch.float16, torch.bfloat16])
+        ran_on(results, ["device"], gpu_machine())
     if "throughput" in sections:
         data = prepare(args.corpus, out / "work" / "data")
         sizes = [int(t) for t in args.gpu_tokens.split(",")]

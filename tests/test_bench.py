@@ -160,9 +160,27 @@ def test_the_gpu_script_keeps_its_deadline_and_returns_what_it_wrote(tmp_path):
                    capture_output=True, text=True, timeout=120)
     steps = (out / "steps.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in steps[:-1]] == ["== setup", "== build", "== tests", "== layers",
-                                                          "== train"], steps
+                                                          "== device", "== train"], steps
     # the limit is what the deadline left when the step started: a loaded machine may have spent a second
     assert re.fullmatch(r"== setup: exit 0 after [34] s \(limit 2[12] s\)", steps[0]), steps
-    assert all(line.endswith("s left") and "skipped" in line for line in steps[1:5]), steps  # under 20 s left
+    assert all(line.endswith("s left") and "skipped" in line for line in steps[1:6]), steps  # under 20 s left
     assert steps[-1].startswith("== total ") and int(steps[-1].split()[2]) <= 22, steps
     assert (out / "results-cuda.json").exists() and (out / "setup.log").exists()
+
+
+def test_the_device_only_table_has_the_columns_a_gpu_run_fills():
+    """bench/run.py --device cuda --sections device writes its rows under a
+    "Device-only" heading with the issue's columns, each fused kind at
+    128x128x1024 held to half the copy bandwidth (a GPU run fills it)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import run
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rows = [dict(dtype="float16", shape="128x128x1024", norm=n, host_us=30.0, device_ms=0.2, gbps=1600.0,
+                 of_copy=share) for n, share in (("ln", 0.7), ("pn", 0.55), ("bn", 0.31))]
+    text = "\n".join(run.device_markdown(rows))
+    columns = "| dtype | shape | norm | device ms | GB/s | of copy bandwidth |"
+    assert text.startswith("### Device-only") and columns in text
+    assert "| float16 | 128x128x1024 | pn | 0.2 | 1600.0 | 55% (met) |" in text, text
+    assert "| bn | 0.2 | 1600.0 | 31% **(missed)** |" in text and "| ln | 0.2 | 1600.0 | 70% |" in text
