@@ -133,6 +133,50 @@ def test_half_precision_is_within_the_plain_paths_own_error(kind, options, dtype
             assert err_fast <= 1.5 * err_plain + 2 * unit, (step, i, err_fast, err_plain)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available() or gpu.interpreting(),
+                    reason="the compiled kernels on a GPU: run `TRITON_INTERPRET=0 pytest -k cuda` on a GPU machine")
+@pytest.mark.parametrize("kind", ["pn", "bn", "scalenorm", "dyt"])
+def test_the_cuda_node_launches_on_the_current_stream_graph_and_device(kind):
+    """The C++ node launches on torch's current stream: a step on a side
+    stream, and one captured in a CUDA graph and replayed, give the default
+    stream's eager step bit for bit; so does a step on a second device, where
+    one is visible (each device's variants held apart)."""
+    import copy
+
+    def step(norm, device):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(T, B, C, generator=g).to(device).requires_grad_(True)
+        pad = (torch.arange(T)[None, :] >= (T - 2 * (torch.arange(B) % 3))[:, None]).to(device)
+        dy = torch.randn(T, B, C, generator=g).to(device)
+        return lambda: (norm(x, pad), *torch.autograd.grad(norm(x, pad), [x, *norm.parameters()], dy))
+
+    base = build_norm(kind, C).train()
+    with kernels.use("triton"):
+        for _ in range(2):  # the variants compiled and held
+            step(copy.deepcopy(base).cuda(), "cuda")()
+        eager = step(copy.deepcopy(base).cuda(), "cuda")()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = step(copy.deepcopy(base).cuda(), "cuda")()
+        torch.cuda.current_stream().wait_stream(side)
+        norm = copy.deepcopy(base).cuda()
+        run = step(norm, "cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = run()
+        for name, buf in norm.named_buffers():  # the replay starts where the eager step did
+            buf.copy_(dict(base.named_buffers())[name])
+        graph.replay()
+        torch.cuda.synchronize()
+        for got in (on_side, captured):
+            assert all(torch.equal(a, b) for a, b in zip(eager, got)), kind
+        if torch.cuda.device_count() > 1:
+            on_second = step(copy.deepcopy(base).to("cuda:1"), "cuda:1")()
+            assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(eager, on_second)), kind
+
+
 @pytest.mark.slow  # Triton's driver starts processes (ldconfig, the compiler) on first use
 @pytest.mark.skipif(not torch.cuda.is_available() or gpu.interpreting(),
                     reason="the compiled kernels on a GPU: run `TRITON_INTERPRET=0 pytest -k cuda` on a GPU machine")
