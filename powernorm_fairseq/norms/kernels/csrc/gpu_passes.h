@@ -257,15 +257,20 @@ void run_rows(int kernel, const RowPlan& p, const launch::Target& to, Args& a, s
   launch::run(kernel, {p.progs, 1, 1}, a.list, p.constexprs, to);
 }
 
-std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
+// ScaleNorm's and RMSNorm's forward (``kernel``): {y, the per-row statistic, the backward's ticket past it}
+std::vector<Tensor> statistic_forward(int kernel, const Tensor& x, const Tensor& param, double eps) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const RowPlan p = row_plan(SN_FWD, x, to);
-  Tensor y = empty(x.sizes(), x), norms = empty({p.N + 1}, p.acc, x);
+  const RowPlan p = row_plan(kernel, x, to);
+  Tensor y = empty(x.sizes(), x), statistic = empty({p.N + 1}, p.acc, x);
   Args a{to};
-  a.ptr(x), a.ptr(scale), a.ptr(y), a.ptr(norms);
-  run_rows(SN_FWD, p, to, a, eps);
-  return {y, norms};
+  a.ptr(x), a.ptr(param), a.ptr(y), a.ptr(statistic);
+  run_rows(kernel, p, to, a, eps);
+  return {y, statistic};
+}
+
+std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
+  return statistic_forward(SN_FWD, x, scale, eps);
 }
 
 std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& grad_y,
@@ -283,14 +288,7 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
 }
 
 std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps) {
-  const launch::Target to = launch::target_of(x);
-  const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const RowPlan p = row_plan(RMS_FWD, x, to);
-  Tensor y = empty(x.sizes(), x), rstd = empty({p.N + 1}, p.acc, x);
-  Args a{to};
-  a.ptr(x), a.ptr(weight), a.ptr(y), a.ptr(rstd);
-  run_rows(RMS_FWD, p, to, a, eps);
-  return {y, rstd};
+  return statistic_forward(RMS_FWD, x, weight, eps);
 }
 
 std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& grad_y,
