@@ -394,8 +394,6 @@ def test_a_model_archive_loads_and_is_left_in_place(toy_data, trained, tmp_path)
 READS_ELSEWHERE_CHECKED = {
     ("powernorm_fairseq/norms/kernels/cpu.py", "source_digest"): "the package's own C++ source",
     ("powernorm_fairseq/norms/kernels/cpu.py", "installed"): "/proc/cpuinfo",
-    ("powernorm_fairseq/norms/kernels/cpu.py", "build_directory"): "the package's own C++ source",
-    ("powernorm_fairseq/measure/sm90.py", "<module>"): "a JSON file the measurement writes for its own subprocess",
     ("powernorm_fairseq/patches/savedir.py", "saved_updates"):
         "called by newest_complete on each checkpoint after check_regular_file",
 }
