@@ -130,7 +130,7 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
 def _backward_pass(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
                    want_gx, want_sums):
     """:func:`backward`'s pass, absent tensors None both ways."""
-    x, plan = _planned("_channel_backward", x, mask, groups, not want_gx, want_gx, want_sums, 5,
+    x, plan = _planned("_channel_backward", x, mask, groups, False, want_gx, want_sums, 5,
                        ("HAS_MEAN", mean is not None, "HAS_A", A is not None, "HAS_B", B is not None,
                         "CORRECT_PADS", correct_pads, "WANT_GX", want_gx, "WANT_SUMS", want_sums))
     none, dev = plan.nothing, x.device

@@ -117,7 +117,7 @@ def _layout(x, groups, kernel, tall=False):
     if block_c > WIDEST_GROUP:
         block_c = SUB_CHUNK
     chunks = _cdiv(C, cw)
-    # a pass that writes nothing row-sized (statistics only) holds fewer live
+    # the forward's statistics pass (it writes nothing row-sized) holds fewer live
     # tiles and takes them twice as tall (some shorter ones spill on sm_90), but for a wide group's blocks
     block_n = max(1, min(32, (2 if tall and block_c >= cw else 1) * TILE // block_c))
     # as many row programs as are resident at once, whatever N (those past the last row sum nothing), and more

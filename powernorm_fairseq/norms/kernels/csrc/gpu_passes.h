@@ -180,7 +180,7 @@ std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& 
                              bool want_gx, bool want_sums) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const ChannelPlan p = channel_plan(CH_BWD, x, mask, groups, !want_gx, to);
+  const ChannelPlan p = channel_plan(CH_BWD, x, mask, groups, /*tall=*/false, to);  // its sums pass spills when taller
   const auto acc = acc_of(x);
   const bool wide = p.constexprs[3] != 0;
   Tensor gx = want_gx ? empty(x.sizes(), x) : Tensor();
