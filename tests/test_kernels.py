@@ -77,6 +77,20 @@ def scaled_error(got, want):
     return float((got.double() - want).abs().max() / want.abs().max().clamp(min=1e-30))
 
 
+@pytest.mark.parametrize("kind", ["rmsnorm", "dyt"])
+def test_the_row_parameter_sums_are_the_same_in_the_kernel_or_a_launch_of_their_own(kind, monkeypatch):
+    """A row backward's parameter sums, added by its last program (few
+    programs) or by _sum_columns over channel blocks (many): the same numbers
+    as the plain path's, in float64, either way."""
+    backend_or_fail("triton")
+    exact = steps(kind, {}, "plain", torch.float64, n=2)
+    for here in (True, False):
+        monkeypatch.setattr(gpu, "_sums_here", lambda progs, shape: here)
+        fast = steps(kind, {}, "triton", torch.float64, n=2)
+        for e, f in zip(exact, fast):
+            assert all(scaled_error(u, v) < 1e-12 for u, v in zip(f, e)), (kind, here)
+
+
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
 @pytest.mark.parametrize("kind, options", KINDS, ids=IDS)
 def test_backends_match_the_plain_path_in_float32(backend, kind, options):

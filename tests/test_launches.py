@@ -496,8 +496,11 @@ def test_the_nodes_send_a_gpu_what_triton_s_own_launch_sends():
               ("pn", {}, "float32", "batch_first", (5, 1, C)), ("dyt", {}, "bfloat16", "batch_first", shape),
               ("scalenorm", {}, "float32", "contiguous", (3, 2, 40)), ("bn", {}, "float32", "contiguous", (3, 2, 40)),
               ("pn", {"layer_scale": True, "groups": 1}, "float32", "batch_first", (3, 2, 2048)),
-              ("rmsnorm", {}, "float32", "batch_first", (2, 2, 4096))]
-    targets = [t for *_, t in TARGETS] + [4, 4, 4, 4, 6, 6, 3, 3, 3, 4, 4, 3, 2, 6, 4, 3]
+              ("rmsnorm", {}, "float32", "batch_first", (2, 2, 4096)),
+              # many programs: the parameters' sums in a launch of their own (gpu._sums_here)
+              ("rmsnorm", {}, "float16", "batch_first", (256, 16, 64)),
+              ("dyt", {}, "float32", "contiguous", (256, 16, 64))]
+    targets = [t for *_, t in TARGETS] + [4, 4, 4, 4, 6, 6, 3, 3, 3, 4, 4, 3, 2, 6, 4, 3, 3, 3]
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # Triton's own kernel cache: bench/run.py's host section shares it
     proc = subprocess.run([sys.executable, "-c", STAND_IN, json.dumps(cases)], capture_output=True, text=True,
                           env=env, timeout=900)
@@ -513,6 +516,7 @@ def test_the_nodes_send_a_gpu_what_triton_s_own_launch_sends():
             assert launch["params"] == len(launch["sizes"]) > 0 and len(launch["data"]) == 2 * sum(launch["sizes"])
         first = bytes.fromhex(got["cxx"][0]["data"])
         assert int.from_bytes(first[:8], "little") == got["x"], case  # the main kernel reads x where it lies
+    assert {launch["kernel"] for got in json.loads(proc.stdout) for launch in got["cxx"]} >= {"_sum_columns"}
     misaligned = [got for case, got in zip(cases, json.loads(proc.stdout)) if case[3] == "misaligned"]
     aligned = [got for case, got in zip(cases, json.loads(proc.stdout)) if case[3] == "batch_first"]
     # a misaligned x selects a variant of its own (another function) where an aligned one of its kind had one

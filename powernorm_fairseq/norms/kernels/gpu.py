@@ -231,14 +231,23 @@ def rmsnorm_forward(x, weight, eps):
 
 
 def rmsnorm_backward(x, rstd, grad_y, weight):
-    """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, each
-    program's sums added over channel blocks in a fixed order (``_sum_columns``)."""
+    """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, the
+    programs' sums added in a fixed order (``_sums_here``)."""
     x, N, C, progs, shape, constexprs, acc = _row_plan(_rmsnorm_backward, x)
     gx, grad_w = x.new_empty(N, C), torch.empty_like(weight)
     part = torch.empty(progs, C, dtype=acc, device=x.device)  # a program's sums of dy x r
-    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, *shape, **constexprs)
-    _sum_columns_of(part, grad_w, None, progs, C)
+    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:], *shape,
+            SUM_HERE=_sums_here(progs, shape), **constexprs)
+    if not _sums_here(progs, shape):
+        _sum_columns_of(part, grad_w, None, progs, C)
     return gx, grad_w
+
+
+def _sums_here(progs, shape) -> bool:
+    """Whether a row backward's last program adds the programs' parameter sums itself: where those (P x C)
+    are at most what each program moves (3 x its rows x C), so that it does at most twice the mean's
+    work; else a launch of their own does, over channel blocks (``_sum_columns``)."""
+    return progs <= 3 * shape[-1]
 
 
 def _sum_columns_of(part, out, out2, rows, C):
@@ -263,8 +272,10 @@ def dyt_backward(x, grad_y, alpha, weight, ticket):
     gx, grad_alpha = x.new_empty(N, C), torch.empty_like(alpha)
     grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
     part = torch.empty(progs * (2 * C + 1), dtype=acc, device=x.device)  # a program's sums (the kernel's doc)
-    _launch(_dyt_backward, (progs,), x, grad_y, alpha, weight, gx, grad_alpha, part, ticket, *shape, **constexprs)
-    _sum_columns_of(part, grad_w, grad_b, progs, C)
+    _launch(_dyt_backward, (progs,), x, grad_y, alpha, weight, gx, grad_alpha, grad_w, grad_b, part, ticket, *shape,
+            SUM_HERE=_sums_here(progs, shape), **constexprs)
+    if not _sums_here(progs, shape):
+        _sum_columns_of(part, grad_w, grad_b, progs, C)
     return gx, grad_alpha, grad_w, grad_b
 
 

@@ -120,10 +120,12 @@ if triton is not None:
                 tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
-                          WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
+                          WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_C: tl.constexpr):
         """dL/dw's per-program sums stay in registers, or with WIDE in the
-        program's row of PART, added to block by block; _sum_columns adds the rows."""
+        program's row of PART, added to block by block; the rows are added by
+        the last program to arrive (SUM_HERE: few programs) or by _sum_columns."""
         cols = tl.arange(0, BLOCK_C)
         part = PART + tl.program_id(0).to(tl.int64) * C
         w = _f(tl.load(W + cols, mask=cols < C, other=0.0), F64)
@@ -160,6 +162,9 @@ if triton is not None:
                     gw += tl.sum(gy * xr, axis=0)
         if not WIDE:
             tl.store(part + cols, gw, mask=cols < C)
+        if SUM_HERE:
+            if _last_to_arrive(TICKET):  # dL/dw: the programs' sums, in a fixed order
+                _sum_parts(PART, GW, C, cols, BLOCK_C)
 
     @triton.jit
     def _tanh(u):
@@ -192,12 +197,13 @@ if triton is not None:
                 tl.store(Y + at, (_tanh(a * x) * w[None, :] + b[None, :]).to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _dyt_backward(X, GY, ALPHA, W, GX, GA, PART, TICKET, N, C, XB, XST, XSB, per_prog,
-                      F64: tl.constexpr, WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _dyt_backward(X, GY, ALPHA, W, GX, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
+                      F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_C: tl.constexpr):
         """dL/dx = alpha d, d = dy w (1 - t^2), t = tanh(alpha x). Each program's sums go to PART: dy t
         (dL/dw) in its row of a (P, C) block, dy (dL/db) in a second, d x (dL/dalpha) in a (P,) one; in
         registers, or with WIDE in PART itself, added to block by block (as _rmsnorm_backward's). The last
-        program adds dL/dalpha's P sums; _sum_columns adds the two blocks."""
+        program adds dL/dalpha's P sums, and the two blocks' (SUM_HERE) or leaves them to _sum_columns."""
         cols = tl.arange(0, BLOCK_C)
         P = tl.num_programs(0)
         pid = tl.program_id(0).to(tl.int64)
@@ -232,7 +238,10 @@ if triton is not None:
             tl.store(pw + cols, gw, mask=cols < C)
             tl.store(pb + cols, gb, mask=cols < C)
         tl.store(PART + 2 * P * C + pid, tl.sum(ga, axis=0))
-        if _last_to_arrive(TICKET):  # dL/dalpha: the programs' sums, in a fixed order
+        if _last_to_arrive(TICKET):  # the programs' sums, in a fixed order
+            if SUM_HERE:
+                _sum_parts(PART, GW, C, cols, BLOCK_C)
+                _sum_parts(PART + P * C, GB, C, cols, BLOCK_C)
             _sum_parts(PART + 2 * P * C, GA, 1, tl.arange(0, 1), 1)
 
     @triton.jit(do_not_specialize=["P"])

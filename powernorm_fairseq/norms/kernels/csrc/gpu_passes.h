@@ -34,7 +34,7 @@ const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
             {"WANT_SUMS", true}}, common),
       V{{"MODE", false}, {"CENTER", true}, {"HAS_NU", true}, {"BLOCK_R", false}, {"BLOCK", false},
         {"num_warps", false}, {"maxnreg", false}},
-      rows, rows, rows, rows, rows, rows, V{{"TWO", true}, {"BLOCK_R", false}, {"BLOCK", false}, {"num_warps", false},
+      rows, rows, rows, with({{"SUM_HERE", true}}, rows), rows, with({{"SUM_HERE", true}}, rows), V{{"TWO", true}, {"BLOCK_R", false}, {"BLOCK", false}, {"num_warps", false},
                                        {"maxnreg", false}}};
   return all[kernel];
 }
@@ -250,11 +250,15 @@ void sum_columns(const Tensor& part, const Tensor& out, const Tensor& out2, int6
                registers(SUM_COLS, part.scalar_type() == at::kDouble)}, to);
 }
 
-// the launch of a row kernel: its tensors, then the plan's integers and any scalar
-void run_rows(int kernel, const RowPlan& p, const launch::Target& to, Args& a, std::optional<double> scalar) {
+// gpu._sums_here: whether a row backward's last program adds the programs' parameter sums itself
+bool sums_here(const RowPlan& p) { return p.progs <= 3 * p.shape[5]; }
+
+// the launch of a row kernel: its tensors, then the plan's integers and any scalar (and SUM_HERE's value)
+void run_rows(int kernel, const RowPlan& p, const launch::Target& to, Args& a, std::optional<double> scalar,
+              std::optional<bool> sum_here = std::nullopt) {
   for (int64_t s : p.shape) a.i(s);
   if (scalar) a.f(*scalar);
-  launch::run(kernel, {p.progs, 1, 1}, a.list, p.constexprs, to);
+  launch::run(kernel, {p.progs, 1, 1}, a.list, sum_here ? joined({*sum_here}, p.constexprs) : p.constexprs, to);
 }
 
 // ScaleNorm's and RMSNorm's forward (``kernel``): {y, the per-row statistic, the backward's ticket past it}
@@ -299,9 +303,10 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
   Tensor gx = empty(x.sizes(), x), grad_w = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs, p.C}, p.acc, x);
   Args a{to};
-  a.ptr(x), a.ptr(rstd), a.ptr(grad_y), a.ptr(weight), a.ptr(gx), a.ptr(part);
-  run_rows(RMS_BWD, p, to, a, std::nullopt);
-  sum_columns(part, grad_w, Tensor(), p.progs, p.C, to);
+  a.ptr(x), a.ptr(rstd), a.ptr(grad_y), a.ptr(weight), a.ptr(gx), a.ptr(part), a.ptr(grad_w), a.ptr(rstd, p.N);
+  const bool here = sums_here(p);
+  run_rows(RMS_BWD, p, to, a, std::nullopt, here);
+  if (!here) sum_columns(part, grad_w, Tensor(), p.progs, p.C, to);
   return {gx, grad_w};
 }
 
@@ -325,9 +330,11 @@ std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Te
   Tensor grad_w = empty(weight.sizes(), weight), grad_b = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs * (2 * p.C + 1)}, p.acc, x);
   Args a{to};
-  a.ptr(x), a.ptr(grad_y), a.ptr(alpha), a.ptr(weight), a.ptr(gx), a.ptr(grad_alpha), a.ptr(part), a.ptr(ticket);
-  run_rows(DYT_BWD, p, to, a, std::nullopt);
-  sum_columns(part, grad_w, grad_b, p.progs, p.C, to);
+  a.ptr(x), a.ptr(grad_y), a.ptr(alpha), a.ptr(weight), a.ptr(gx), a.ptr(grad_alpha), a.ptr(grad_w), a.ptr(grad_b);
+  a.ptr(part), a.ptr(ticket);
+  const bool here = sums_here(p);
+  run_rows(DYT_BWD, p, to, a, std::nullopt, here);
+  if (!here) sum_columns(part, grad_w, grad_b, p.progs, p.C, to);
   return {gx, grad_alpha, grad_w, grad_b};
 }
 
