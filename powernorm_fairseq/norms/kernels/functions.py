@@ -80,11 +80,12 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     Where nothing observes the call (``ops.observed``) and no workers
     synchronise, the step is one C++ autograd node (``csrc/steps.h``,
     ChannelStep) that makes :class:`FusedChannelNorm`'s calls: the same passes
-    in the same order, the CPU kernels' own or the Triton kernels' (gpu.py's
-    DIRECT, bound into the node once), with one call from Python each way
-    and no autograd code in Python (the host code between the kernels took
-    longer than the kernels of a small layer). Without the compiled module
-    (no compiler), :class:`FusedChannelNorm` calls the passes directly."""
+    in the same order, the CPU kernels' own or the Triton path's, planned and
+    launched by the node itself (``csrc/gpu_passes.h``; gpu.py's DIRECT, bound
+    once, where launches are watched), with one call from Python each way and
+    no Python in between (the host code between the kernels took longer than
+    the kernels of a small layer). Without the compiled module (no
+    compiler), :class:`FusedChannelNorm` calls the passes directly."""
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
     if replay:
