@@ -18,7 +18,7 @@ import torch
 
 from . import contract
 from .contract import Mode, Update
-# each launch: through Triton's JIT once per variant, then its compiled kernel, held (launcher.py)
+# each launch of the Python passes: through Triton's JIT (launcher.py); the C++ nodes hold the variants
 from .launcher import OBSERVERS, observed  # noqa: F401 (the measuring tools' hooks)
 from .launcher import launch as _launch
 from .plans import (MAX_ROWS, PROGRAMS_PER_SM, REGISTERS_PER_SM, ROW_TICKET, SUB_CHUNK, TICKET_ROWS,  # noqa: F401
