@@ -348,3 +348,12 @@ def test_the_study_is_a_package_of_small_files():
     lines = {p.name: len(p.read_text().splitlines()) for p in files}
     assert {"grid.py", "cell.py", "launchers.py", "slurm.py", "statistics.py", "report.py"} <= set(lines)
     assert max(lines.values()) <= 300, lines
+
+
+def test_no_file_of_the_kernels_exceeds_600_lines():
+    """The kernels, their plans, launchers and nodes, Python and C++, each in a file small enough to read."""
+    files = [p for p in (ROOT / "powernorm_fairseq" / "norms" / "kernels").rglob("*")
+             if p.suffix in (".py", ".cpp", ".h", ".c")]
+    assert len(files) > 10
+    long = {p.name: n for p in files if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long
