@@ -236,9 +236,10 @@ def rmsnorm_backward(x, rstd, grad_y, weight):
     x, N, C, progs, shape, constexprs, acc = _row_plan(_rmsnorm_backward, x)
     gx, grad_w = x.new_empty(N, C), torch.empty_like(weight)
     part = torch.empty(progs, C, dtype=acc, device=x.device)  # a program's sums of dy x r
+    here = _sums_here(progs, shape)
     _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:], *shape,
-            SUM_HERE=_sums_here(progs, shape), **constexprs)
-    if not _sums_here(progs, shape):
+            SUM_HERE=here, **constexprs)
+    if not here:
         _sum_columns_of(part, grad_w, None, progs, C)
     return gx, grad_w
 
@@ -272,9 +273,10 @@ def dyt_backward(x, grad_y, alpha, weight, ticket):
     gx, grad_alpha = x.new_empty(N, C), torch.empty_like(alpha)
     grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
     part = torch.empty(progs * (2 * C + 1), dtype=acc, device=x.device)  # a program's sums (the kernel's doc)
+    here = _sums_here(progs, shape)
     _launch(_dyt_backward, (progs,), x, grad_y, alpha, weight, gx, grad_alpha, grad_w, grad_b, part, ticket, *shape,
-            SUM_HERE=_sums_here(progs, shape), **constexprs)
-    if not _sums_here(progs, shape):
+            SUM_HERE=here, **constexprs)
+    if not here:
         _sum_columns_of(part, grad_w, grad_b, progs, C)
     return gx, grad_alpha, grad_w, grad_b
 
