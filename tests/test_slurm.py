@@ -38,7 +38,7 @@ def cluster(tmp_path_factory):
 
 def slurm_args(monkeypatch, argv):
     """The study's checked flags with ``--launcher slurm``, as on a machine of a cluster (its client on PATH)."""
-    from powernorm_fairseq.cli.study import slurm as launcher
+    from powernorm_fairseq.cli import slurm as launcher
     from powernorm_fairseq.cli.study.options import check, parse_args, parser
 
     monkeypatch.setattr(launcher.shutil, "which", lambda tool: f"/usr/bin/{tool}")
@@ -68,7 +68,7 @@ def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_pat
             (["--gpus-per-cell", "2"], None, "--gpus-per-cell: a --launcher slurm flag"),
             (["--launcher", "slurm", "--jobs", "2"], None, "--jobs: the local launcher's; --launcher slurm submits"),
             (["--launcher", "slurm", "--print-commands"], None, "--print-commands: the local launcher's"),
-            (["--launcher", "slurm"], str(tmp_path), "--launcher slurm: no sbatch here; run the study on a machine "
+            (["--launcher", "slurm"], str(tmp_path), "--launcher slurm: no sbatch here; run this on a machine "
              "of the cluster, or use --launcher local"),
             # SLURM warns a job 90 s before its limit: a 1-minute job would be warned at its start, and requeued
             (["--launcher", "slurm", "--timeout-min", "1"], None, "--timeout-min must be >= 2, got 1")):
@@ -81,22 +81,22 @@ def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_pat
         assert end.value.code == 2 and len(error) == 1 and message in error[0], error
         assert not out.exists()
     # what the launcher reads from OUT: a job list it cannot read, and an OUT/slurm others could plant code in
-    from powernorm_fairseq.cli.study import slurm as launcher
-    from powernorm_fairseq.cli.study.grid import StudyError
+    from powernorm_fairseq.cli import slurm as launcher
+    from powernorm_fairseq.cli.slurm import SlurmError
 
     out.mkdir()
     (out / "jobs.json").write_text('{"a": ')
-    with pytest.raises(StudyError, match=f"^{out}/jobs.json: not the job list this launcher writes"):
-        launcher._read_jobs(out)
+    with pytest.raises(SlurmError, match=f"^{out}/jobs.json: not the job list this launcher writes"):
+        launcher.read_jobs(out)
     (out / "slurm").mkdir(mode=0o777)
     os.chmod(out / "slurm", 0o777)
-    with pytest.raises(StudyError, match=r"slurm: writable by others \(mode 777\): submitit runs what OUT/slurm holds"):
-        launcher._private(out / "slurm")
+    with pytest.raises(SlurmError, match=r"slurm: writable by others \(mode 777\): submitit runs what OUT/slurm holds"):
+        launcher.private(out / "slurm")
     os.chmod(out / "slurm", 0o755)
     (out / "slurm" / "x_submitted.pkl").write_bytes(b"")
     os.chmod(out / "slurm" / "x_submitted.pkl", 0o666)
-    with pytest.raises(StudyError, match="x_submitted.pkl: writable by others"):
-        launcher._private(out / "slurm")
+    with pytest.raises(SlurmError, match="x_submitted.pkl: writable by others"):
+        launcher.private(out / "slurm")
     shutil.rmtree(out)
     # N > 1 GPUs: fairseq's data-parallel training in the cell, its batch statistics over every worker's batch
     args = slurm_args(monkeypatch, [*base, "--gpus-per-cell", "2"])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ...common.errors import PowerNormConfigError
 from ...common.files import atomic_path, end_cleanly_on_sigterm
+from ..slurm import SlurmError
 from . import launchers
 from .cell import quiet
 from .figures import figures
@@ -32,7 +33,7 @@ def main(argv=None):
         rest = "the same command resumes the rest" if args.launcher == "local" else \
             "the cells on the cluster go on, and the same command waits for them again"
         p.exit(130, f"{p.prog}: interrupted; the finished cells are kept, and {rest}\n")
-    except (StudyError, PowerNormConfigError) as err:
+    except (StudyError, SlurmError, PowerNormConfigError) as err:
         p.error(str(err))
 
 

@@ -1,0 +1,215 @@
+"""SLURM through submitit, for every launcher of the plugin (the study's
+cells, the paper's runs): submission, the jobs' state, the requeue of a
+pre-empted job, and ``OUT/jobs.json``.
+
+A launcher keeps its job ids in ``OUT/jobs.json`` and submitit's job scripts,
+pickles and logs in ``OUT/slurm/``. Before submitting, it asks the cluster
+(:func:`live`) which of its jobs are pending or running, and submits only what
+is neither running nor finished, under :func:`locked` so that two reruns never
+submit the same work twice. A job that reaches its time limit or is
+pre-empted gets submitit's signal, requeues itself and resumes from its
+checkpoint (:class:`Resumable`).
+"""
+
+import fcntl
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager, redirect_stderr
+from pathlib import Path
+
+import submitit
+from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+from ..common.files import atomic_path
+
+#: what a launcher needs of SLURM's client on this machine
+TOOLS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
+POLL = (2.0, 30.0)  # seconds between two looks at the queue: the first, and the most it grows to
+
+
+class SlurmError(ValueError):
+    """What the cluster refused, or a launcher's state it cannot use; one line."""
+
+
+class Resumable(submitit.helpers.Checkpointable):
+    """A job that resumes from ``checkpoint`` (its ``checkpoint_last.pt``) when
+    requeued. SLURM signals a job 90 s before its time limit (submitit's
+    ``--signal=USR2@90``), and a pre-empting scheduler may too: submitit then
+    calls :meth:`checkpoint` in the job's first task, which requeues the job
+    with the same arguments. A job that timed out without saving a checkpoint
+    since it started ends instead of requeuing for ever."""
+
+    def started(self, checkpoint, timeout_min):
+        self._started, self._checkpoint, self._timeout_min = time.time(), Path(checkpoint), timeout_min
+        self._mark = _mark(self._checkpoint)
+
+    def requeue(self, name) -> bool:
+        """Whether to requeue; says why not, naming the job ``name``."""
+        timed_out = time.time() - self._started >= 0.8 * self._timeout_min * 60  # else a pre-emption
+        if timed_out and _mark(self._checkpoint) == self._mark:
+            print(f"{name}: no checkpoint saved in the {self._timeout_min} minutes this job had; not requeued "
+                  "(give a longer --timeout-min)", file=sys.stderr)
+            return False
+        return True
+
+    def seconds(self):
+        return time.time() - self._started
+
+
+def _mark(path):
+    return path.stat().st_mtime_ns if path.exists() else None
+
+
+def check_tools(p):
+    """``p.error`` in one line where this machine has no SLURM client."""
+    missing = next((tool for tool in TOOLS if not shutil.which(tool)), None)
+    if missing:
+        p.error(f"--launcher slurm: no {missing} here; run this on a machine of the cluster, or use "
+                "--launcher local")
+
+
+def submit(folder, params, calls, what):
+    """Submit each ``(function, args)`` of ``calls`` as a job with submitit's
+    SLURM ``params`` (one job array when ``params`` has ``array_parallelism``);
+    their job ids. What sbatch refuses raises one line naming ``what``, and
+    leaves nothing behind in ``folder``."""
+    if not calls:
+        return []
+    # requeues after a time limit: as many as it takes, while the job saves checkpoints (Resumable)
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=1000)
+    executor.update_parameters(**params)
+    made = not executor.folder.exists()
+    executor.folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(executor.folder, executor.folder.stat().st_mode & ~0o022)  # its pickles run in the jobs: ours alone
+    before = set(executor.folder.iterdir())
+    # what submitit writes here, and (SLURM passes sbatch's umask on) what the jobs write: no one else's to change
+    umask = os.umask(0o022)
+    os.umask(umask | 0o022)
+    try:
+        with redirect_stderr(io.StringIO()):  # submitit prints sbatch's refusal; we say it once
+            if "array_parallelism" in params:
+                with executor.batch():
+                    jobs = [executor.submit(fn, *args) for fn, args in calls]
+            else:
+                jobs = [executor.submit(fn, *args) for fn, args in calls]
+    except (FailedJobError, FailedSubmissionError, subprocess.SubprocessError, OSError) as err:
+        for path in set(executor.folder.iterdir()) - before:  # the refused submission's script and pickles
+            path.unlink()
+        if made and not any(executor.folder.iterdir()):
+            executor.folder.rmdir()
+        lines = [x for x in str(err).splitlines() if "error" in x.lower()] or str(err).splitlines() or [""]
+        why = lines[-1].strip().removeprefix("sbatch: error: ")
+        raise SlurmError(f"--launcher slurm: sbatch refused {what}: {why}") from None
+    finally:
+        os.umask(umask)
+    return [job.job_id for job in jobs]
+
+
+def live():
+    """{job id: state} of this user's pending and running jobs, array tasks one by one."""
+    try:
+        out = subprocess.run(["squeue", "--me", "--array", "--noheader", "--format", "%i|%T"], capture_output=True,
+                             text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SlurmError(f"--launcher slurm: squeue did not answer ({err}); is this a machine of the cluster?") \
+            from None
+    if out.returncode:
+        raise SlurmError(f"--launcher slurm: squeue: {out.stderr.strip() or out.returncode}")
+    return dict(line.split("|", 1) for line in out.stdout.split())
+
+
+def state(job_id):
+    """A job's state as ``scontrol`` has it (COMPLETED, FAILED, CANCELLED, ...), or "ended" once forgotten."""
+    out = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True)
+    return next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("JobState=")), "ended")
+
+
+def cancel(job_id):
+    subprocess.run(["scancel", job_id], capture_output=True)
+
+
+def log(folder, job_id):
+    """The stderr log submitit keeps for the job (its first task)."""
+    return submitit.SlurmJob(folder=folder, job_id=job_id).paths.stderr
+
+
+def tail(path, size=4096) -> str:
+    """The end of a text file, or "" for anything else (a FIFO is never opened)."""
+    try:
+        if not Path(path).is_file():
+            return ""
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def last_line(path) -> str:
+    lines = [x.strip() for x in tail(path).splitlines() if x.strip()]
+    return lines[-1] if lines else ""
+
+
+def private(folder):
+    """Refuse an OUT/slurm that another user can write: submitit runs its
+    ``*_submitted.pkl`` inside the jobs, so what is there is code."""
+    code = [p for p in folder.iterdir() if p.suffix in (".pkl", ".sh")] if folder.is_dir() else []
+    for path in [folder] * folder.is_dir() + code:
+        owner, st = path.lstat().st_uid, path.stat()  # a link: its own owner, its target's mode
+        if owner != os.getuid() or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            who = "another user's" if os.getuid() not in (owner, st.st_uid) or owner != st.st_uid \
+                else f"writable by others (mode {st.st_mode & 0o777:o})"
+            raise SlurmError(f"{path}: {who}: submitit runs what OUT/slurm holds inside the jobs, so it must be "
+                             f"yours alone (chmod go-w), or give another --out")
+
+
+def _job_ids(value):
+    return isinstance(value, str) or isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def read_jobs(out):
+    """``OUT/jobs.json``: {name: job id, or {step: job id}}; {} before the first submission."""
+    path = Path(out, "jobs.json")
+    if not path.exists():
+        return {}
+    try:
+        jobs = json.loads(path.read_text()) if path.is_file() else None
+        if isinstance(jobs, dict) and all(isinstance(k, str) and _job_ids(v) for k, v in jobs.items()):
+            return jobs
+    except (OSError, ValueError):
+        pass
+    raise SlurmError(f"{path}: not the job list this launcher writes (corrupt?); its jobs may still run: check "
+                     "squeue, then remove the file and rerun (finished work is kept)")
+
+
+def write_jobs(out, jobs):
+    with atomic_path(Path(out, "jobs.json")) as tmp:
+        Path(tmp).write_text(json.dumps(jobs, indent=1))
+
+
+@contextmanager
+def locked(out):
+    """One submission at a time per OUT: two runs would both find work
+    unsubmitted. The lock is OUT itself, so that nothing is left behind."""
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def polls():
+    """Sleep between looks at the queue, longer while nothing changes: ``delay = polls(); delay(changed)``."""
+    state = {"delay": POLL[0]}
+
+    def wait(changed):
+        state["delay"] = POLL[0] if changed else min(POLL[1], state["delay"] * 1.5)
+        time.sleep(state["delay"])
+    return wait
