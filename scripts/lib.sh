@@ -114,37 +114,54 @@ parse_options() {
 }
 
 # parse_run_options ARGS...: the options both training scripts take (see their
-# usage), into DATASET, DATA, NORM, PLACEMENT, SEED, GPUS, UPDATE_FREQ,
-# SAVE_DIR, DRY_RUN and EXTRA (what follows --), and --verbose into VERBOSE;
+# usage), into DATASET, DATA, NORM, PLACEMENT, QK_NORM, SEED, GPUS, WORLD_SIZE,
+# UPDATE_FREQ, SAVE_DIR, DRY_RUN and EXTRA (what follows --), and --verbose into VERBOSE;
 # OPTIONS, which the caller declares, adds its own (parse_options)
 parse_run_options() {
   OPTIONS+=([--config]=_CONFIG [--dataset]=DATASET [--data]=DATA [--norm]=NORM [--placement]=PLACEMENT
-            [--seed]=SEED [--gpus]=GPUS [--update-freq]=UPDATE_FREQ [--save-dir]=SAVE_DIR [--dry-run]=DRY_RUN=1
-            [--verbose]=VERBOSE=1 [--]=EXTRA)
+            [--qk-norm]=QK_NORM [--seed]=SEED [--gpus]=GPUS [--world-size]=WORLD_SIZE
+            [--update-freq]=UPDATE_FREQ [--save-dir]=SAVE_DIR [--dry-run]=DRY_RUN=1 [--verbose]=VERBOSE=1
+            [--]=EXTRA)
   parse_options "$@"
   export VERBOSE
 }
 
-# check_norm FLAG KIND: KIND is a norm of the plugin's registry (read once:
-# importing the plugin loads torch and fairseq)
-NORM_TYPES=""
-check_norm() {
-  if [[ -z "$NORM_TYPES" ]]; then
-    NORM_TYPES=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; print(' '.join(NORM_TYPES))" \
+# registry: the plugin's norms, placements and QK-norm kinds into NORM_TYPES,
+# PLACEMENTS and QK_KINDS (read once: importing the plugin loads torch and fairseq)
+REGISTRY=""
+registry() {
+  if [[ -z "$REGISTRY" ]]; then
+    REGISTRY=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; from powernorm_fairseq.norms.placement import PLACEMENTS; from powernorm_fairseq.norms.qk_norm import QK_KINDS; print(*NORM_TYPES); print(*PLACEMENTS); print(*QK_KINDS)" \
       2>/dev/null) || die "cannot import powernorm_fairseq (run scripts/setup.sh and activate .venv)"
+    { read -r NORM_TYPES; read -r PLACEMENTS; read -r QK_KINDS; } <<<"$REGISTRY"
   fi
-  [[ " $NORM_TYPES " == *" $2 "* ]] || die "$1 must be one of {${NORM_TYPES// /,}}, got '$2'"
 }
 
-# check_run: PLACEMENT and SEED, which both training scripts take
+# one_of FLAG VALUE LIST: VALUE is a word of LIST
+one_of() {
+  [[ " $3 " == *" $2 "* ]] || die "$1 must be one of {${3// /,}}, got '$2'"
+}
+
+# check_norm FLAG KIND: KIND is a norm of the plugin's registry
+check_norm() {
+  registry
+  one_of "$1" "$2" "$NORM_TYPES"
+}
+
+# check_run: PLACEMENT, QK_NORM and SEED, which both training scripts take
 check_run() {
-  [[ "$PLACEMENT" == pre || "$PLACEMENT" == post ]] || die "--placement must be one of {pre,post}, got '$PLACEMENT'"
+  registry
+  one_of --placement "$PLACEMENT" "$PLACEMENTS"
+  [[ -z "$QK_NORM" ]] || one_of --qk-norm "$QK_NORM" "$QK_KINDS"
   [[ "$SEED" =~ ^[0-9]+$ ]] || die "--seed must be a non-negative integer, got '$SEED'"
 }
 
-# devices TOTAL_TOKENS MAX_TOKENS: from GPUS (empty = all visible) and
-# UPDATE_FREQ (empty = keep TOTAL_TOKENS per update) sets WORKERS, UPDATE_FREQ
-# and DEVICE, the fairseq flags for the CPU or the GPUs
+# devices TOTAL_TOKENS MAX_TOKENS: from GPUS (empty = all visible), WORLD_SIZE
+# (empty = a worker per GPU here; else the workers of a run that spans
+# machines, each started apart, e.g. by SLURM) and UPDATE_FREQ (empty = keep
+# TOTAL_TOKENS per update) sets WORKERS, UPDATE_FREQ and DEVICE, the fairseq
+# flags for the CPU or the GPUs. More than one worker synchronises the norms'
+# batch statistics over all of them (--norm-sync batch).
 devices() {
   local total=$1 max=$2
   if [[ -z "$GPUS" ]]; then
@@ -152,13 +169,17 @@ devices() {
   fi
   [[ "$GPUS" =~ ^[0-9]+$ ]] || die "--gpus must be a non-negative integer, got '$GPUS'"
   WORKERS=$(( GPUS > 0 ? GPUS : 1 ))
+  if [[ -n "$WORLD_SIZE" ]]; then
+    [[ "$WORLD_SIZE" =~ ^[1-9][0-9]*$ ]] || die "--world-size must be a positive integer, got '$WORLD_SIZE'"
+    WORKERS=$WORLD_SIZE
+  fi
   if [[ -z "$UPDATE_FREQ" ]]; then
     UPDATE_FREQ=$(( (total + WORKERS * max - 1) / (WORKERS * max) ))
   fi
   [[ "$UPDATE_FREQ" =~ ^[1-9][0-9]*$ ]] || die "--update-freq must be a positive integer, got '$UPDATE_FREQ'"
   DEVICE=()
   [[ "$GPUS" == 0 ]] && DEVICE=(--cpu)
-  [[ "$GPUS" -gt 1 ]] && DEVICE=(--distributed-world-size "$GPUS")
+  (( WORKERS > 1 )) && DEVICE+=(--distributed-world-size "$WORKERS" --norm-sync batch)
   return 0
 }
 

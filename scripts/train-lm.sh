@@ -17,9 +17,12 @@ usage: scripts/train-lm.sh [--config FILE] [--dataset NAME] [--norm KIND] [optio
   --data DIR           binarized data (default: data-bin/<dataset>/bin)
   --norm KIND          every norm of the model: ln | bn | pn | pn-v | bn-original |
                        scalenorm | rmsnorm | ... (see --norm-type) (default: pn)
-  --placement P        pre | post (default: pre)
+  --placement P        pre | post | sandwich | deepnorm | rezero (default: pre)
+  --qk-norm KIND       normalise each head's queries and keys (rmsnorm, ln, ...; see --qk-norm)
   --seed N             random seed (default: 1)
   --gpus N             GPUs, one process each (default: all visible; 0 = CPU)
+  --world-size N       the workers of a run started on several machines (SLURM: one per
+                       task); the update frequency keeps the total batch (default: --gpus)
   --update-freq N      gradient accumulation (default: keeps the recipe's total
                        batch: 16,384 tokens on PTB, 32,768 on WikiText-103)
   --save-dir DIR       checkpoints and logs (default: checkpoints/lm-<dataset>-<norm>-<placement>-seed<N>)
@@ -31,7 +34,7 @@ USAGE
 
 die() { echo "train-lm.sh: error: $*" >&2; exit 2; }
 
-DATASET=ptb NORM=pn PLACEMENT=pre SEED=1 GPUS="" UPDATE_FREQ=""
+DATASET=ptb NORM=pn PLACEMENT=pre SEED=1 GPUS="" WORLD_SIZE="" UPDATE_FREQ="" QK_NORM=""
 DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
 read_config "$@"
 declare -A OPTIONS=()
@@ -61,7 +64,7 @@ SAVE_DIR="${SAVE_DIR:-checkpoints/lm-$DATASET-$NORM-$PLACEMENT-seed$SEED}"
 
 cmd=(fairseq-train "$DATA" --user-dir "$ROOT/powernorm_fairseq" --task language_modeling
   --arch powernorm_transformer_lm --share-decoder-input-output-embed
-  --norm-type "$NORM" --norm-placement "$PLACEMENT" --sample-break-mode none
+  --norm-type "$NORM" --norm-placement "$PLACEMENT" ${QK_NORM:+--qk-norm "$QK_NORM"} --sample-break-mode none
   --optimizer adam --adam-betas "(0.9, 0.98)" --weight-decay 0.01 --clip-norm 0.0
   --lr-scheduler inverse_sqrt --warmup-init-lr 1e-07
   --max-tokens "$MAX_TOKENS" --update-freq "$UPDATE_FREQ" --seed "$SEED"

@@ -11,15 +11,18 @@ usage() {
   cat <<USAGE
 usage: scripts/train.sh [--config FILE] [--dataset NAME] [--norm KIND] [options] [-- FAIRSEQ_FLAGS...]
 
-  --config FILE        a row from configs/ (sets DATASET, NORM, DECODER_NORM, PLACEMENT, EXTRA)
+  --config FILE        a row from configs/ (sets DATASET, NORM, DECODER_NORM, PLACEMENT, QK_NORM, EXTRA)
   --dataset NAME       iwslt14 | wmt14 | quickstart (default: iwslt14)
   --data DIR           binarized data (default: data-bin/<dataset>/bin)
   --norm KIND          encoder norm: ln | bn | pn | pn-v | bn-original | scalenorm |
                        rmsnorm | ... (see --norm-type) (default: pn)
   --decoder-norm KIND  decoder norm (default: ln, as in the paper)
-  --placement P        pre | post (default: pre)
+  --placement P        pre | post | sandwich | deepnorm | rezero (default: pre)
+  --qk-norm KIND       normalise each head's queries and keys (rmsnorm, ln, ...; see --qk-norm)
   --seed N             random seed (default: 1)
   --gpus N             GPUs, one process each (default: all visible; 0 = CPU)
+  --world-size N       the workers of a run started on several machines (SLURM: one per
+                       task); the update frequency keeps the total batch (default: --gpus)
   --update-freq N      gradient accumulation (default: keeps the paper's total
                        batch: 4,096 tokens on IWSLT14, 131,072 on WMT14)
   --save-dir DIR       checkpoints and logs (default: checkpoints/<dataset>-<norm>-<placement>-seed<N>)
@@ -31,7 +34,7 @@ USAGE
 
 die() { echo "train.sh: error: $*" >&2; exit 2; }
 
-DATASET=iwslt14 NORM=pn DECODER_NORM=ln PLACEMENT=pre SEED=1 GPUS="" UPDATE_FREQ=""
+DATASET=iwslt14 NORM=pn DECODER_NORM=ln PLACEMENT=pre SEED=1 GPUS="" WORLD_SIZE="" UPDATE_FREQ="" QK_NORM=""
 DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
 read_config "$@"
 declare -A OPTIONS=([--decoder-norm]=DECODER_NORM)
@@ -66,7 +69,7 @@ SAVE_DIR="${SAVE_DIR:-checkpoints/$DATASET-$NORM-$PLACEMENT-seed$SEED}"
 
 cmd=(fairseq-train "$DATA" --user-dir "$ROOT/powernorm_fairseq"
   --arch "$ARCH" --share-all-embeddings
-  --norm-type "$NORM" --decoder-norm-type "$DECODER_NORM" --norm-placement "$PLACEMENT"
+  --norm-type "$NORM" --decoder-norm-type "$DECODER_NORM" --norm-placement "$PLACEMENT" ${QK_NORM:+--qk-norm "$QK_NORM"}
   --optimizer adam --adam-betas "(0.9, 0.98)" --clip-norm 0.0
   --lr-scheduler inverse_sqrt --warmup-init-lr 1e-07 --warmup-updates 8000
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1

@@ -371,7 +371,12 @@ def test_train_script_options(tmp_path):
     cmd = dry.stdout
     assert "--arch powernorm_transformer_wmt_en_de_big" in cmd and "--norm-type pn" in cmd
     assert "--update-freq 4" in cmd  # 131,072 tokens = 8 GPUs x 4,096 x 4
-    assert "--distributed-world-size 8" in cmd
+    assert "--distributed-world-size 8 --norm-sync batch" in cmd  # every worker's statistics, one batch
+    # every placement and QK-norm of the plugin; a worker of a run started on 16 machines keeps the batch too
+    dry = recipe("scripts/train.sh", "--config", "configs/wmt14-pn.sh", "--placement", "deepnorm", "--qk-norm",
+                 "rmsnorm", "--gpus", "1", "--world-size", "16", "--dry-run")
+    assert "--norm-placement deepnorm --qk-norm rmsnorm" in dry.stdout and "--update-freq 2" in dry.stdout
+    assert "--distributed-world-size 16 --norm-sync batch" in dry.stdout
     dry = recipe("scripts/train.sh", "--config", "configs/iwslt14-ln.sh", "--norm", "bn", "--seed", "3",
                  "--dry-run", "--gpus", "0", "--", "--max-update", "10")
     assert "--norm-type bn" in dry.stdout and "--seed 3" in dry.stdout and dry.stdout.rstrip().endswith("10")
@@ -479,12 +484,13 @@ def test_language_model_train_script_options():
 
 @pytest.mark.parametrize("script", ["train.sh", "train-lm.sh"])
 @pytest.mark.parametrize("flags, message", [
-    (["--placement", "mid"], "--placement must be one of {pre,post}, got 'mid'"),
+    (["--placement", "mid"], "--placement must be one of {pre,post,sandwich,deepnorm,rezero}, got 'mid'"),
+    (["--qk-norm", "bn"], "--qk-norm must be one of {"),
     (["--seed", "-1"], "--seed must be a non-negative integer, got '-1'"),
 ])
 def test_train_scripts_refuse_bad_run_options(script, flags, message):
     bad = recipe(f"scripts/{script}", *flags, "--dry-run", check=False)
-    assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == f"{script}: error: {message}"
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1].startswith(f"{script}: error: {message}")
 
 
 def test_sigterm_to_train_sh_ends_the_whole_tree_and_the_rerun_resumes(toy_data, tmp_path):

@@ -167,7 +167,7 @@ STAND_IN_TOOLS = ("fairseq-preprocess", "fairseq-train", "fairseq-generate", "fa
 
 
 def norm_query():
-    """The registry query of scripts/lib.sh's check_norm (its one ``python -c``)."""
+    """The registry query of scripts/lib.sh's registry (its one ``python -c``)."""
     import re
 
     return re.search(r'python -c "([^"]+)"', (ROOT / "scripts" / "lib.sh").read_text()).group(1)
@@ -181,12 +181,14 @@ def stand_ins(directory=None):
     (``directory``, or once per process one beside the fork servers'
     sockets): each tool of STAND_IN_TOOLS runs as that console script in a
     fork of the fork server (:func:`stand_in`), and ``python`` answers
-    check_norm's registry query with the registry as this process reads it
+    lib.sh's registry query with the registry as this process reads it
     (a query that changed in lib.sh reaches the real interpreter: slower,
     never wrong), and runs the real interpreter for anything else."""
     import shlex
 
     from powernorm_fairseq.norms import NORM_TYPES
+    from powernorm_fairseq.norms.placement import PLACEMENTS
+    from powernorm_fairseq.norms.qk_norm import QK_KINDS
 
     global _stand_ins
     if directory is None:
@@ -201,7 +203,8 @@ def stand_ins(directory=None):
                         "commands = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(commands)\n"
                         f"commands.stand_in({tool!r}, sys.argv[1:], {_fork_server(_server_of(tool))!r})\n")
         path.chmod(0o755)
-    python, names = shlex.quote(sys.executable), shlex.quote(" ".join(NORM_TYPES))
+    names = shlex.quote("\n".join(map(" ".join, (NORM_TYPES, PLACEMENTS, QK_KINDS))))
+    python = shlex.quote(sys.executable)
     shim = directory / "python"
     shim.write_text(f"#!/usr/bin/env bash\nif [[ $# == 2 && $1 == -c && $2 == {shlex.quote(norm_query())} ]]; then\n"
                     f"  echo {names}\nelse\n  exec {python} \"$@\"\nfi\n")
