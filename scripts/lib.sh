@@ -127,14 +127,15 @@ parse_run_options() {
 }
 
 # registry: the plugin's norms, placements and QK-norm kinds into NORM_TYPES,
-# PLACEMENTS and QK_KINDS (read once: importing the plugin loads torch and fairseq)
-REGISTRY=""
+# PLACEMENTS and QK_KINDS, read once (importing the plugin loads torch and
+# fairseq), or taken from POWERNORM_REGISTRY, where a caller that has read
+# them already (scripts/reproduce.sh) passes them on: three lines, as printed here
 registry() {
-  if [[ -z "$REGISTRY" ]]; then
-    REGISTRY=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; from powernorm_fairseq.norms.placement import PLACEMENTS; from powernorm_fairseq.norms.qk_norm import QK_KINDS; print(*NORM_TYPES); print(*PLACEMENTS); print(*QK_KINDS)" \
+  if [[ -z "${POWERNORM_REGISTRY:-}" ]]; then
+    POWERNORM_REGISTRY=$(python -c "from powernorm_fairseq.norms import NORM_TYPES; from powernorm_fairseq.norms.placement import PLACEMENTS; from powernorm_fairseq.norms.qk_norm import QK_KINDS; print(*NORM_TYPES); print(*PLACEMENTS); print(*QK_KINDS)" \
       2>/dev/null) || die "cannot import powernorm_fairseq (run scripts/setup.sh and activate .venv)"
-    { read -r NORM_TYPES; read -r PLACEMENTS; read -r QK_KINDS; } <<<"$REGISTRY"
   fi
+  { read -r NORM_TYPES; read -r PLACEMENTS; read -r QK_KINDS; } <<<"$POWERNORM_REGISTRY"
 }
 
 # one_of FLAG VALUE LIST: VALUE is a word of LIST

@@ -408,9 +408,9 @@ def save_figure(fig, path, plt):
 
 
 def pyplot():
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # before the import, which logs at DEBUG
     import matplotlib
 
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -15,6 +15,7 @@ import fcntl
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -108,6 +109,14 @@ def submit(folder, params, calls, what):
     finally:
         os.umask(umask)
     return [job.job_id for job in jobs]
+
+
+def script(folder, params):
+    """The job script :func:`submit` would give sbatch for ``params`` (submitit's own text), submitting nothing."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
+    return _make_sbatch_string(command=command, folder=folder, **params)
 
 
 def live():

@@ -1,0 +1,210 @@
+"""``--launcher slurm``: each run's training is one SLURM job of ``--nodes`` x
+``--tasks-per-node`` tasks, a fairseq worker per task, and its scoring a job
+that depends on it (``afterok``), through the plugin's SLURM layer
+(:mod:`..slurm`: submission, job state, requeue, ``OUT/jobs.json``).
+
+Each worker's rank and the rendezvous come from SLURM's environment: fairseq's
+own SLURM start (``--distributed-port``) where it serves, a task per GPU or a
+task per node; the same variables passed explicitly where it cannot (CPU
+tasks, which its start divides by the GPU count; several tasks of several
+GPUs each on a node). The first task runs ``train.sh`` (its log, its
+command); the others run the fairseq-train command ``train.sh --dry-run``
+prints for them, each logging to ``worker-<rank>.log`` in the run's directory.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import submitit
+
+from ...common.files import end_cleanly_on_sigterm
+from .. import slurm
+from . import runs
+from .runs import directory, name, scored, trained
+
+#: the flags that only the SLURM launcher takes, and their defaults
+FLAGS = {"nodes": 1, "gpus_per_node": 0, "tasks_per_node": None, "partition": None, "timeout_min": 240,
+         "mem_per_node": None, "max_parallel": None, "no_wait": False}
+
+
+class Train(slurm.Resumable):
+    """A run's training, in each task of its job; requeued and resumed from
+    its last checkpoint when pre-empted or near its time limit."""
+
+    def __call__(self, job):
+        self.started(Path(job["run"], "checkpoint_last.pt"), job["timeout_min"])
+        end_cleanly_on_sigterm()  # scancel's SIGTERM ends the training now
+        flags, env = worker(job, dict(os.environ))
+        command = job["command"] + flags
+        rank = int(env.get("SLURM_PROCID", "0"))
+        if rank == 0:
+            why = runs.call(command, "training", env)
+        else:
+            cut = command.index("--")
+            dry = subprocess.run(command[:cut] + ["--dry-run"] + command[cut:], capture_output=True, text=True,
+                                 env=env, cwd=runs.ROOT)
+            with open(Path(job["run"], f"worker-{rank}.log"), "a") as log:
+                why = runs.call(shlex.split(dry.stdout), "training", env, log) if dry.returncode == 0 \
+                    else f"train.sh --dry-run failed: {dry.stderr.strip()}"
+        if why:
+            raise RuntimeError(why)
+
+    def checkpoint(self, job):
+        return super().checkpoint(job) if self.requeue(f"run {job['name']}") else None
+
+
+class Score(submitit.helpers.Checkpointable):
+    """A run's scoring; a pre-empted one is requeued and starts again."""
+
+    def __call__(self, job):
+        end_cleanly_on_sigterm()
+        why = runs.call(job["command"], "scoring")
+        if why:
+            raise RuntimeError(why)
+
+
+def worker(job, env):
+    """The distributed flags of this task's fairseq worker(s), and their environment."""
+    if job["world"] == 1:
+        return [], env
+    port = 20000 + int(env["SLURM_JOB_ID"]) % 40000  # the same in every task of the job, and each requeue
+    per_task = job["gpus_per_task"]
+    if per_task and (per_task == 1 or job["tasks_per_node"] == 1):
+        return ["--distributed-port", str(port)], env  # fairseq's SLURM start: rank, device and rendezvous
+    hosts = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
+                           text=True, check=True).stdout.split()
+    flags = ["--distributed-init-method", f"tcp://{hosts[0]}:{port}",
+             "--distributed-rank", str(int(env["SLURM_PROCID"]) * max(per_task, 1))]
+    if not per_task:  # a CPU worker per task, over gloo (fairseq's DDP asks for a device; its legacy one does not)
+        return flags + ["--distributed-no-spawn", "--device-id", "0", "--distributed-backend", "gloo",
+                        "--ddp-backend", "legacy_ddp"], env
+    # several tasks of several GPUs each on a node: this task's GPUs, fairseq spawning a worker on each
+    local = int(env["SLURM_LOCALID"])
+    visible = env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(job["gpus_per_node"])))).split(",")
+    return flags, {**env, "CUDA_VISIBLE_DEVICES": ",".join(visible[local * per_task:(local + 1) * per_task])}
+
+
+def shape(args):
+    """(workers in all, GPUs per task) of a training job."""
+    per_task = args.gpus_per_node // args.tasks_per_node
+    return args.nodes * args.tasks_per_node * max(per_task, 1), per_task
+
+
+def train_job(args, row, seed):
+    world, per_task = shape(args)
+    run = directory(args, row, seed)
+    params = dict(job_name=f"reproduce-{name(row, seed)}", time=args.timeout_min, nodes=args.nodes,
+                  ntasks_per_node=args.tasks_per_node, **_common(args))
+    if args.gpus_per_node:
+        params["gpus_per_node"] = args.gpus_per_node
+    job = dict(name=name(row, seed), run=str(run), timeout_min=args.timeout_min, world=world, gpus_per_task=per_task,
+               tasks_per_node=args.tasks_per_node, gpus_per_node=args.gpus_per_node,
+               command=runs.train_command(args, row, seed, per_task, world))
+    return params, Train(), job
+
+
+def score_job(args, row, seed, after=None):
+    params = dict(job_name=f"reproduce-score-{name(row, seed)}", time=args.timeout_min, nodes=1, ntasks_per_node=1,
+                  **_common(args))
+    if args.gpus_per_node:
+        params["gpus_per_node"] = 1
+    if after:
+        params["dependency"] = f"afterok:{after}"
+    job = dict(name=name(row, seed), run=str(directory(args, row, seed)),
+               command=runs.score_command(args, row, seed, args.gpus_per_node > 0))
+    return params, Score(), job
+
+
+def _common(args):
+    return {k: v for k, v in (("partition", args.partition),
+                              ("mem", f"{args.mem_per_node}GB" if args.mem_per_node else None)) if v}
+
+
+def dry_run(args, todo):
+    """Every job's script and command, submitting nothing."""
+    folder = Path(args.out, "slurm")
+    for row, seed in todo:
+        for params, _, job in (train_job(args, row, seed), score_job(args, row, seed, after="<its training job>")):
+            print(f"# {params['job_name']}\n{slurm.script(folder, params)}\n# each task runs:\n"
+                  f"{shlex.join(job['command'])}\n")
+
+
+def run(args, todo):
+    """Submit what is neither running nor finished, then (unless --no-wait)
+    wait; (row, seed) of the runs that ended without their score."""
+    folder = Path(args.out, "slurm")
+    slurm.private(folder)
+    waiting, submitted = 0, 0
+    with slurm.locked(args.out):
+        jobs, live = slurm.read_jobs(args.out), slurm.live()
+        for row, seed in todo:
+            key, run_dir = name(row, seed), directory(args, row, seed)
+            ids = dict(jobs.get(key, {}))
+            if trained(run_dir):
+                if ids.get("score") in live:
+                    waiting += 1
+                    continue
+                runs.record(args, row, seed)
+                ids["score"] = _submit(folder, *score_job(args, row, seed))
+            elif ids.get("train") in live:
+                waiting += 1
+                if ids.get("score") in live:
+                    continue
+                ids["score"] = _submit(folder, *score_job(args, row, seed, after=ids["train"]))
+            else:
+                if "train" in ids:
+                    print(f"reproduce: {key}: job {ids['train']} ended without finishing its training; resubmitted",
+                          file=sys.stderr)
+                if ids.get("score") in live:
+                    slurm.cancel(ids["score"])  # waiting on a training that will never succeed
+                runs.record(args, row, seed)
+                ids["train"] = _submit(folder, *train_job(args, row, seed))
+                ids["score"] = _submit(folder, *score_job(args, row, seed, after=ids["train"]))
+            submitted += 1
+            jobs[key] = ids
+            slurm.write_jobs(args.out, jobs)  # after each submission: an interrupted one loses no job id
+    print(f"reproduce: {waiting} run(s) already pending or running on the cluster, {submitted} submitted; their "
+          f"logs: {folder}", file=sys.stderr)
+    if args.no_wait:
+        return []
+    return _wait(args, todo, jobs)
+
+
+def _submit(folder, params, fn, job):
+    what = f"{job['name']}'s {'training' if isinstance(fn, Train) else 'scoring'}"
+    return slurm.submit(folder, params, [(fn, (job,))], what)[0]
+
+
+def _wait(args, todo, jobs):
+    folder, pending, failures = Path(args.out, "slurm"), {name(r, s): (r, s) for r, s in todo}, []
+    wait = slurm.polls()
+    while pending:
+        live, changed = slurm.live(), False
+        for key, (row, seed) in list(pending.items()):
+            run_dir, ids = directory(args, row, seed), jobs[key]
+            if scored(row, run_dir):
+                print(f"reproduce: {key}: scored", file=sys.stderr)
+            elif ids["train"] not in live and not trained(run_dir):
+                slurm.cancel(ids["score"])  # a failed training never runs its scoring
+                _failed(folder, run_dir, "training", ids["train"], Path(run_dir, "train.log"))
+                failures.append((row, seed))
+            elif ids["score"] not in live and trained(run_dir):
+                _failed(folder, run_dir, "scoring", ids["score"], None)
+                failures.append((row, seed))
+            else:
+                continue
+            del pending[key]
+            changed = True
+        if pending:
+            wait(changed)
+    return failures
+
+
+def _failed(folder, run_dir, what, job_id, log):
+    last = (slurm.last_line(log) if log else "") or slurm.last_line(slurm.log(folder, job_id))
+    why = f"{what} job {job_id} ended ({slurm.state(job_id)}){': ' + last if last else ''}"
+    runs.failed(run_dir, why)
+    print(f"reproduce: {Path(run_dir).name}: {why}; the same command resubmits it", file=sys.stderr)
