@@ -123,7 +123,10 @@ def test_a_stand_in_is_the_console_script_it_stands_in_for(tmp_path):
     assert (tmp_path / "tok.out").read_text() == "H-0 -0.1 this is a house\n"
     answer = subprocess.run(["bash", "-c", f'python -c "{norm_query()}"; python -c "print(6 * 7)"'], text=True,
                             capture_output=True, env={**os.environ, "PATH": path})
-    assert answer.stdout.split("\n")[:2] == [" ".join(NORM_TYPES), "42"]
+    from powernorm_fairseq.norms.placement import PLACEMENTS
+    from powernorm_fairseq.norms.qk_norm import QK_KINDS
+
+    assert answer.stdout.split("\n")[:4] == [*map(" ".join, (NORM_TYPES, PLACEMENTS, QK_KINDS)), "42"]
     sacremoses = commands._fork_server(commands._server_of("sacremoses"))
     server = processes_mentioning(sacremoses)  # the fork server, then its forks too
     waiting = subprocess.Popen(["bash", "-c", "exec sacremoses -l en tokenize"], stdin=subprocess.PIPE,

@@ -215,7 +215,8 @@ def stand_ins(directory=None):
 def stand_in(tool, args, server):
     """Be console script ``tool``: run it in a fork of the fork server at
     socket ``server`` with this process's standard streams, directory and
-    environment, pass on SIGTERM, SIGINT and SIGHUP, and end as it ends
+    environment, pass on SIGTERM, SIGINT, SIGHUP and SIGUSR2 (SLURM's warning
+    before a time limit, sent to every process of a job), and end as it ends
     (its exit status, or its signal)."""
     import signal
 
@@ -226,7 +227,7 @@ def stand_in(tool, args, server):
             started[0].send_signal(number)
         else:
             arrived.append(number)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
         signal.signal(sig, forward)
     command = Command(tool, args, cwd=os.getcwd(), env=dict(os.environ), stdin=0, stdout=1, stderr=2, server=server)
     started.append(command)

@@ -17,6 +17,7 @@ import sys
 from ...common.errors import PowerNormConfigError
 from ...common.files import end_cleanly_on_sigterm
 from ..slurm import SlurmError
+from ..study.cell import quiet
 from .options import check, parse_args, parser
 from .runs import ReproduceError, check_settings, directory, name, scored, trained
 
@@ -25,6 +26,7 @@ def main(argv=None):
     end_cleanly_on_sigterm()
     p = parser()
     args = parse_args(p, sys.argv[1:] if argv is None else argv)
+    quiet(False)  # before fairseq is imported (the flags' check): its warnings only; each run's log has the rest
     try:
         check(args, p)
         reproduce(args, p)

@@ -102,14 +102,19 @@ def check_settings(args, runs):
         now = settings(args, row, seed)
         for key, value in now.items():
             if then.get(key) != value:
-                raise ReproduceError(
-                    f"{directory(args, row, seed)} was started with another {key} ({_short(then.get(key))}, now "
-                    f"{_short(value)}); give another --out, or remove the run's directory to start it again")
+                raise ReproduceError(f"{directory(args, row, seed)} was started with another {key} "
+                                     f"({_difference(then.get(key), value)}); give another --out, or remove the "
+                                     "run's directory to start it again")
 
 
-def _short(value):
-    text = " ".join(value) if isinstance(value, list) else str(value)
-    return (text[:60] + "...") if len(text) > 63 else text or "none"
+def _difference(then, now):
+    """What was, and what is: a list of flags from (one before) where they first differ."""
+    import shlex
+
+    if not (isinstance(then, list) and isinstance(now, list)):
+        return f"{then}, now {now}"
+    first = next((i for i, (a, b) in enumerate(zip(then, now)) if a != b), min(len(then), len(now)))
+    return f"{shlex.join(then[max(first - 1, 0):]) or 'none'}, now {shlex.join(now[max(first - 1, 0):]) or 'none'}"
 
 
 def record(args, row, seed):
