@@ -165,7 +165,8 @@ def test_every_fairseq_loader_reads_weights_only_under_the_unsafe_variable(tmp_p
     """A call from each file that holds a guarded torch.load, under
     TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1, whatever it passes: the pickle's code
     does not run, and the refusal names the file. The same call from
-    elsewhere, and an in-memory buffer, are loaded as torch loads them."""
+    elsewhere is loaded as torch loads it; an in-memory buffer (another
+    worker's object) as torch's own broadcast unpickles it."""
     import io
 
     import powernorm_fairseq  # noqa: F401  (installs the patches)
@@ -192,6 +193,15 @@ def test_every_fairseq_loader_reads_weights_only_under_the_unsafe_variable(tmp_p
     exec(compile("torch.load(buffer, weights_only=False)", str(site / "fairseq/distributed/utils.py"), "eval"),
          {"torch": torch, "buffer": buffer})
     assert marker.exists()  # what one worker sends another is not a user's file: left to torch
+    # the checkpoint state a resuming run's first worker sends the others, its configuration a DictConfig
+    from omegaconf import OmegaConf
+
+    buffer = io.BytesIO()
+    torch.save({"cfg": OmegaConf.create({"model": {"norm_sync": "batch"}})}, buffer)
+    buffer.seek(0)
+    state = eval(compile("torch.load(buffer, map_location='cpu')", str(site / "fairseq/distributed/utils.py"),
+                         "eval"), {"torch": torch, "buffer": buffer})
+    assert state["cfg"].model.norm_sync == "batch"
 
 
 @pytest.mark.slow

@@ -253,3 +253,117 @@ def test_a_cell_of_two_workers_trains_in_the_processes_fairseq_spawns(demo, tmp_
     saved = torch.load(tmp_path / "cells" / cells(args)[0]["name"] / "checkpoint_last.pt", weights_only=True)
     assert saved["cfg"]["model"].norm_sync == "batch"
     assert saved["cfg"]["distributed_training"]["distributed_world_size"] == 2
+
+
+#: the paper's table on the cluster: each training 2 CPU workers (gloo, world size 2), each scoring a job after it
+REPRODUCE = ["--table", "quickstart", "--rows", "ln", "pn", "--seeds", "1", "2", "--launcher", "slurm",
+             "--tasks-per-node", "2", "--partition", "study", "--timeout-min", "10"]
+
+
+def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_run(cluster, toy_data, tmp_path):
+    from support import BIN, TINY, stand_ins
+
+    out = tmp_path / "table"
+    fairseq = [*TINY, "--max-epoch", "5", "--warmup-updates", "4", "--max-tokens", "600", "--tensorboard-logdir", ""]
+    command = ["bash", "scripts/reproduce.sh", *REPRODUCE, "--data", str(toy_data), "--out", str(out), "--",
+               *fairseq]
+    run = dict(cwd=ROOT, text=True, env={**cluster, "PATH": f"{stand_ins()}:{BIN}:{cluster['PATH']}",
+                                         "PYTHONWARNINGS": "ignore"})
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **run)
+
+    def submitted():
+        """every run's training and scoring job"""
+        path = out / "jobs.json"
+        jobs = path.exists() and json.loads(path.read_text())
+        return jobs if jobs and len(jobs) == 4 and all(len(ids) == 2 for ids in jobs.values()) else None
+
+    jobs = until(submitted)
+    for ids in jobs.values():  # each training job: 1 node x 2 tasks; each scoring job after its training
+        train = (out / "slurm" / f"{ids['train']}_submission.sh").read_text()
+        assert "#SBATCH --nodes=1\n" in train and "#SBATCH --ntasks-per-node=2\n" in train
+        assert "#SBATCH --partition=study\n" in train and "#SBATCH --time=10\n" in train
+        assert "#SBATCH --signal=USR2@90\n" in train
+        score = (out / "slurm" / f"{ids['score']}_submission.sh").read_text()
+        assert f"#SBATCH --dependency=afterok:{ids['train']}\n" in score and "#SBATCH --ntasks-per-node=1\n" in score
+    # a second run meanwhile submits nothing
+    again = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
+    lines = []
+    while not any("submitted" in line for line in lines):
+        lines.append(again.stderr.readline())
+        assert lines[-1], "".join(lines)
+    again.send_signal(signal.SIGTERM)
+    again.communicate(timeout=60)
+    assert re.search(r"\d run\(s\) already pending or running on the cluster, 0 submitted", lines[-1]), lines
+
+    def training(*but):
+        """a run mid-training: a checkpoint saved, not done, its job running"""
+        running = set(squeue(cluster, "--states", "RUNNING", "--format", "%i"))
+        for name, ids in jobs.items():
+            save = out / "runs" / name
+            if name not in but and ids["train"] in running and (save / "checkpoint_last.pt").exists() \
+                    and "done training" not in (save / "train.log").read_text():
+                return name
+
+    cancelled = until(training)
+    subprocess.run(["scancel", jobs[cancelled]["train"]], env=cluster, check=True)
+    preempted = until(lambda: training(cancelled))  # SLURM's warning before a time limit, or a pre-emption
+    signal_ = subprocess.Popen(["scancel", "--signal", "USR2", jobs[preempted]["train"]], env=cluster,
+                               stderr=subprocess.DEVNULL)
+
+    def requeued():
+        """the pre-empted training requeued"""
+        show = subprocess.run(["scontrol", "show", "job", jobs[preempted]["train"]], env=cluster,
+                              capture_output=True, text=True).stdout
+        return "JobState=PENDING" in show and "Reason=BeginTime" in show
+
+    until(requeued)
+    signal_.kill()
+    subprocess.run(["scontrol", "update", f"JobId={jobs[preempted]['train']}", "StartTime=now"], env=cluster,
+                   check=True)
+    _, console = first.communicate(timeout=400)
+    assert first.returncode == 1, console[-3000:]
+    assert re.search(rf"{cancelled}: training job {jobs[cancelled]['train']} ended \(CANCELLED\)[^\n]*; the same "
+                     "command resubmits it", console), console[-3000:]
+    # the cancelled training's scoring never ran, and the table says so
+    assert not (out / "runs" / cancelled / "bleu-test.json").exists()
+    assert not list((out / "slurm").glob(f"{jobs[cancelled]['score']}_*_log.out"))
+    row, seed = cancelled.rsplit("-seed", 1)
+    assert re.search(rf"^- {row}, seed {seed}: training job {jobs[cancelled]['train']} ended \(CANCELLED",
+                     (out / "table.md").read_text(), re.M)
+    # the pre-empted one resumed from its checkpoint in the same job and ended where the others did
+    log = (out / "runs" / preempted / "train.log").read_text()
+    assert re.search(r"Loaded checkpoint \S+ \(epoch \d+ @ [1-9]\d* updates\)", log), log[-2000:]
+
+    # the rerun resubmits the cancelled run only; a second rerun submits nothing
+    proc = subprocess.run(command, capture_output=True, **run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "reproduce: quickstart: 4 runs, 3 scored, 1 to run (on SLURM)" in proc.stderr
+    assert f"{cancelled}: job {jobs[cancelled]['train']} ended without finishing its training; resubmitted" \
+        in proc.stderr and "0 run(s) already pending or running on the cluster, 1 submitted" in proc.stderr
+    now = json.loads((out / "jobs.json").read_text())
+    assert now[cancelled] != jobs[cancelled] and {k: v for k, v in now.items() if k != cancelled} == \
+        {k: v for k, v in jobs.items() if k != cancelled}
+    scripts = sorted((out / "slurm").glob("*_submission.sh"))
+    proc = subprocess.run(command, capture_output=True, **run)
+    assert proc.returncode == 0 and "4 runs, 4 scored, 0 to run" in proc.stderr, proc.stderr[-3000:]
+    assert json.loads((out / "jobs.json").read_text()) == now and sorted((out / "slurm").glob("*_submission.sh")) \
+        == scripts and squeue(cluster) == []
+
+    # each training ran two workers, their norms' statistics synchronised, and stopped at the same update
+    updates = set()
+    for name in jobs:
+        save = out / "runs" / name
+        assert (save / "train.log").read_text().count("training on 2 devices") >= 1 and (save / "worker-1.log").exists()
+        saved = torch.load(save / "checkpoint_last.pt", weights_only=True)
+        assert saved["cfg"]["model"].norm_sync == "batch"
+        assert saved["cfg"]["distributed_training"]["distributed_world_size"] == 2
+        updates.add(saved["optimizer_history"][-1]["num_updates"])
+    assert len(updates) == 1
+    # the table: a BLEU per seed, mean and interval, pn - ln paired over the seeds, the paper's column empty
+    md = (out / "table.md").read_text()
+    assert re.search(r"^\| ln \|  \| [\d.]+ \| [\d.]+ \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \| \(baseline\) \|",
+                     md, re.M), md
+    assert re.search(r"^\| pn \|  \| [\d.]+ \| [\d.]+ \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \| [-+][\d.]+ "
+                     r"\[[-+][\d.]+, [-+][\d.]+\] \| (no evidence of a difference|higher than ln|lower than ln) \|$",
+                     md, re.M), md
+    assert "Runs without a score" not in md

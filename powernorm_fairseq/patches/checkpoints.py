@@ -39,18 +39,23 @@ def weights_only_in_fairseq():
     whatever the call passes (``weights_only=False``, a ``pickle_module``)
     and under ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``, which torch honours only
     where a call leaves ``weights_only`` out. A file that holds code is
-    refused in one line naming it. In-memory buffers (``io.BytesIO``: the
-    objects one distributed worker sends another) and every caller outside
-    fairseq are loaded as torch loads them. ``tests/test_loaders.py`` lists
-    every loading call in fairseq's source and checks it is reached here or
-    out of a user's reach."""
+    refused in one line naming it. Every caller outside fairseq is loaded
+    as torch loads it. An in-memory buffer (``io.BytesIO``) that fairseq
+    loads is what one distributed worker sends another (``broadcast_object``:
+    the checkpoint state the first worker read weights only, fairseq's
+    ``DictConfig`` in it, when a run of several workers resumes): unpickled
+    as torch's own ``broadcast_object_list`` unpickles, unless the call says
+    otherwise. ``tests/test_loaders.py`` lists every loading call in fairseq's
+    source and checks it is reached here or out of a user's reach."""
     original = torch.serialization.load
     roots = fairseq_roots()
 
     @functools.wraps(original)
     def load(f, map_location=None, pickle_module=None, **kwargs):
-        if isinstance(f, io.BytesIO) or not sys._getframe(1).f_code.co_filename.startswith(roots):
+        if not sys._getframe(1).f_code.co_filename.startswith(roots):
             return original(f, map_location, pickle_module, **kwargs)
+        if isinstance(f, io.BytesIO):  # another worker's object, never a user's file
+            return original(f, map_location, pickle_module, **{"weights_only": False, **kwargs})
         allow_fairseq_checkpoints()
         try:
             return original(f, map_location, **{**kwargs, "weights_only": True})

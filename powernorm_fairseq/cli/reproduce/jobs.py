@@ -14,8 +14,10 @@ prints for them, each logging to ``worker-<rank>.log`` in the run's directory.
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import submitit
@@ -43,12 +45,17 @@ class Train(slurm.Resumable):
         if rank == 0:
             why = runs.call(command, "training", env)
         else:
+            # SLURM's warning reaches every process of the job, its workers too; the first task requeues it
+            warned = []
+            signal.signal(signal.SIGUSR2, lambda *_: warned.append(True))
             cut = command.index("--")
             dry = subprocess.run(command[:cut] + ["--dry-run"] + command[cut:], capture_output=True, text=True,
                                  env=env, cwd=runs.ROOT)
             with open(Path(job["run"], f"worker-{rank}.log"), "a") as log:
                 why = runs.call(shlex.split(dry.stdout), "training", env, log) if dry.returncode == 0 \
                     else f"train.sh --dry-run failed: {dry.stderr.strip()}"
+            if why and warned:  # the worker ended with the warning: the requeue ends this task
+                time.sleep(300)
         if why:
             raise RuntimeError(why)
 
