@@ -17,7 +17,8 @@ from test_recipes import recipe
 
 pytestmark = pytest.mark.slow
 #: the smallest runs that show each property: three epochs (evaluate.sh averages the last three), then a score
-FAIRSEQ = [*TINY, "--max-epoch", "3", "--warmup-updates", "4", "--max-tokens", "600", "--tensorboard-logdir", ""]
+FAIRSEQ = [*TINY, "--max-epoch", "3", "--warmup-updates", "4", "--max-tokens", "600", "--num-workers", "0",
+           "--tensorboard-logdir", ""]
 GRID = ["--table", "quickstart", "--rows", "ln", "pn", "--seeds", "1", "2"]
 
 

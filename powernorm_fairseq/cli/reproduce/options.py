@@ -67,6 +67,7 @@ def check(args, p):
     args.out = Path(args.out or f"runs/reproduce-{args.table}").resolve()
     _check_out(args, p)
     _check_data(args, p)
+    os.environ.pop("POWERNORM_REGISTRY", None)
     os.environ["POWERNORM_REGISTRY"] = registry()  # every script this command starts, jobs too, reads it here
     args.code_version, args.data_digest = code_version(), data_digest(args.data)
     _check_fairseq_flags(args, p)

@@ -202,7 +202,10 @@ def call(command, what, env=None, log=None):
 
 
 def registry():
-    """lib.sh's registry query, answered from this process (each script would import torch to ask)."""
+    """lib.sh's registry query, answered from this process (each script would import torch to ask), or
+    from the command that submitted this job."""
+    if os.environ.get("POWERNORM_REGISTRY"):
+        return os.environ["POWERNORM_REGISTRY"]
     from ...norms import NORM_TYPES
     from ...norms.placement import PLACEMENTS
     from ...norms.qk_norm import QK_KINDS
