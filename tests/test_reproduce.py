@@ -129,3 +129,107 @@ def test_bad_input_is_one_line_before_anything_is_written(toy_data, tmp_path, ca
         error = capsys.readouterr().err.strip().splitlines()
         assert end.value.code == 2 and len(error) == 1 and message in error[0], (flags, error)
         assert error[0].startswith("reproduce.sh: error: ") and not out.exists()
+
+
+def test_dry_runs_print_each_job_and_run_and_write_nothing(toy_data, lm_data, tmp_path, capsys, monkeypatch):
+    from powernorm_fairseq.cli import reproduce
+
+    out = tmp_path / "out"
+    monkeypatch.setenv("PATH", environment(stand_ins())["PATH"])
+    monkeypatch.delenv("POWERNORM_REGISTRY", raising=False)
+    reproduce.main([*GRID, "--data", str(toy_data), "--out", str(out), "--launcher", "slurm", "--tasks-per-node", "2",
+                    "--partition", "p", "--dry-run", "--", *FAIRSEQ])
+    printed = capsys.readouterr().out
+    assert printed.count("#SBATCH --ntasks-per-node=2\n") == 4 and printed.count("#SBATCH --partition=p\n") == 8
+    assert printed.count("#SBATCH --dependency=afterok:TRAINING_JOB_ID\n") == 4
+    assert re.search(r"scripts/train\.sh --config \S+/configs/quickstart-pn\.sh --seed 2 --data \S+ --save-dir "
+                     rf"{out}/runs/pn-seed2 --gpus 0 --world-size 2 -- ", printed), printed
+    # a language model's table: its training and perplexity scripts
+    reproduce.main(["--table", "lm-ptb", "--rows", "ln", "--seeds", "1", "--data", str(lm_data), "--out", str(out),
+                    "--dry-run", "--", "--max-update", "2"])
+    printed = capsys.readouterr().out
+    assert "scripts/train-lm.sh --config" in printed and "configs/lm-ptb-ln.sh" in printed
+    assert re.search(r"scripts/evaluate-lm\.sh --dataset ptb --data \S+ --save-dir \S+/runs/ln-seed1 --cpu", printed)
+    assert not out.exists()
+
+
+def test_each_worker_finds_its_rank_where_fairseq_s_slurm_start_does_and_where_it_cannot(monkeypatch):
+    """The variables a task's worker is given, from SLURM's environment: on GPU nodes with a task per
+    GPU, or one per node, fairseq's own start (checked here against fairseq's code); else explicit."""
+    import subprocess as sp
+
+    import torch
+    from fairseq.dataclass.configs import DistributedTrainingConfig
+    from fairseq.distributed import utils as fairseq_distributed
+    from omegaconf import OmegaConf
+
+    from powernorm_fairseq.cli.reproduce import jobs
+
+    hosts = sp.CompletedProcess([], 0, "n1\nn2\n", "")
+    monkeypatch.setattr(jobs.subprocess, "run", lambda *a, **k: hosts)
+    monkeypatch.setattr(fairseq_distributed.subprocess, "check_output", lambda *a, **k: b"n1\nn2\n")
+    env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_NODELIST": "n[1-2]",
+           "SLURM_NNODES": "2", "SLURM_NODEID": "1"}
+    port = str(20000 + 77)
+
+    def job(gpus, tasks):
+        per_task = gpus // tasks
+        return dict(world=2 * tasks * max(per_task, 1), gpus_per_task=per_task, tasks_per_node=tasks,
+                    gpus_per_node=gpus)
+
+    def fairseq_start(spec, tasks, procid, localid):
+        """What fairseq's SLURM start makes of the task's flags and environment."""
+        flags, _ = jobs.worker(spec, {**env, "SLURM_PROCID": str(procid), "SLURM_LOCALID": str(localid)})
+        assert flags == ["--distributed-port", port]
+        cfg = OmegaConf.structured(DistributedTrainingConfig(  # as fairseq-train holds it
+            distributed_world_size=spec["world"], distributed_port=int(port), tpu=False))  # (tpu: of the whole)
+        with monkeypatch.context() as patch:
+            for key, value in {**env, "SLURM_NTASKS_PER_NODE": str(tasks), "SLURM_PROCID": str(procid),
+                               "SLURM_LOCALID": str(localid)}.items():
+                patch.setenv(key, value)
+            patch.setattr(torch.cuda, "device_count", lambda: spec["gpus_per_node"])
+            patch.setattr(torch.cuda, "set_device", devices.append)
+            fairseq_distributed.infer_init_method(cfg)
+        return cfg
+
+    devices = []
+
+    cfg = fairseq_start(job(8, 8), 8, procid=9, localid=1)  # a task per GPU: worker 9 on the second node's GPU 1
+    assert (cfg.distributed_rank, cfg.device_id, cfg.distributed_world_size, cfg.distributed_no_spawn) == \
+        (9, 1, 16, True) and cfg.distributed_init_method == f"tcp://n1:{port}" and devices == [1]
+    cfg = fairseq_start(job(8, 1), 1, procid=1, localid=0)  # a task per node: fairseq spawns 8 workers from rank 8
+    assert (cfg.distributed_rank, cfg.distributed_world_size, cfg.distributed_num_procs) == (8, 16, 8)
+    # CPU tasks: one gloo worker each, rank from SLURM_PROCID
+    flags, _ = jobs.worker(job(0, 2), {**env, "SLURM_PROCID": "3", "SLURM_LOCALID": "1"})
+    assert flags == ["--distributed-init-method", f"tcp://n1:{port}", "--distributed-rank", "3",
+                     "--distributed-no-spawn", "--device-id", "0", "--distributed-backend", "gloo",
+                     "--ddp-backend", "legacy_ddp"]
+    # 2 tasks of 4 GPUs each a node: this task's GPUs, fairseq spawning a worker on each from rank 4 x PROCID
+    flags, task_env = jobs.worker(job(8, 2), {**env, "SLURM_PROCID": "3", "SLURM_LOCALID": "1"})
+    assert flags == ["--distributed-init-method", f"tcp://n1:{port}", "--distributed-rank", "12"]
+    assert task_env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert jobs.worker(dict(world=1), env) == ([], env)
+
+
+def test_a_job_that_timed_out_without_a_new_checkpoint_is_not_requeued(tmp_path, capsys, monkeypatch):
+    from powernorm_fairseq.cli import slurm
+
+    checkpoint = tmp_path / "checkpoint_last.pt"
+    checkpoint.write_bytes(b"1")
+
+    class Job(slurm.Resumable):
+        def __call__(self):
+            pass
+
+    job = Job()
+    now = [1000.0]
+    monkeypatch.setattr(slurm.time, "time", lambda: now[0])
+    job.started(checkpoint, timeout_min=10)
+    now[0] += 60  # a pre-emption a minute in
+    assert job.requeue("run x")
+    now[0] += 8 * 60  # the time limit's warning, no checkpoint saved since the job started
+    assert not job.requeue("run x")
+    assert capsys.readouterr().err.strip() == "run x: no checkpoint saved in the 10 minutes this job had; not " \
+                                              "requeued (give a longer --timeout-min)"
+    os.utime(checkpoint, ns=(1, checkpoint.stat().st_mtime_ns + 10 ** 9))  # one saved meanwhile
+    assert job.requeue("run x")

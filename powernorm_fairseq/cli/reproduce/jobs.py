@@ -134,7 +134,7 @@ def dry_run(args, todo):
     """Every job's script and command, submitting nothing."""
     folder = Path(args.out, "slurm")
     for row, seed in todo:
-        for params, _, job in (train_job(args, row, seed), score_job(args, row, seed, after="<its training job>")):
+        for params, _, job in (train_job(args, row, seed), score_job(args, row, seed, after="TRAINING_JOB_ID")):
             print(f"# {params['job_name']}\n{slurm.script(folder, params)}\n# each task runs:\n"
                   f"{shlex.join(job['command'])}\n")
 
