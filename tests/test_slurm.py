@@ -123,6 +123,33 @@ def squeue(env, *flags):
                           check=True).stdout.split()
 
 
+def a_second_run_meanwhile(command, run):
+    """What a second run of the same command, started while the first waits, says it submitted."""
+    again = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
+    lines = []
+    while not any("submitted" in line for line in lines):
+        lines.append(again.stderr.readline())
+        assert lines[-1], "".join(lines)
+    again.send_signal(signal.SIGTERM)
+    again.communicate(timeout=60)
+    return lines[-1]
+
+
+def preempt(cluster, job):
+    """SLURM's warning before a time limit (or a pre-emption) to a running job, which requeues itself;
+    then the job may start again at once (SLURM holds a requeued job for 120 s)."""
+    warning = subprocess.Popen(["scancel", "--signal", "USR2", job], env=cluster, stderr=subprocess.DEVNULL)
+
+    def requeued():
+        """the pre-empted job requeued"""
+        show = subprocess.run(["scontrol", "show", "job", job], env=cluster, capture_output=True, text=True).stdout
+        return "JobState=PENDING" in show and "Reason=BeginTime" in show
+
+    until(requeued)
+    warning.kill()  # (scancel goes on asking while the job requeues itself, "can not be altered now")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=cluster, check=True)
+
+
 def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_result(cluster, demo,  # noqa: F811
                                                                                          tmp_path):
     out = tmp_path / "study"
@@ -143,14 +170,8 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     assert "#SBATCH --partition=study\n" in script and "#SBATCH --mem=1GB\n" in script
 
     # a second run meanwhile submits nothing: every cell is pending, running or finished
-    again = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
-    lines = []
-    while not any("submitted" in line for line in lines):
-        lines.append(again.stderr.readline())
-        assert lines[-1], "".join(lines)
-    again.send_signal(signal.SIGTERM)
-    again.communicate(timeout=60)
-    assert re.search(r"(\d) cell\(s\) already pending or running on the cluster, 0 submitted;", lines[-1]), lines
+    line = a_second_run_meanwhile(command, run)
+    assert re.search(r"(\d) cell\(s\) already pending or running on the cluster, 0 submitted;", line), line
 
     def training(*but):
         """a cell mid-training: a checkpoint saved, no result yet, its job running"""
@@ -164,20 +185,7 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     cancelled = until(training)
     subprocess.run(["scancel", jobs[cancelled]], env=cluster, check=True)
     preempted = until(lambda: training(cancelled))  # SLURM's signal before a time limit or a pre-emption
-    signal_ = subprocess.Popen(["scancel", "--signal", "USR2", jobs[preempted]], env=cluster,
-                               stderr=subprocess.DEVNULL)
-
-    def requeued():
-        """the pre-empted job requeued"""
-        show = subprocess.run(["scontrol", "show", "job", jobs[preempted]], env=cluster, capture_output=True,
-                              text=True).stdout
-        return "JobState=PENDING" in show and "Reason=BeginTime" in show
-
-    until(requeued)
-    # (scancel goes on asking while the job requeues itself, "can not be altered now"; it was signalled)
-    signal_.kill()
-    # SLURM holds a requeued job for 120 s before it may start again: let it start now
-    subprocess.run(["scontrol", "update", f"JobId={jobs[preempted]}", "StartTime=now"], env=cluster, check=True)
+    preempt(cluster, jobs[preempted])
     _, console = first.communicate(timeout=300)
     assert first.returncode == 1, console[-3000:]
     assert re.search(rf"{cancelled}: job {jobs[cancelled]} ended without a result \(CANCELLED[^\n]*\); the same "
@@ -288,14 +296,8 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
         score = (out / "slurm" / f"{ids['score']}_submission.sh").read_text()
         assert f"#SBATCH --dependency=afterok:{ids['train']}\n" in score and "#SBATCH --ntasks-per-node=1\n" in score
     # a second run meanwhile submits nothing
-    again = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
-    lines = []
-    while not any("submitted" in line for line in lines):
-        lines.append(again.stderr.readline())
-        assert lines[-1], "".join(lines)
-    again.send_signal(signal.SIGTERM)
-    again.communicate(timeout=60)
-    assert re.search(r"\d run\(s\) already pending or running on the cluster, 0 submitted", lines[-1]), lines
+    line = a_second_run_meanwhile(command, run)
+    assert re.search(r"\d run\(s\) already pending or running on the cluster, 0 submitted", line), line
 
     def training(*but):
         """a run mid-training: a checkpoint saved, not done, its job running"""
@@ -309,19 +311,7 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
     cancelled = until(training)
     subprocess.run(["scancel", jobs[cancelled]["train"]], env=cluster, check=True)
     preempted = until(lambda: training(cancelled))  # SLURM's warning before a time limit, or a pre-emption
-    signal_ = subprocess.Popen(["scancel", "--signal", "USR2", jobs[preempted]["train"]], env=cluster,
-                               stderr=subprocess.DEVNULL)
-
-    def requeued():
-        """the pre-empted training requeued"""
-        show = subprocess.run(["scontrol", "show", "job", jobs[preempted]["train"]], env=cluster,
-                              capture_output=True, text=True).stdout
-        return "JobState=PENDING" in show and "Reason=BeginTime" in show
-
-    until(requeued)
-    signal_.kill()
-    subprocess.run(["scontrol", "update", f"JobId={jobs[preempted]['train']}", "StartTime=now"], env=cluster,
-                   check=True)
+    preempt(cluster, jobs[preempted]["train"])
     _, console = first.communicate(timeout=400)
     assert first.returncode == 1, console[-3000:]
     assert re.search(rf"{cancelled}: training job {jobs[cancelled]['train']} ended \(CANCELLED\)[^\n]*; the same "

@@ -66,6 +66,20 @@ def _mark(path):
     return path.stat().st_mtime_ns if path.exists() else None
 
 
+def check_flags(args, p, flags):
+    """A launcher's own flags (``flags``: {dest: default}): refused in one line
+    without ``--launcher slurm``, their defaults set with it; whether it is SLURM."""
+    given = [key for key in flags if getattr(args, key) is not None]
+    if args.launcher != "slurm":
+        if given:
+            p.error(f"--{given[0].replace('_', '-')}: a --launcher slurm flag; add --launcher slurm, or leave it out")
+        return False
+    for key, default in flags.items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    return True
+
+
 def check_tools(p):
     """``p.error`` in one line where this machine has no SLURM client."""
     missing = next((tool for tool in TOOLS if not shutil.which(tool)), None)

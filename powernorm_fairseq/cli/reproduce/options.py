@@ -74,14 +74,8 @@ def check(args, p):
 
 
 def _check_launcher(args, p):
-    given = [k for k, default in jobs.FLAGS.items() if getattr(args, k) is not None]
-    if args.launcher == "local":
-        if given:
-            p.error(f"--{given[0].replace('_', '-')}: a --launcher slurm flag; add --launcher slurm, or leave it out")
+    if not slurm.check_flags(args, p, jobs.FLAGS):
         return
-    for key, default in jobs.FLAGS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, default)
     if args.tasks_per_node is None:
         args.tasks_per_node = args.gpus_per_node or 1
     if args.gpus_per_node and args.gpus_per_node % args.tasks_per_node:

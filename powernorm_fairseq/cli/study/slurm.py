@@ -133,18 +133,12 @@ def _why(args, cell, job_id):
 
 def check(args, p):
     """The launcher's flags: with ``--launcher slurm`` only, and what they imply."""
-    given = [k for k in FLAGS if getattr(args, k) is not None]
-    if args.launcher == "local":
-        if given:
-            p.error(f"--{given[0].replace('_', '-')}: a --launcher slurm flag; add --launcher slurm, or leave it out")
+    if not slurm.check_flags(args, p, FLAGS):
         return
     for flag, bad in (("--jobs", args.jobs is not None), ("--print-commands", args.print_commands)):
         if bad:
             p.error(f"{flag}: the local launcher's; --launcher slurm submits every cell as a job "
                     "(--max-parallel: how many run at once)")
     slurm.check_tools(p)
-    for key, default in FLAGS.items():
-        if getattr(args, key) is None:
-            setattr(args, key, default)
     args.cpus_per_cell = args.cpus_per_cell or max(1, args.gpus_per_cell)
     args.threads = args.threads or args.cpus_per_cell
