@@ -266,7 +266,7 @@ def test_a_cell_of_two_workers_trains_in_the_processes_fairseq_spawns(demo, tmp_
 
 #: the paper's table on the cluster: each training 2 CPU workers (gloo, world size 2), each scoring a job after it
 REPRODUCE = ["--table", "quickstart", "--rows", "ln", "pn", "--seeds", "1", "2", "--launcher", "slurm",
-             "--tasks-per-node", "2", "--partition", "study", "--timeout-min", "10"]
+             "--tasks-per-node", "2", "--partition", "study", "--timeout-min", "10", "--max-parallel", "2"]
 
 
 def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_run(cluster, toy_data, tmp_path):
@@ -288,16 +288,20 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
         return jobs if jobs and len(jobs) == 4 and all(len(ids) == 2 for ids in jobs.values()) else None
 
     jobs = until(submitted)
-    for ids in jobs.values():  # each training job: 1 node x 2 tasks; each scoring job after its training
-        train = (out / "slurm" / f"{ids['train']}_submission.sh").read_text()
-        assert "#SBATCH --nodes=1\n" in train and "#SBATCH --ntasks-per-node=2\n" in train
+    # the trainings: one array, at most 2 at once, each job 1 node x 2 tasks; each scoring after its training
+    assert len({ids["train"].split("_")[0] for ids in jobs.values()}) == 1
+    for ids in jobs.values():
+        train = (out / "slurm" / f"{ids['train'].split('_')[0]}_submission.sh").read_text()
+        assert re.search(r"#SBATCH --array=0-3%2\n", train) and "#SBATCH --nodes=1\n" in train
+        assert "#SBATCH --ntasks-per-node=2\n" in train
         assert "#SBATCH --partition=study\n" in train and "#SBATCH --time=10\n" in train
         assert "#SBATCH --signal=USR2@90\n" in train
         score = (out / "slurm" / f"{ids['score']}_submission.sh").read_text()
         assert f"#SBATCH --dependency=afterok:{ids['train']}\n" in score and "#SBATCH --ntasks-per-node=1\n" in score
     # a second run meanwhile submits nothing
     line = a_second_run_meanwhile(command, run)
-    assert re.search(r"\d run\(s\) already pending or running on the cluster, 0 submitted", line), line
+    assert re.search(r"\d run\(s\) already pending or running on the cluster, 0 training\(s\) and 0 scoring\(s\) "
+                     "submitted", line), line
 
     def training(*but):
         """a run mid-training: a checkpoint saved, not done, its job running"""
@@ -331,7 +335,8 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "reproduce: quickstart: 4 runs, 3 scored, 1 to run (on SLURM)" in proc.stderr
     assert f"{cancelled}: job {jobs[cancelled]['train']} ended without finishing its training; resubmitted" \
-        in proc.stderr and "0 run(s) already pending or running on the cluster, 1 submitted" in proc.stderr
+        in proc.stderr and "0 run(s) already pending or running on the cluster, 1 training(s) and 1 scoring(s) " \
+        "submitted" in proc.stderr
     now = json.loads((out / "jobs.json").read_text())
     assert now[cancelled] != jobs[cancelled] and {k: v for k, v in now.items() if k != cancelled} == \
         {k: v for k, v in jobs.items() if k != cancelled}
@@ -339,7 +344,7 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
     proc = subprocess.run(command, capture_output=True, **run)
     assert proc.returncode == 0 and "4 runs, 4 scored, 0 to run" in proc.stderr, proc.stderr[-3000:]
     assert json.loads((out / "jobs.json").read_text()) == now and sorted((out / "slurm").glob("*_submission.sh")) \
-        == scripts and squeue(cluster) == []
+        == scripts and squeue(cluster) == [] and "0 training(s) and 0 scoring(s) submitted" in proc.stderr
 
     # each training ran two workers, their norms' statistics synchronised, and stopped at the same update
     updates = set()

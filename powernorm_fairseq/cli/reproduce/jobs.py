@@ -103,7 +103,7 @@ def shape(args):
 def train_job(args, row, seed):
     world, per_task = shape(args)
     run = directory(args, row, seed)
-    params = dict(job_name=f"reproduce-{name(row, seed)}", time=args.timeout_min, nodes=args.nodes,
+    params = dict(job_name="reproduce", time=args.timeout_min, nodes=args.nodes,
                   ntasks_per_node=args.tasks_per_node, **_common(args))
     if args.gpus_per_node:
         params["gpus_per_node"] = args.gpus_per_node
@@ -134,55 +134,56 @@ def dry_run(args, todo):
     """Every job's script and command, submitting nothing."""
     folder = Path(args.out, "slurm")
     for row, seed in todo:
-        for params, _, job in (train_job(args, row, seed), score_job(args, row, seed, after="TRAINING_JOB_ID")):
-            print(f"# {params['job_name']}\n{slurm.script(folder, params)}\n# each task runs:\n"
+        for params, fn, job in (train_job(args, row, seed), score_job(args, row, seed, after="TRAINING_JOB_ID")):
+            print(f"# {job['name']}, {'training' if isinstance(fn, Train) else 'scoring'}\n"
+                  f"{slurm.script(folder, params)}\n# each task runs:\n"
                   f"{shlex.join(job['command'])}\n")
 
 
 def run(args, todo):
-    """Submit what is neither running nor finished, then (unless --no-wait)
-    wait; (row, seed) of the runs that ended without their score."""
+    """Submit what is neither running nor finished (the trainings as one job
+    array, ``--max-parallel`` of them at once; each scoring after its
+    training), then, unless --no-wait, wait; (row, seed) of the runs that
+    ended without their score."""
     folder = Path(args.out, "slurm")
     slurm.private(folder)
-    waiting, submitted = 0, 0
+    waiting, train, score = 0, [], []  # runs to train; (run, the training it waits for) to score
     with slurm.locked(args.out):
         jobs, live = slurm.read_jobs(args.out), slurm.live()
         for row, seed in todo:
-            key, run_dir = name(row, seed), directory(args, row, seed)
-            ids = dict(jobs.get(key, {}))
-            if trained(run_dir):
+            key, ids = name(row, seed), jobs.get(name(row, seed), {})
+            if trained(directory(args, row, seed)) or ids.get("train") in live:
                 if ids.get("score") in live:
                     waiting += 1
-                    continue
-                runs.record(args, row, seed)
-                ids["score"] = _submit(folder, *score_job(args, row, seed))
-            elif ids.get("train") in live:
-                waiting += 1
-                if ids.get("score") in live:
-                    continue
-                ids["score"] = _submit(folder, *score_job(args, row, seed, after=ids["train"]))
-            else:
-                if "train" in ids:
-                    print(f"reproduce: {key}: job {ids['train']} ended without finishing its training; resubmitted",
-                          file=sys.stderr)
-                if ids.get("score") in live:
-                    slurm.cancel(ids["score"])  # waiting on a training that will never succeed
-                runs.record(args, row, seed)
-                ids["train"] = _submit(folder, *train_job(args, row, seed))
-                ids["score"] = _submit(folder, *score_job(args, row, seed, after=ids["train"]))
-            submitted += 1
-            jobs[key] = ids
-            slurm.write_jobs(args.out, jobs)  # after each submission: an interrupted one loses no job id
-    print(f"reproduce: {waiting} run(s) already pending or running on the cluster, {submitted} submitted; their "
-          f"logs: {folder}", file=sys.stderr)
+                else:  # trained (a scoring job that ended without its score), or waiting for its training
+                    score.append(((row, seed), None if trained(directory(args, row, seed)) else ids["train"]))
+                continue
+            if "train" in ids:
+                print(f"reproduce: {key}: job {ids['train']} ended without finishing its training; resubmitted",
+                      file=sys.stderr)
+            if ids.get("score") in live:
+                slurm.cancel(ids["score"])  # waiting on a training that will never succeed
+            train.append((row, seed))
+        for row, seed in train + [r for r, _ in score]:
+            runs.record(args, row, seed)
+        if train:
+            made = [train_job(args, row, seed) for row, seed in train]
+            params = {**made[0][0], "job_name": "reproduce", "array_parallelism": args.max_parallel or len(train)}
+            ids = slurm.submit(folder, params, [(fn, (job,)) for _, fn, job in made], "the trainings")
+            for (row, seed), job_id in zip(train, ids):
+                jobs[name(row, seed)] = {"train": job_id}
+                score.append(((row, seed), job_id))
+            slurm.write_jobs(args.out, jobs)  # at once: an interrupted submission loses no job id
+        for (row, seed), after in score:
+            params, fn, job = score_job(args, row, seed, after)
+            jobs.setdefault(name(row, seed), {})["score"] = slurm.submit(folder, params, [(fn, (job,))],
+                                                          f"{job['name']}'s scoring")[0]
+            slurm.write_jobs(args.out, jobs)
+    print(f"reproduce: {waiting} run(s) already pending or running on the cluster, {len(train)} training(s) and "
+          f"{len(score)} scoring(s) submitted; their logs: {folder}", file=sys.stderr)
     if args.no_wait:
         return []
     return _wait(args, todo, jobs)
-
-
-def _submit(folder, params, fn, job):
-    what = f"{job['name']}'s {'training' if isinstance(fn, Train) else 'scoring'}"
-    return slurm.submit(folder, params, [(fn, (job,))], what)[0]
 
 
 def _wait(args, todo, jobs):
@@ -194,7 +195,7 @@ def _wait(args, todo, jobs):
             run_dir, ids = directory(args, row, seed), jobs[key]
             if scored(row, run_dir):
                 print(f"reproduce: {key}: scored", file=sys.stderr)
-            elif ids["train"] not in live and not trained(run_dir):
+            elif ids.get("train") not in live and not trained(run_dir):
                 slurm.cancel(ids["score"])  # a failed training never runs its scoring
                 _failed(folder, run_dir, "training", ids["train"], Path(run_dir, "train.log"))
                 failures.append((row, seed))
