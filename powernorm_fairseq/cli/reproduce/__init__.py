@@ -64,9 +64,9 @@ def reproduce(args, p):
         failures = runs.run_local(args, steps)
     else:
         failures = jobs.run(args, todo)
-    path = table.write(args, args.rows, args.seeds)
+    path, text = table.write(args, args.rows, args.seeds)
     print(f"reproduce: {path}", file=sys.stderr)
-    print(path.read_text())
+    print(text)
     if failures:
         p.exit(1, f"{p.prog}: {len(failures)} run(s) ended without a score (see the table); the same command "
                   "runs them again\n")

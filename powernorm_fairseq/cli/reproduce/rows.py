@@ -6,6 +6,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...common.files import check_regular_file
+
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: configs/ and scripts/
 CONFIGS = ROOT / "configs"
 SCRIPTS = ROOT / "scripts"
@@ -56,6 +58,7 @@ def names(table):
 
 def row(table, name):
     config = CONFIGS / f"{table}-{name}.sh"
+    check_regular_file(config, "config")
     text = config.read_text()
     dataset = re.search(r"^DATASET=(\w+)", text, re.M)
     paper = re.search(r"paper: ([\d.]+) (?:BLEU|perplexity)", text.splitlines()[0])
@@ -64,10 +67,11 @@ def row(table, name):
                float(paper.group(1)) if paper else None)
 
 
-def metric(row, run):
+def score_of(row, run):
     """(the row's metric, sacreBLEU or None, sacreBLEU's signature or None) from a scored run's file."""
     import json
 
+    check_regular_file(Path(run, row.score_file), "score")
     result = json.loads(Path(run, row.score_file).read_text())
     if row.lm:
         return result["perplexity"], None, None

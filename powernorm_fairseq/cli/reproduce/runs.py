@@ -19,9 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ...common.files import atomic_path
+from ...common.files import atomic_path, check_regular_file
 from .. import slurm
-from .rows import ROOT, metric
+from .rows import ROOT, score_of
 
 FAILURE = "failure.txt"  # why a run ended without its score, in one line; removed when it starts again
 SETTINGS = "run.json"
@@ -68,7 +68,7 @@ def state(row, run):
     """("scored", (metric, sacreBLEU, signature)), ("failed", why), ("trained", ...) or ("unfinished", ...)."""
     if scored(row, run):
         try:
-            return "scored", metric(row, run)
+            return "scored", score_of(row, run)
         except (OSError, ValueError, KeyError) as err:
             return "failed", f"{Path(run, row.score_file)}: unreadable ({err})"
     why = slurm.last_line(Path(run, FAILURE))
@@ -84,6 +84,7 @@ def failed(run, why):
 
 
 def settings(args, row, seed):
+    check_regular_file(row.config, "config")
     return {"table": row.table, "row": row.name, "seed": seed,
             "config": hashlib.sha256(row.config.read_bytes()).hexdigest()[:16],
             "fairseq-train flags": list(args.fairseq), "data": args.data_digest, "code": args.code_version}
@@ -95,6 +96,7 @@ def check_settings(args, runs):
         path = directory(args, row, seed) / SETTINGS
         if not path.exists():
             continue
+        check_regular_file(path, "run record")
         try:
             then = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -148,7 +150,7 @@ def code_version():
     h = hashlib.sha256()
     sources = [p for pattern in ("powernorm_fairseq/**/*.py", "powernorm_fairseq/**/*.h", "powernorm_fairseq/**/*.cpp",
                                  "scripts/*.sh", "scripts/*.py") for p in ROOT.glob(pattern)]
-    for path in sorted(sources):
+    for path in sorted(p for p in sources if p.is_file()):
         h.update(f"{path.relative_to(ROOT)}\n".encode() + path.read_bytes())
     return f"powernorm-fairseq {__version__} ({h.hexdigest()[:12]}), fairseq {version('fairseq-fixed')}, " \
            f"torch {version('torch')}"

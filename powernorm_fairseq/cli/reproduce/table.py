@@ -116,14 +116,15 @@ def markdown(table):
 
 
 def write(args, rows, seeds):
-    """table.json, table.md and the figures; the table's path."""
+    """table.json, table.md and the figures; table.md's path and text."""
     table = collect(args, rows, seeds)
+    text = markdown(table)
     with atomic_path(Path(args.out, "table.json")) as tmp:
         Path(tmp).write_text(json.dumps(table, indent=1) + "\n")
     with atomic_path(Path(args.out, "table.md")) as tmp:
-        Path(tmp).write_text(markdown(table))
+        Path(tmp).write_text(text)
     figures(args, rows, seeds, table)
-    return Path(args.out, "table.md")
+    return Path(args.out, "table.md"), text
 
 
 def valid_losses(log):
