@@ -161,23 +161,6 @@ def log(folder, job_id):
     return submitit.SlurmJob(folder=folder, job_id=job_id).paths.stderr
 
 
-def tail(path, size=4096) -> str:
-    """The end of a text file, or "" for anything else (a FIFO is never opened)."""
-    try:
-        if not Path(path).is_file():
-            return ""
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def last_line(path) -> str:
-    lines = [x.strip() for x in tail(path).splitlines() if x.strip()]
-    return lines[-1] if lines else ""
-
-
 def private(folder):
     """Refuse an OUT/slurm that another user can write: submitit runs its
     ``*_submitted.pkl`` inside the jobs, so what is there is code."""

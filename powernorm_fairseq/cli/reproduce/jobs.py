@@ -22,7 +22,7 @@ from pathlib import Path
 
 import submitit
 
-from ...common.files import end_cleanly_on_sigterm
+from ...common.files import end_cleanly_on_sigterm, last_line
 from .. import slurm
 from . import runs
 from .runs import directory, name, scored, trained
@@ -151,12 +151,13 @@ def run(args, todo):
     with slurm.locked(args.out):
         jobs, live = slurm.read_jobs(args.out), slurm.live()
         for row, seed in todo:
-            key, ids = name(row, seed), jobs.get(name(row, seed), {})
-            if trained(directory(args, row, seed)) or ids.get("train") in live:
+            key = name(row, seed)
+            ids, done = jobs.get(key, {}), trained(directory(args, row, seed))
+            if done or ids.get("train") in live:
                 if ids.get("score") in live:
                     waiting += 1
                 else:  # trained (a scoring job that ended without its score), or waiting for its training
-                    score.append(((row, seed), None if trained(directory(args, row, seed)) else ids["train"]))
+                    score.append(((row, seed), None if done else ids["train"]))
                 continue
             if "train" in ids:
                 print(f"reproduce: {key}: job {ids['train']} ended without finishing its training; resubmitted",
@@ -168,7 +169,7 @@ def run(args, todo):
             runs.record(args, row, seed)
         if train:
             made = [train_job(args, row, seed) for row, seed in train]
-            params = {**made[0][0], "job_name": "reproduce", "array_parallelism": args.max_parallel or len(train)}
+            params = {**made[0][0], "array_parallelism": args.max_parallel or len(train)}  # the same for each
             ids = slurm.submit(folder, params, [(fn, (job,)) for _, fn, job in made], "the trainings")
             for (row, seed), job_id in zip(train, ids):
                 jobs[name(row, seed)] = {"train": job_id}
@@ -193,13 +194,14 @@ def _wait(args, todo, jobs):
         live, changed = slurm.live(), False
         for key, (row, seed) in list(pending.items()):
             run_dir, ids = directory(args, row, seed), jobs[key]
-            if scored(row, run_dir):
+            done = trained(run_dir)
+            if done and scored(row, run_dir):
                 print(f"reproduce: {key}: scored", file=sys.stderr)
-            elif ids.get("train") not in live and not trained(run_dir):
+            elif ids.get("train") not in live and not done:
                 slurm.cancel(ids["score"])  # a failed training never runs its scoring
                 _failed(folder, run_dir, "training", ids["train"], Path(run_dir, "train.log"))
                 failures.append((row, seed))
-            elif ids["score"] not in live and trained(run_dir):
+            elif ids["score"] not in live and done:
                 _failed(folder, run_dir, "scoring", ids["score"], None)
                 failures.append((row, seed))
             else:
@@ -212,7 +214,7 @@ def _wait(args, todo, jobs):
 
 
 def _failed(folder, run_dir, what, job_id, log):
-    last = (slurm.last_line(log) if log else "") or slurm.last_line(slurm.log(folder, job_id))
+    last = (last_line(log) if log else "") or last_line(slurm.log(folder, job_id))
     why = f"{what} job {job_id} ended ({slurm.state(job_id)}){': ' + last if last else ''}"
     runs.failed(run_dir, why)
     print(f"reproduce: {Path(run_dir).name}: {why}; the same command resubmits it", file=sys.stderr)

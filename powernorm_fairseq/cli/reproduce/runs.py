@@ -19,8 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ...common.files import atomic_path, check_regular_file
-from .. import slurm
+from ...common.files import atomic_path, check_regular_file, last_line, tail
 from .rows import ROOT, score_of
 
 FAILURE = "failure.txt"  # why a run ended without its score, in one line; removed when it starts again
@@ -54,7 +53,7 @@ def score_command(args, row, seed, gpu):
 
 def trained(run):
     """fairseq-train ended its run ("done training") and left its last checkpoint."""
-    return Path(run, "checkpoint_last.pt").is_file() and "done training" in slurm.tail(Path(run, "train.log"), 65536)
+    return Path(run, "checkpoint_last.pt").is_file() and "done training" in tail(Path(run, "train.log"), 65536)
 
 
 def scored(row, run):
@@ -71,7 +70,7 @@ def state(row, run):
             return "scored", score_of(row, run)
         except (OSError, ValueError, KeyError) as err:
             return "failed", f"{Path(run, row.score_file)}: unreadable ({err})"
-    why = slurm.last_line(Path(run, FAILURE))
+    why = last_line(Path(run, FAILURE))
     if why:
         return "failed", why
     return ("trained", "trained, not scored") if trained(run) else ("unfinished", "unfinished")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from ...common.errors import PowerNormConfigError
-from ...common.files import atomic_path, end_cleanly_on_sigterm
+from ...common.files import atomic_path, end_cleanly_on_sigterm, last_line, tail
 from .. import slurm
 from .cell import add_seconds, quiet, run_cell
 from .grid import StudyError
@@ -120,11 +120,11 @@ def _why(args, cell, job_id):
     rerun can help, and its log."""
     log = slurm.log(Path(args.out, "slurm"), job_id)
     kind, last = "error", ""
-    record = slurm.tail(Path(args.out, "cells", cell["name"], FAILURE)).splitlines()
+    record = tail(Path(args.out, "cells", cell["name"], FAILURE)).splitlines()
     if len(record) >= 2:
         kind, last = record[0], record[-1]
     else:
-        last = slurm.last_line(log)
+        last = last_line(log)
     again = "a rerun fails the same way until what it names is fixed" if kind == "input" \
         else "the same command resubmits it"
     return f"job {job_id} ended without a result ({slurm.state(job_id)}{': ' + last if last else ''}); {again}. " \
