@@ -48,6 +48,33 @@ def cpu_kernels():
     return {"build_ext": Build}, [extension]
 
 
+def archive_guard(commands):
+    """``powernorm_fairseq-archives.pth`` at the root of site-packages, beside the package: Python runs it
+    at start-up in every process of the environment, and it loads ``patches/archives.py`` alone, which
+    guards fairseq's archive extraction whatever the process imports first (that module's docstring).
+    Written by build_py, which a wheel and an editable install both run: into the build's library (a
+    wheel), or, editable, straight into the wheel setuptools makes (its install_lib), as it does with
+    the files that are not part of the editable mapping."""
+    import importlib.util
+
+    from setuptools.command.build_py import build_py
+
+    spec = importlib.util.spec_from_file_location("_archives", "powernorm_fairseq/patches/archives.py")
+    archives = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(archives)
+
+    class BuildPy(build_py):
+        def run(self):
+            super().run()
+            where = self.get_finalized_command("install").install_lib if self.editable_mode else self.build_lib
+            os.makedirs(where, exist_ok=True)
+            with open(os.path.join(where, PTH), "w") as f:
+                f.write(archives._pth())
+
+    return {**commands, "build_py": BuildPy}
+
+
+PTH = "powernorm_fairseq-archives.pth"
 commands, extensions = cpu_kernels()
 
-setup(ext_modules=extensions, cmdclass=commands)
+setup(ext_modules=extensions, cmdclass=archive_guard(commands))

@@ -44,7 +44,7 @@ for norm in $NORMS; do
     (( freq >= 1 )) || die "$GPUS GPUs x $b tokens exceed the $TOTAL-token batch"
     run="$OUT/$norm-stat$b-seed$SEED"
     tied bash "$ROOT/scripts/train.sh" --dataset "$DATASET" --data "$DATA" --norm "$norm" --seed "$SEED" \
-      --gpus "$GPUS" --update-freq "$freq" --save-dir "$run" -- --max-tokens "$b" "${EXTRA[@]}"
+      --gpus "$GPUS" --tokens-per-update "$TOTAL" --update-freq "$freq" --save-dir "$run" -- --max-tokens "$b" "${EXTRA[@]}"
     tied bash "$ROOT/scripts/evaluate.sh" --dataset "$DATASET" --data "$DATA" --save-dir "$run"
     rows+=("$norm $b $freq $run/bleu-test.json")
   done

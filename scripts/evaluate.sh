@@ -18,8 +18,8 @@ usage: scripts/evaluate.sh --save-dir DIR [--dataset NAME] [options]
   --data DIR         binarized data (default: data-bin/<dataset>/bin)
   --raw-ref FILE     untokenized test reference for sacreBLEU
                      (default: <data>/../raw/test.<tgt> if present)
-  --average N        average the last N epoch checkpoints (default: 5 iwslt14,
-                     10 wmt14, 3 quickstart; 1 = checkpoint_last.pt alone)
+  --average N        average the last N epoch checkpoints (default: 10 iwslt14
+                     and wmt14, as the paper; 3 quickstart; 1 = checkpoint_last.pt alone)
   --subset NAME      test | valid (default: test)
   --cpu              generate on the CPU
   --verbose          show fairseq-generate's log (always kept in DIR/generate.log)
@@ -38,7 +38,7 @@ export VERBOSE
 # the translations, logs and scores go beside the checkpoints
 writable "$SAVE_DIR" || die "--save-dir: cannot write into '$SAVE_DIR' (a read-only file system or no permission); copy the checkpoints to a writable directory"
 case "$DATASET" in
-  iwslt14) BEAM=5 LENPEN=1.0 BLEU=iwslt14 SRC=de TGT=en N=5 ;;
+  iwslt14) BEAM=5 LENPEN=1.0 BLEU=iwslt14 SRC=de TGT=en N=10 ;;
   quickstart) BEAM=5 LENPEN=1.0 BLEU=iwslt14 SRC=de TGT=en N=3 ;;
   wmt14) BEAM=4 LENPEN=0.6 BLEU=wmt14 SRC=en TGT=de N=10 ;;
   *) die "--dataset must be one of {iwslt14,wmt14,quickstart}, got '$DATASET'" ;;

@@ -115,12 +115,12 @@ parse_options() {
 
 # parse_run_options ARGS...: the options both training scripts take (see their
 # usage), into DATASET, DATA, NORM, PLACEMENT, QK_NORM, SEED, GPUS, WORLD_SIZE,
-# UPDATE_FREQ, SAVE_DIR, DRY_RUN and EXTRA (what follows --), and --verbose into VERBOSE;
+# UPDATE_FREQ, TOKENS_PER_UPDATE, SAVE_DIR, DRY_RUN and EXTRA (what follows --), and --verbose into VERBOSE;
 # OPTIONS, which the caller declares, adds its own (parse_options)
 parse_run_options() {
   OPTIONS+=([--config]=_CONFIG [--dataset]=DATASET [--data]=DATA [--norm]=NORM [--placement]=PLACEMENT
             [--qk-norm]=QK_NORM [--seed]=SEED [--gpus]=GPUS [--world-size]=WORLD_SIZE
-            [--update-freq]=UPDATE_FREQ [--save-dir]=SAVE_DIR [--dry-run]=DRY_RUN=1 [--verbose]=VERBOSE=1
+            [--update-freq]=UPDATE_FREQ [--tokens-per-update]=TOKENS_PER_UPDATE [--save-dir]=SAVE_DIR [--dry-run]=DRY_RUN=1 [--verbose]=VERBOSE=1
             [--]=EXTRA)
   parse_options "$@"
   export VERBOSE
@@ -159,12 +159,16 @@ check_run() {
 
 # devices TOTAL_TOKENS MAX_TOKENS: from GPUS (empty = all visible), WORLD_SIZE
 # (empty = a worker per GPU here; else the workers of a run that spans
-# machines, each started apart, e.g. by SLURM) and UPDATE_FREQ (empty = keep
-# TOTAL_TOKENS per update) sets WORKERS, UPDATE_FREQ and DEVICE, the fairseq
-# flags for the CPU or the GPUs. More than one worker synchronises the norms'
-# batch statistics over all of them (--norm-sync batch).
+# machines, each started apart, e.g. by SLURM), UPDATE_FREQ (empty = the
+# fewest batches that keep each under MAX_TOKENS) and a `--max-tokens` or
+# `--update-freq` among EXTRA (the flags after --), sets WORKERS, MAX_TOKENS
+# (per worker), UPDATE_FREQ and DEVICE, the fairseq flags for the CPU or the
+# GPUs, so that WORKERS x MAX_TOKENS x UPDATE_FREQ = TOTAL_TOKENS, the row's
+# batch per update, for every number of workers; a number that cannot divide it
+# is refused. More than one worker synchronises the norms' batch statistics
+# over all of them (--norm-sync batch).
 devices() {
-  local total=$1 max=$2
+  local total=${TOKENS_PER_UPDATE:-$1} max=$2 i rest=() per given=""
   if [[ -z "$GPUS" ]]; then
     GPUS=$(python -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
   fi
@@ -174,10 +178,33 @@ devices() {
     [[ "$WORLD_SIZE" =~ ^[1-9][0-9]*$ ]] || die "--world-size must be a positive integer, got '$WORLD_SIZE'"
     WORKERS=$WORLD_SIZE
   fi
-  if [[ -z "$UPDATE_FREQ" ]]; then
-    UPDATE_FREQ=$(( (total + WORKERS * max - 1) / (WORKERS * max) ))
+  # after --, --max-tokens caps each worker's batch (the update frequency then keeps the row's batch);
+  # --update-freq is this script's own option
+  for ((i = 0; i < ${#EXTRA[@]}; i++)); do
+    case "${EXTRA[i]}" in
+      --max-tokens) max="${EXTRA[i+1]:-}" given=1; i=$((i + 1)) ;;
+      --max-tokens=*) max="${EXTRA[i]#*=}" given=1 ;;
+      --update-freq|--update-freq=*)
+        die "--update-freq after --: give it as this script's --update-freq N, which keeps the row's $total tokens per update" ;;
+      *) rest+=("${EXTRA[i]}") ;;
+    esac
+  done
+  EXTRA=("${rest[@]+"${rest[@]}"}")
+  [[ "$max" =~ ^[1-9][0-9]*$ ]] || die "--max-tokens must be a positive integer, got '$max'"
+  [[ "$total" =~ ^[1-9][0-9]*$ ]] || die "--tokens-per-update must be a positive integer, got '$total'"
+  (( total % WORKERS == 0 )) || die "$WORKERS workers (--gpus/--world-size) cannot divide the row's $total tokens per update; use a number of workers that divides $total"
+  per=$(( total / WORKERS ))
+  if [[ -n "$UPDATE_FREQ" ]]; then
+    [[ "$UPDATE_FREQ" =~ ^[1-9][0-9]*$ ]] || die "--update-freq must be a positive integer, got '$UPDATE_FREQ'"
+    (( per % UPDATE_FREQ == 0 )) || die "--update-freq $UPDATE_FREQ cannot divide the $per tokens each of $WORKERS worker(s) takes per update (the row's $total); use a divisor of $per"
+    [[ -z "$given" ]] || (( max * UPDATE_FREQ == per )) || die "--max-tokens $max x --update-freq $UPDATE_FREQ x $WORKERS worker(s) is not the row's $total tokens per update; give one of them"
+  else
+    (( max <= per )) || max=$per
+    UPDATE_FREQ=$(( (per + max - 1) / max ))
+    while (( per % UPDATE_FREQ )); do UPDATE_FREQ=$(( UPDATE_FREQ + 1 )); done
   fi
-  [[ "$UPDATE_FREQ" =~ ^[1-9][0-9]*$ ]] || die "--update-freq must be a positive integer, got '$UPDATE_FREQ'"
+  MAX_TOKENS=$(( per / UPDATE_FREQ ))
+  TOKENS_PER_UPDATE=$(( WORKERS * MAX_TOKENS * UPDATE_FREQ ))
   DEVICE=()
   [[ "$GPUS" == 0 ]] && DEVICE=(--cpu)
   (( WORKERS > 1 )) && DEVICE+=(--distributed-world-size "$WORKERS" --norm-sync batch)
@@ -197,10 +224,16 @@ launch() {
   local made=""
   [[ -d "$SAVE_DIR" ]] || made="$SAVE_DIR"
   mkdir -p "$SAVE_DIR"
-  echo "$summary, $WORKERS worker(s) x $MAX_TOKENS tokens x update-freq $UPDATE_FREQ -> $SAVE_DIR" >&2
+  HEADER="$summary, $(batch_line) -> $SAVE_DIR"
+  echo "$HEADER" >&2
   echo "  log: $SAVE_DIR/train.log" >&2
   COMMAND_FILE="$SAVE_DIR/command.txt" COMMAND_TEXT="$(printf '%q ' "$@")" MADE_DIR="$made" \
     logged "$SAVE_DIR/train.log" "$@"
+}
+
+# batch_line: the effective batch, as train.log's first line and the console state it
+batch_line() {
+  echo "world size $WORKERS, $WORKERS worker(s) x $MAX_TOKENS tokens x update-freq $UPDATE_FREQ = $TOKENS_PER_UPDATE tokens per update"
 }
 
 # logged LOG CMD...: run CMD, its output and errors appended to LOG; the
@@ -211,12 +244,13 @@ logged() {
   local log=$1 status=0; shift
   if [[ -n "${VERBOSE:-}" ]]; then
     [[ -z "${COMMAND_FILE:-}" ]] || echo "$COMMAND_TEXT" > "$COMMAND_FILE"
+    [[ -z "${HEADER:-}" ]] || echo "$HEADER" >> "$log"
     tied "$@" 2>&1 | tee -a "$log"
     return
   fi
   local codes
   tied "$@" 2>&1 | tied python -m powernorm_fairseq.cli.progress --log "$log" --prefix "  " \
-    ${COMMAND_FILE:+--command-file "$COMMAND_FILE" --command "$COMMAND_TEXT"} \
+    ${COMMAND_FILE:+--command-file "$COMMAND_FILE" --command "$COMMAND_TEXT"} ${HEADER:+--header "$HEADER"} \
     ${MADE_DIR:+--remove-if-empty "$MADE_DIR"} && codes=(0 0) || codes=("${PIPESTATUS[@]}")
   status=${codes[0]}
   (( ${codes[1]} == 3 )) && return "$(( status ? status : 2 ))"  # refused: its error line is shown, nothing written

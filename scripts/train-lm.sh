@@ -22,19 +22,24 @@ usage: scripts/train-lm.sh [--config FILE] [--dataset NAME] [--norm KIND] [optio
   --seed N             random seed (default: 1)
   --gpus N             GPUs, one process each (default: all visible; 0 = CPU)
   --world-size N       the workers of a run started on several machines (SLURM: one per
-                       task); the update frequency keeps the total batch (default: --gpus)
-  --update-freq N      gradient accumulation (default: keeps the recipe's total
-                       batch: 16,384 tokens on PTB, 32,768 on WikiText-103)
+                       task) (default: --gpus)
+  --tokens-per-update N  the batch per update, over all workers (default: the recipe's:
+                       16,384 tokens on PTB, 32,768 on WikiText-103)
+  --update-freq N      gradient accumulation; each worker's --max-tokens is then the batch
+                       / (workers x N), which must divide (default: the fewest batches of at
+                       most the recipe's --max-tokens; -- --max-tokens M sets that cap instead)
   --save-dir DIR       checkpoints and logs (default: checkpoints/lm-<dataset>-<norm>-<placement>-seed<N>)
   --dry-run            print the fairseq-train command and exit
   --verbose            show fairseq's whole log (always kept in <save-dir>/train.log)
-Everything after -- goes to fairseq-train unchanged (and wins over the defaults).
+Everything after -- goes to fairseq-train unchanged (and wins over the defaults), but
+--max-tokens, the cap above, and --update-freq, this script's: workers x --max-tokens x
+update-freq is always the batch per update, which train.log's first line states.
 USAGE
 }
 
 die() { echo "train-lm.sh: error: $*" >&2; exit 2; }
 
-DATASET=ptb NORM=pn PLACEMENT=pre SEED=1 GPUS="" WORLD_SIZE="" UPDATE_FREQ="" QK_NORM=""
+DATASET=ptb NORM=pn PLACEMENT=pre SEED=1 GPUS="" WORLD_SIZE="" UPDATE_FREQ="" TOKENS_PER_UPDATE="" QK_NORM=""
 DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
 read_config "$@"
 declare -A OPTIONS=()

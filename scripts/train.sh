@@ -22,37 +22,46 @@ usage: scripts/train.sh [--config FILE] [--dataset NAME] [--norm KIND] [options]
   --seed N             random seed (default: 1)
   --gpus N             GPUs, one process each (default: all visible; 0 = CPU)
   --world-size N       the workers of a run started on several machines (SLURM: one per
-                       task); the update frequency keeps the total batch (default: --gpus)
-  --update-freq N      gradient accumulation (default: keeps the paper's total
-                       batch: 4,096 tokens on IWSLT14, 131,072 on WMT14)
+                       task) (default: --gpus)
+  --tokens-per-update N  the batch per update, over all workers (default: the paper's:
+                       4,096 tokens on IWSLT14, 131,072 on WMT14; 2,048 quickstart)
+  --update-freq N      gradient accumulation; each worker's --max-tokens is then the batch
+                       / (workers x N), which must divide (default: the fewest batches of
+                       at most 4,096 tokens; -- --max-tokens M sets that cap instead)
+  --average N          epoch checkpoints kept for evaluate.sh to average (default: 10;
+                       quickstart 3)
   --save-dir DIR       checkpoints and logs (default: checkpoints/<dataset>-<norm>-<placement>-seed<N>)
   --dry-run            print the fairseq-train command and exit
   --verbose            show fairseq's whole log (always kept in <save-dir>/train.log)
-Everything after -- goes to fairseq-train unchanged (and wins over the defaults).
+Everything after -- goes to fairseq-train unchanged (and wins over the defaults), but
+--max-tokens, the cap above, and --update-freq, this script's: workers x --max-tokens x
+update-freq is always the batch per update, which train.log's first line states.
 USAGE
 }
 
 die() { echo "train.sh: error: $*" >&2; exit 2; }
 
-DATASET=iwslt14 NORM=pn DECODER_NORM=ln PLACEMENT=pre SEED=1 GPUS="" WORLD_SIZE="" UPDATE_FREQ="" QK_NORM=""
-DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=()
+DATASET=iwslt14 NORM=pn DECODER_NORM=ln PLACEMENT=pre SEED=1 GPUS="" WORLD_SIZE="" UPDATE_FREQ="" TOKENS_PER_UPDATE="" QK_NORM=""
+DATA="" SAVE_DIR="" DRY_RUN="" EXTRA=() AVERAGE=""
 read_config "$@"
-declare -A OPTIONS=([--decoder-norm]=DECODER_NORM)
+declare -A OPTIONS=([--decoder-norm]=DECODER_NORM [--average]=AVERAGE)
 parse_run_options "$@"
 
 check_norm --norm "$NORM"
 check_norm --decoder-norm "$DECODER_NORM"
 check_run
 
-# the paper's hyperparameters per dataset; TOTAL_TOKENS is the batch per update
+# the paper's hyperparameters per dataset (docs/recipes.md#the-settings: the paper's text, the authors'
+# scripts, ours and why); TOTAL_TOKENS is the batch per update, KEEP the epoch checkpoints averaged
 case "$DATASET" in
-  iwslt14)  # Appendix A, IWSLT14 small
-    ARCH=powernorm_transformer_iwslt_de_en TOTAL_TOKENS=4096 MAX_TOKENS=4096 KEEP=5
+  iwslt14)  # Appendix A, IWSLT14 small: at most 100k updates, early stopping after 5 epochs, the last 10 averaged
+    ARCH=powernorm_transformer_iwslt_de_en TOTAL_TOKENS=4096 MAX_TOKENS=4096 KEEP=10
     HPARAMS=(--lr 0.0015 --dropout 0.3 --attention-dropout 0.1 --activation-dropout 0.1
-             --weight-decay 0.0001 --patience 5) ;;
-  wmt14)  # Appendix A, WMT14 big: lr in 0.001-0.003, big batch through --update-freq
+             --weight-decay 0.0001 --max-update 100000 --patience 5) ;;
+  wmt14)  # Appendix A, WMT14 big: the batch and lr enlarged as Ott et al. (2018), lr 0.003 as the authors'
+    # script; at most 300k updates, early stopping after 10 epochs, the last 10 averaged; fp16 on a GPU
     ARCH=powernorm_transformer_wmt_en_de_big TOTAL_TOKENS=131072 MAX_TOKENS=4096 KEEP=10
-    HPARAMS=(--lr 0.001 --dropout 0.3 --weight-decay 0.0 --patience 10) ;;
+    HPARAMS=(--lr 0.003 --dropout 0.3 --weight-decay 0.0 --max-update 300000 --patience 10) ;;
   quickstart)  # a CPU-sized IWSLT14 small: 3+3 layers, 256 dims, a few minutes per run
     ARCH=powernorm_transformer_iwslt_de_en TOTAL_TOKENS=2048 MAX_TOKENS=2048 KEEP=3
     HPARAMS=(--encoder-layers 3 --decoder-layers 3 --encoder-embed-dim 256 --decoder-embed-dim 256
@@ -60,10 +69,15 @@ case "$DATASET" in
              --dropout 0.2 --weight-decay 0.0001 --max-epoch 8) ;;
   *) die "--dataset must be one of {iwslt14,wmt14,quickstart}, got '$DATASET'" ;;
 esac
+if [[ -n "$AVERAGE" ]]; then
+  [[ "$AVERAGE" =~ ^[1-9][0-9]*$ ]] || die "--average must be a positive integer, got '$AVERAGE'"
+  KEEP=$AVERAGE
+fi
 DATA="${DATA:-data-bin/$DATASET/bin}"
 [[ -f "$DATA/dict.en.txt" || -n "$DRY_RUN" ]] || die "no binarized data in '$DATA' (run data-prep/ first, or pass --data)"
 
 devices "$TOTAL_TOKENS" "$MAX_TOKENS"
+[[ "$DATASET" != wmt14 || "$GPUS" == 0 ]] || DEVICE+=(--fp16)
 
 SAVE_DIR="${SAVE_DIR:-checkpoints/$DATASET-$NORM-$PLACEMENT-seed$SEED}"
 

@@ -325,7 +325,8 @@ def test_every_archive_extraction_in_fairseq_and_the_plugin_is_guarded():
     assert found == set(EXTRACTIONS), f"unlisted: {found - set(EXTRACTIONS)}; stale: {set(EXTRACTIONS) - found}"
     assert file_utils.load_archive_file.__module__ == archives.__name__  # installed (AT_IMPORT)
     own = {key for path, rel in own_sources() for key in extraction_calls(path, rel)}
-    assert own == {("powernorm_fairseq/patches/archives.py", "extract_safely", "extractall")}
+    assert own == {("powernorm_fairseq/patches/archives.py", "_tar_members", "extractall"),
+                   ("powernorm_fairseq/patches/archives.py", "_zip_members", "extractall")}
 
 
 def tar_with(path, *members):
@@ -342,23 +343,45 @@ def tar_with(path, *members):
 
 
 def member(name, kind=None, link=None, data=b"x"):
-    """A tar member: a file, or ``kind`` symlink, hardlink or device (to ``link``)."""
+    """A tar member: a file, or ``kind`` dir, symlink, hardlink, device or fifo (to ``link``)."""
     import tarfile
 
-    info = tarfile.TarInfo(name)
+    info = tarfile.TarInfo(name.replace("\0", ""))
+    if "\0" in name:  # only a PAX header keeps a NUL in a name
+        info.pax_headers = {"path": name}
     if kind is not None:
-        info.type = {"symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE, "device": tarfile.CHRTYPE}[kind]
+        info.type = {"symlink": tarfile.SYMTYPE, "hardlink": tarfile.LNKTYPE, "device": tarfile.CHRTYPE,
+                     "fifo": tarfile.FIFOTYPE, "dir": tarfile.DIRTYPE}[kind]
         info.linkname, data = link or "", None
     return info, data
+
+
+def symlink_chain(depth=16, step=247):
+    """CVE-2025-4517's members: a chain of directories and links whose resolved path overflows PATH_MAX,
+    then a link through it and a file written through that link (tarfile's data filter passes them on
+    Python 3.11.7)."""
+    members, path = [], ""
+    for i in range(depth):
+        d = chr(ord("a") + i) * step
+        members += [member(f"{path}{d}", "dir"), member(f"{path}{chr(ord('a') + i)}", "symlink", d)]
+        path += f"{chr(ord('a') + i)}/"
+    chain = "/".join(chr(ord("a") + i) for i in range(depth))
+    return members + [member("escape", "symlink", chain + "/" + "../" * depth + "../../../outside"),
+                      member("escape/pwned.pth")]
 
 
 @pytest.mark.parametrize("members, why", [
     ([member("model/../../escaped.txt")], "would be written outside the folder"),
     ([member("/tmp/powernorm-absolute-escape.txt")], "has an absolute path"),
-    ([member("model/link", "symlink", "../.."), member("model/link/escaped.txt")], "is a link that leads outside"),
-    ([member("model/hard", "hardlink", "/etc/passwd")], "is a link to an absolute path"),
-    ([member("model/hard", "hardlink", "../../outside")], "is a link that leads outside"),
+    ([member("model/link", "symlink", "../.."), member("model/link/escaped.txt")], "is a link"),
+    ([member("model/hard", "hardlink", "/etc/passwd")], "is a link"),
+    ([member("model/hard", "hardlink", "../../outside")], "is a link"),
+    ([member("model/inside", "symlink", "model.pt")], "is a link"),  # even one that stays inside
+    (symlink_chain(), "is a link"),
     ([member("model/dev", "device")], "is a device file or a FIFO"),
+    ([member("model/fifo", "fifo")], "is a device file or a FIFO"),
+    ([member("model/a\0b")], "has a NUL byte in its name"),
+    ([member("model/" + "x" * 5300, "symlink", "model.pt")], "is a link"),  # its name shown shortened
 ])
 def test_an_archive_that_would_write_outside_its_folder_is_refused(tmp_path, members, why):
     """from_pretrained("model.tar.gz"): each member is checked before anything
@@ -372,11 +395,80 @@ def test_an_archive_that_would_write_outside_its_folder_is_refused(tmp_path, mem
     work.mkdir(parents=True)
     archive = tar_with(work / "model.tar.gz", member("model/model.pt", data=b"not a model"), *members)
     before = archive.read_bytes()
-    with pytest.raises(InputFileError, match=f"model.tar.gz: refused: its member .* {why}"):
+    with pytest.raises(InputFileError, match=f"model.tar.gz: refused: its member .* {why}") as refused:
         TransformerModel.from_pretrained(str(archive), checkpoint_file="model.pt")
+    assert len(str(refused.value)) < 400 and "\n" not in str(refused.value)
     assert archive.read_bytes() == before
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "model.tar.gz"]
     assert not Path("/tmp/powernorm-absolute-escape.txt").exists()
+
+
+#: a program that never imports the plugin: from_pretrained with user_dir alone (fairseq extracts the
+#: archive before it imports the user dir)
+FRESH = """
+import sys
+from fairseq.models.transformer import TransformerModel
+try:
+    TransformerModel.from_pretrained(sys.argv[1], checkpoint_file="model.pt", user_dir=sys.argv[2])
+except Exception as err:
+    print(f"{type(err).__name__}: {err}")
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter
+def test_the_guard_holds_in_a_fresh_interpreter_that_never_imports_the_plugin(tmp_path):
+    """The .pth the installation puts in site-packages guards fairseq's extraction in every process, and
+    loads nothing but the guard at start-up (no torch, no fairseq, not the plugin's package)."""
+    import subprocess
+    import sys
+
+    from support import USER_DIR
+
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    outside = tmp_path / "outside.txt"
+    archive = tar_with(work / "model.tar.gz", member("model/model.pt", data=b"not a model"),
+                       member(str(outside)), member("model/hard", "hardlink", "../../../outside-hard"))
+    before = archive.read_bytes()
+    proc = subprocess.run([sys.executable, "-c", FRESH, str(archive), str(USER_DIR)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip() == f"InputFileError: {archive}: refused: its member {str(outside)[1:]!r} has an " \
+        "absolute path; nothing was extracted" or "has an absolute path" in proc.stdout, proc.stdout + proc.stderr
+    assert archive.read_bytes() == before and not outside.exists() and not (tmp_path / "outside-hard").exists()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["a", "b", "model.tar.gz"]
+    started = subprocess.run([sys.executable, "-c", "import sys; print(*sorted(sys.modules))"], cwd=tmp_path,
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert "powernorm_fairseq.patches.archives" in started
+    assert not {"powernorm_fairseq", "torch", "fairseq", "tarfile", "zipfile"} & set(started)
+
+
+@pytest.mark.slow  # a process that has ended
+def test_a_fifo_an_unreadable_archive_and_a_dead_process_s_folder(tmp_path):
+    """A FIFO given as the archive is one line, never a hang; so is a file that is not an archive; the
+    folder a killed process left is removed by the next extraction."""
+    import subprocess
+    import tempfile
+
+    from powernorm_fairseq.common.errors import InputFileError
+    from powernorm_fairseq.patches import archives
+
+    fifo = tmp_path / "model.tar.gz"
+    os.mkfifo(fifo)
+    with pytest.raises(InputFileError, match=f"^{fifo}: not a regular file"):
+        archives.extract_safely(str(fifo))
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"\0" * 10)
+    with pytest.raises(InputFileError, match=f"^{junk}: not a readable archive"):
+        archives.extract_safely(str(junk))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = Path(tempfile.mkdtemp(prefix=f"{archives.PREFIX}{dead.pid}-"))
+    (left / "model.pt").write_bytes(b"x")
+    mine = Path(tempfile.mkdtemp(prefix=f"{archives.PREFIX}{os.getpid()}-"))  # a live process's: kept
+    folder = archives.extract_safely(str(tar_with(tmp_path / "ok.tar.gz", member("model/model.pt"),
+                                                  member("model/dict.txt"))))
+    assert not left.exists() and mine.is_dir() and Path(folder, "model.pt").is_file()
+    mine.rmdir()
 
 
 @pytest.mark.slow  # a trained model

@@ -104,6 +104,7 @@ def main(argv=None):
     parser.add_argument("--prefix", default="", help="put before each console line")
     parser.add_argument("--command-file", help="written with --command once the run is accepted")
     parser.add_argument("--command", default="", help="the command line, for --command-file")
+    parser.add_argument("--header", help="the log's first line once the run is accepted (the run's batch)")
     parser.add_argument("--remove-if-empty", metavar="DIR",
                         help="a directory made for the run: removed when a refused run leaves it empty")
     args = parser.parse_args(argv)
@@ -118,6 +119,8 @@ def main(argv=None):
             with open(args.command_file, "w") as f:
                 f.write(args.command + "\n")
         log = open(args.log, "a", buffering=1)
+        if args.header:
+            log.write(args.header + "\n")
         log.writelines(held)
 
     for line in sys.stdin:

@@ -161,6 +161,16 @@ def log(folder, job_id):
     return submitit.SlurmJob(folder=folder, job_id=job_id).paths.stderr
 
 
+def cause(path):
+    """The last line of a job's log that is not srun's or slurmstepd's (which say only that a task
+    failed), else the last line; "" without a log."""
+    from ..common.files import tail
+
+    lines = [line.strip() for line in tail(path, 65536).splitlines() if line.strip()]
+    ours = [line for line in lines if not line.startswith(("srun:", "slurmstepd:"))]
+    return (ours or lines or [""])[-1]
+
+
 def private(folder):
     """Refuse an OUT/slurm that another user can write: submitit runs its
     ``*_submitted.pkl`` inside the jobs, so what is there is code."""

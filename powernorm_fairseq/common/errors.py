@@ -13,3 +13,7 @@ class PowerNormConfigError(ValueError, _Compact):
 
 class InputFileError(PowerNormConfigError):
     """A file a command cannot use; the message names it and what is wrong."""
+
+
+class TrainingDiverged(FloatingPointError):
+    """A training step whose gradients are not finite; the message names the update."""

@@ -19,7 +19,7 @@ Each entry names the test that fails without it.
 """
 
 from ..common.checkpoints import allow_fairseq_checkpoints
-from . import archives, checkpoints, compat, datafiles, errors, savedir, shutdown
+from . import archives, checkpoints, compat, datafiles, diverged, errors, savedir, shutdown
 from .base import Patch, installs_once
 
 __all__ = ["AT_IMPORT", "WITH_THE_MODELS", "Patch", "for_the_models", "install", "installs_once"]
@@ -92,6 +92,14 @@ WITH_THE_MODELS = (
           "fairseq 0.12's datasets ask for np.compat.long, which NumPy 2 removed",
           compat.numpy_compat_long,
           "test_lm.py::test_train_and_evaluate_perplexity_through_the_cli"),
+    Patch("NaN detector",
+          "fairseq's NanDetector fails inside torch >= 2's module hooks (StopIteration), hiding why a run stopped",
+          diverged.nan_detector_on_current_torch,
+          "test_faults.py::test_a_diverged_training_says_so_and_names_the_update"),
+    Patch("diverged updates",
+          "a step whose gradients are NaN/Inf ends the run in one line naming the update",
+          diverged.name_the_diverged_update,
+          "test_faults.py::test_a_diverged_training_says_so_and_names_the_update"),
     Patch("bf16 without a TPU",
           "fairseq 0.12 makes --bf16 imply --tpu, and dies without torch_xla",
           compat.bf16_without_tpu,

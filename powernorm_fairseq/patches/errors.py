@@ -4,7 +4,7 @@ import os
 import re
 import sys
 
-from ..common.errors import InputFileError, PowerNormConfigError
+from ..common.errors import InputFileError, PowerNormConfigError, TrainingDiverged
 from .base import installs_once
 
 
@@ -78,7 +78,7 @@ def _excepthook(kind, value, traceback, _previous=sys.excepthook):
         print(f"{prog}: interrupted; checkpoints saved before the interrupt are complete "
               "(written to a temporary file and renamed)", file=sys.stderr)
         return
-    message = _input_error(value)
+    message = str(value) if isinstance(value, TrainingDiverged) else _input_error(value)
     if message is not None:
         print(f"{prog}: error: {message}", file=sys.stderr)
     else:

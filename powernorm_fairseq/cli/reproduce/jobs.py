@@ -57,6 +57,8 @@ class Train(slurm.Resumable):
             if why and warned:  # the worker ended with the warning: the requeue ends this task
                 time.sleep(300)
         if why:
+            if rank == 0:  # the cause, where the launcher reads it (srun's own last line names none)
+                runs.failed(job["run"], why)
             raise RuntimeError(why)
 
     def checkpoint(self, job):
@@ -70,6 +72,7 @@ class Score(submitit.helpers.Checkpointable):
         end_cleanly_on_sigterm()
         why = runs.call(job["command"], "scoring")
         if why:
+            runs.failed(job["run"], why)
             raise RuntimeError(why)
 
 
@@ -214,7 +217,10 @@ def _wait(args, todo, jobs):
 
 
 def _failed(folder, run_dir, what, job_id, log):
-    last = (last_line(log) if log else "") or last_line(slurm.log(folder, job_id))
+    """Record and say why a run's job ended without its result: the cause its task wrote (failure.txt,
+    removed when the run was submitted), else the last line of its log that is not SLURM's own."""
+    last = last_line(Path(run_dir, runs.FAILURE)) or (last_line(log) if log else "") or \
+        slurm.cause(slurm.log(folder, job_id))
     why = f"{what} job {job_id} ended ({slurm.state(job_id)}){': ' + last if last else ''}"
     runs.failed(run_dir, why)
     print(f"reproduce: {Path(run_dir).name}: {why}; the same command resubmits it", file=sys.stderr)

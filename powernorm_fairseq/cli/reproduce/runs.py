@@ -8,8 +8,9 @@ the seed, the fairseq-train flags after ``--``, the data (the file names and
 sizes in ``--data``, and the content of its dictionaries and indexes) and the
 code (the plugin's version and a digest of its sources and scripts; fairseq's
 and torch's versions). What does not: the launcher and its resources (the
-world size changes, the update frequency keeps the paper's batch), ``--out``'s
-other runs, ``--rows`` and ``--seeds`` (a table can grow)."""
+world size changes, and train.sh keeps the row's batch per update), ``--out``'s
+other runs, ``--rows`` and ``--seeds`` (a table can grow). The batch per
+update and the averaged checkpoints are settings (and named in the table)."""
 
 import hashlib
 import json
@@ -42,13 +43,16 @@ def train_command(args, row, seed, gpus, world=None):
     """What trains the run: the row's training script, as a user would type it for this run."""
     data = ["--data", str(args.data)]
     world = ["--world-size", str(world)] if world else []
+    average = ["--average", str(args.average)] if getattr(args, "average", None) else []
     return ["bash", str(row.train_script), "--config", str(row.config), "--seed", str(seed), *data,
-            "--save-dir", str(directory(args, row, seed)), "--gpus", str(gpus), *world, "--", *args.fairseq]
+            "--save-dir", str(directory(args, row, seed)), "--gpus", str(gpus), *world, *average, "--",
+            *args.fairseq]
 
 
 def score_command(args, row, seed, gpu):
+    average = [] if row.lm else ["--average", str(args.facts[row.name]["average"])]
     return ["bash", str(row.score_script), "--dataset", row.dataset, "--data", str(args.data),
-            "--save-dir", str(directory(args, row, seed)), *([] if gpu else ["--cpu"])]
+            "--save-dir", str(directory(args, row, seed)), *average, *([] if gpu else ["--cpu"])]
 
 
 def trained(run):
@@ -86,7 +90,9 @@ def settings(args, row, seed):
     check_regular_file(row.config, "config")
     return {"table": row.table, "row": row.name, "seed": seed,
             "config": hashlib.sha256(row.config.read_bytes()).hexdigest()[:16],
-            "fairseq-train flags": list(args.fairseq), "data": args.data_digest, "code": args.code_version}
+            "fairseq-train flags": list(args.fairseq), "data": args.data_digest, "code": args.code_version,
+            "tokens per update": args.facts[row.name]["tokens per update"],
+            "averaged checkpoints": args.facts[row.name]["average"]}
 
 
 def check_settings(args, runs):
@@ -124,8 +130,10 @@ def record(args, row, seed):
     run.mkdir(parents=True, exist_ok=True)
     Path(run, FAILURE).unlink(missing_ok=True)
     if not (run / SETTINGS).exists():
+        # the world size is not a setting: any number of workers trains the row's batch per update
+        kept = {**settings(args, row, seed), "world size": args.facts[row.name]["world size"]}
         with atomic_path(run / SETTINGS) as tmp:
-            Path(tmp).write_text(json.dumps(settings(args, row, seed), indent=1) + "\n")
+            Path(tmp).write_text(json.dumps(kept, indent=1) + "\n")
 
 
 def data_digest(data):

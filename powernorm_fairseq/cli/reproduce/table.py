@@ -31,18 +31,26 @@ def collect(args, rows, seeds):
              "fairseq-train flags": list(args.fairseq), "rows": []}
     for row in rows:
         runs, values, sacre, signature = {}, {}, {}, None
+        facts = args.facts[row.name]
         for seed in seeds:
             kind, what = state(row, directory(args, row, seed))
+            kept = _settings(directory(args, row, seed))
+            if kind == "scored" and kept.get("tokens per update") != facts["tokens per update"]:
+                kind, what = "failed", (f"trained with {kept.get('tokens per update')} tokens per update, not the "
+                                        f"table's {facts['tokens per update']}: never averaged in")
             if kind == "scored":
                 value, sacre_value, signature = what
                 values[seed] = value
                 if sacre_value is not None:
                     sacre[seed] = sacre_value
-                runs[seed] = {"state": "scored", row.metric: value, "sacreBLEU": sacre_value}
+                runs[seed] = {"state": "scored", row.metric: value, "sacreBLEU": sacre_value,
+                              "world size": kept.get("world size")}
             else:
                 runs[seed] = {"state": kind, "why": what}
         table["rows"].append({"row": row.name, "config": str(row.config.relative_to(row.config.parents[1])),
                               "metric": row.metric, "paper": row.paper, "runs": runs,
+                              "tokens per update": facts["tokens per update"],
+                              "averaged checkpoints": facts["average"],
                               "mean": interval(list(values.values())),
                               "sacreBLEU": interval(list(sacre.values())), "sacreBLEU signature": signature,
                               "values": values})
@@ -52,6 +60,25 @@ def collect(args, rows, seeds):
     for entry in table["rows"]:
         del entry["values"]
     return table
+
+
+def _settings(run):
+    """A run's run.json, or {} (a run never started, or its record unreadable)."""
+    try:
+        return json.loads(Path(run, "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def strict(value):
+    """``value`` with every NaN as None: table.json is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strict(v) for v in value]
+    return value
 
 
 def fmt(x, digits=2):
@@ -74,14 +101,27 @@ def verdict(diff, base):
     return f"{'higher' if diff['mean'] > 0 else 'lower'} than {base}"
 
 
+def _batch(rows):
+    """The provenance of the runs' batch and averaging: one sentence."""
+    tokens = sorted({r["tokens per update"] for r in rows})
+    worlds = sorted({run["world size"] for r in rows for run in r["runs"].values() if run.get("world size")})
+    averaged = sorted({r["averaged checkpoints"] for r in rows if r["averaged checkpoints"]})
+    text = f"Batch per update: {', '.join(f'{t:,}' for t in tokens)} tokens"
+    if worlds:
+        text += f" (world size {', '.join(map(str, worlds))})"
+    if averaged:
+        text += f"; the last {', '.join(map(str, averaged))} epoch checkpoints averaged"
+    return text + "."
+
+
 def markdown(table):
     rows, base = table["rows"], table["rows"][0]["row"]
     metric = rows[0]["metric"]
     seeds = table["seeds"]
     out = [f"# {table['table']}: {metric}, seeds {', '.join(map(str, seeds))}", "",
            f"Data `{table['data']}`; {table['code']}; fairseq-train flags after `--`: "
-           f"`{' '.join(table['fairseq-train flags']) or 'none'}`. Intervals: 95%, Student's t over the seeds; "
-           f"the difference is paired by seed, against the first row ({base}).", "",
+           f"`{' '.join(table['fairseq-train flags']) or 'none'}`. {_batch(rows)} Intervals: 95%, Student's t over "
+           f"the seeds; the difference is paired by seed, against the first row ({base}).", "",
            f"| row | paper | {' | '.join(f'seed {s}' for s in seeds)} | mean ± 95% CI | sacreBLEU mean ± 95% CI "
            f"| − {base} [95% CI] | verdict |",
            "|---|---|" + "---|" * len(seeds) + "---|---|---|---|"]
@@ -120,7 +160,7 @@ def write(args, rows, seeds):
     table = collect(args, rows, seeds)
     text = markdown(table)
     with atomic_path(Path(args.out, "table.json")) as tmp:
-        Path(tmp).write_text(json.dumps(table, indent=1) + "\n")
+        Path(tmp).write_text(json.dumps(strict(table), indent=1, allow_nan=False) + "\n")
     with atomic_path(Path(args.out, "table.md")) as tmp:
         Path(tmp).write_text(text)
     figures(args, rows, seeds, table)
