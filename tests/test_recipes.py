@@ -253,7 +253,8 @@ def test_train_average_evaluate(iwslt, tmp_path):
     run's train.log and generate.log, and show it all with --verbose."""
     _, out, _ = iwslt
     save = tmp_path / "run"
-    flags = ["--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0", "--save-dir", save]
+    flags = ["--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0", "--save-dir", save,
+             "--tokens-per-update", "1000"]
     fairseq_flags = [*TINY, "--warmup-updates", "4", "--max-tokens", "1000", "--tensorboard-logdir", ""]
     quiet = recipe("scripts/train.sh", *flags, "--", *fairseq_flags, "--max-epoch", "3")
     assert (save / "checkpoint3.pt").exists() and "done training" in (save / "train.log").read_text()
@@ -305,7 +306,8 @@ def test_sentencepiece_prepare_train_evaluate_interactive(iwslt, tmp_path):
 
     save = tmp_path / "run"
     recipe("scripts/train.sh", "--dataset", "iwslt14", "--data", out / "bin", "--norm", "pn", "--gpus", "0",
-          "--save-dir", save, "--", *TINY, "--max-epoch", "2", "--warmup-updates", "4", "--max-tokens", "1000",
+          "--save-dir", save, "--tokens-per-update", "1000", "--", *TINY, "--max-epoch", "2", "--warmup-updates", "4",
+          "--max-tokens", "1000",
           "--tensorboard-logdir", "")
     recipe("scripts/evaluate.sh", "--dataset", "iwslt14", "--data", out / "bin", "--save-dir", save,
           "--average", "1", "--cpu")
@@ -387,6 +389,55 @@ def test_train_script_options(tmp_path):
                     check=False)
     assert nodict.returncode != 0 and f"no binarized data in '{tmp_path}'" in nodict.stderr
     assert not (tmp_path / "run").exists()
+
+
+def flag(command, name):
+    words = command.split()
+    return words[words.index(name) + 1] if name in words else None
+
+
+def test_every_world_size_trains_the_row_s_batch_per_update(tmp_path):
+    """workers x --max-tokens x --update-freq is the row's batch per update for every number of workers
+    (and with a --max-tokens cap after --, or train.sh's --update-freq); a number that cannot divide it is
+    refused in one line naming both. The paper's limits are in the rows' commands."""
+    stand_ins(tmp_path)
+    rows = {"configs/iwslt14-pn.sh": 4096, "configs/wmt14-pn.sh": 131072, "configs/quickstart-ln.sh": 2048,
+            "configs/lm-ptb-pn.sh": 16384}
+    for config, total in rows.items():
+        script = "scripts/train-lm.sh" if "/lm-" in config else "scripts/train.sh"
+        for world in (1, 3, 8, 32):
+            for extra in ([], ["--", "--max-tokens", "512"], ["--update-freq", "2"]):
+                dry = sh(script, "--config", config, "--dry-run", "--gpus", "0", "--world-size", str(world),
+                         *extra, check=False, path=[tmp_path])
+                if total % world:
+                    assert dry.returncode == 2 and dry.stderr.strip().splitlines()[-1].endswith(
+                        f"{world} workers (--gpus/--world-size) cannot divide the row's {total} tokens per update; "
+                        f"use a number of workers that divides {total}"), (config, world, dry.stderr)
+                    continue
+                assert dry.returncode == 0, dry.stderr
+                got = int(flag(dry.stdout, "--max-tokens")) * int(flag(dry.stdout, "--update-freq")) * \
+                    int(flag(dry.stdout, "--distributed-world-size") or 1)
+                assert got == total and dry.stdout.split().count("--max-tokens") == 1, (config, world, extra)
+                assert (flag(dry.stdout, "--distributed-world-size") or "1") == str(world)
+                if "--max-tokens" in extra and total // world >= 512:
+                    assert flag(dry.stdout, "--max-tokens") == "512"
+    refused = sh("scripts/train.sh", "--config", "configs/iwslt14-pn.sh", "--dry-run", "--gpus", "0", "--",
+                 "--update-freq", "4", check=False, path=[tmp_path])
+    assert refused.returncode == 2 and "--update-freq after --: give it as this script's --update-freq N" in \
+        refused.stderr
+    refused = sh("scripts/train.sh", "--config", "configs/iwslt14-pn.sh", "--dry-run", "--gpus", "0",
+                 "--update-freq", "3", check=False, path=[tmp_path])
+    assert refused.returncode == 2 and "--update-freq 3 cannot divide the 4096 tokens" in refused.stderr
+    iwslt = sh("scripts/train.sh", "--config", "configs/iwslt14-pn.sh", "--dry-run", "--gpus", "0",
+               path=[tmp_path]).stdout
+    assert (flag(iwslt, "--max-update"), flag(iwslt, "--patience"), flag(iwslt, "--keep-last-epochs"),
+            flag(iwslt, "--warmup-updates"), flag(iwslt, "--lr")) == ("100000", "5", "10", "8000", "0.0015")
+    wmt = sh("scripts/train.sh", "--config", "configs/wmt14-pn.sh", "--dry-run", "--gpus", "8", path=[tmp_path]).stdout
+    assert (flag(wmt, "--max-update"), flag(wmt, "--patience"), flag(wmt, "--lr")) == ("300000", "10", "0.003")
+    assert "--fp16" in wmt.split()
+    bn = sh("scripts/train.sh", "--config", "configs/iwslt14-bn.sh", "--dry-run", "--gpus", "0",
+            "--average", "5", path=[tmp_path]).stdout
+    assert flag(bn, "--norm-type") == "bn-original" and flag(bn, "--keep-last-epochs") == "5"
 
 
 def test_every_config_is_a_valid_row(tmp_path):
@@ -500,7 +551,8 @@ def test_sigterm_to_train_sh_ends_the_whole_tree_and_the_rerun_resumes(toy_data,
     import time
 
     save = tmp_path / "run"
-    flags = ["--dataset", "iwslt14", "--data", toy_data, "--norm", "pn", "--gpus", "0", "--save-dir", save]
+    flags = ["--dataset", "iwslt14", "--data", toy_data, "--norm", "pn", "--gpus", "0", "--save-dir", save,
+             "--tokens-per-update", "600"]
     fairseq_flags = [*TINY, "--warmup-updates", "4", "--max-tokens", "600", "--tensorboard-logdir", "",
                      "--save-interval-updates", "5"]
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}

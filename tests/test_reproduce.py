@@ -17,7 +17,7 @@ from test_recipes import recipe
 
 pytestmark = pytest.mark.slow
 #: the smallest runs that show each property: three epochs (evaluate.sh averages the last three), then a score
-FAIRSEQ = [*TINY, "--max-epoch", "3", "--warmup-updates", "4", "--max-tokens", "600", "--num-workers", "0",
+FAIRSEQ = [*TINY, "--max-epoch", "3", "--warmup-updates", "4", "--max-tokens", "512", "--num-workers", "0",
            "--tensorboard-logdir", ""]
 GRID = ["--table", "quickstart", "--rows", "ln", "pn", "--seeds", "1", "2"]
 
@@ -88,6 +88,45 @@ def test_a_local_table_resumes_after_ctrl_c_and_equals_the_recipes_by_hand(toy_d
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name not in
             ("table.md", "table.json", "metric.png", "valid_loss.png")} == \
         {p: t for p, t in before.items() if p.name not in ("table.md", "table.json", "metric.png", "valid_loss.png")}
+    # the batch and the averaging, recorded per run and stated by the table
+    record = json.loads((out / "runs" / "pn-seed2" / "run.json").read_text())
+    assert (record["tokens per update"], record["world size"], record["averaged checkpoints"]) == (2048, 1, 3)
+    assert "Batch per update: 2,048 tokens (world size 1); the last 3 epoch checkpoints averaged." in md
+
+    # an unreadable score counts as not scored: the rerun scores the run again
+    (out / "runs" / "ln-seed1" / "bleu-test.json").write_text("{")
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "4 runs, 3 scored, 1 to run" in proc.stderr, proc.stderr[-3000:]
+    assert table_values(out)["ln", 1] == values["ln", 1]
+    # a scoring that fails anyway names its real cause: in the console, failure.txt and the table
+    (out / "runs" / "pn-seed1" / "checkpoint2.pt").unlink()
+    (out / "runs" / "pn-seed1" / "bleu-test.json").unlink()
+    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    cause = f"{out}/runs/pn-seed1 has 2 epoch checkpoints, 3 requested"
+    assert proc.returncode == 1 and cause in proc.stderr, proc.stderr[-3000:]
+    assert cause in (out / "runs" / "pn-seed1" / "failure.txt").read_text()
+    assert re.search(rf"^- pn, seed 1: scoring failed \(exit status \d+\): .*{re.escape(cause)}",
+                     (out / "table.md").read_text(), re.M)
+    table = json.loads((out / "table.json").read_text(), parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    assert table["rows"][1]["runs"]["1"]["state"] == "failed"
+
+
+def test_a_diverged_run_says_so_with_its_update(toy_data, tmp_path):
+    """fairseq's NaN detector works on today's torch: the table says the gradients were NaN/Inf, and at
+    which update (not torch's StopIteration); one seed's table.json is strict JSON."""
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", "scripts/reproduce.sh", "--table", "quickstart", "--rows", "ln", "--seeds", "1",
+                           "--data", str(toy_data), "--out", str(out), "--", *FAIRSEQ, "--lr", "1e6"], cwd=ROOT,
+                          env=environment(stand_ins()), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    why = (out / "runs" / "ln-seed1" / "failure.txt").read_text()
+    assert re.search(r"training failed \(exit status \d+\): fairseq-train: error: the training diverged at update "
+                     r"\d+: gradients are Nan/Inf", why), why
+    assert "StopIteration" not in why and "the training diverged at update" in (out / "table.md").read_text()
+    log = (out / "runs" / "ln-seed1" / "train.log").read_text()
+    assert re.search(r"\| WARNING \| fairseq\.nan_detector \| (NaN|Inf) detected in output of \S+", log), log[-3000:]
+    assert log.startswith("train.sh: quickstart, encoder ln, decoder ln, pre-norm, seed 1, world size 1, 1 worker(s) "
+                          "x 512 tokens x update-freq 4 = 2048 tokens per update -> ")
 
 
 def test_bad_input_is_one_line_before_anything_is_written(toy_data, tmp_path, capsys, monkeypatch):
@@ -105,8 +144,33 @@ def test_bad_input_is_one_line_before_anything_is_written(toy_data, tmp_path, ca
             (["--table", "iwslt15"], "argument --table: invalid choice: 'iwslt15' (choose from 'iwslt14', 'wmt14', "
                                      "'twt', 'lm-ptb', 'lm-wikitext103', 'quickstart')"),
             (["--rows", "ln", "bn"], "--rows: 'bn' is not a row of --table quickstart; choose from ln, pn"),
-            (["--seeds", "1", "0"], "argument --seeds: --seeds must be >= 1, got 0"),
-            (["--seeds", "x"], "argument --seeds: invalid parse value: 'x'"),
+            (["--seeds", "1", "0"], "argument --seeds: --seeds must be from 1 to 4294967295, got 0"),
+            (["--seeds", "4294967296"], "argument --seeds: --seeds must be from 1 to 4294967295, got 4294967296"),
+            (["--average", "0"], "argument --average: --average must be >= 1, got 0"),
+            # flags after -- that would make a run another experiment than its row, each with its option
+            (["--", "--seed", "7"], "-- --seed: refused after --, as it would make the runs another experiment "
+                                    "than their rows: the runs' seeds are reproduce.sh's --seeds"),
+            (["--", "--seed=7"], "-- --seed: refused after --"),
+            (["--", "--save-dir", "x"], "-- --save-dir: refused after --, as it would make the runs another "
+                                        "experiment than their rows: each run's directory is "
+                                        "OUT/runs/<row>-seed<N>: give --out"),
+            (["--", "--norm-type", "ln"], "-- --norm-type: refused after --, as it would make the runs another "
+                                          "experiment than their rows: the row sets it (configs/quickstart-ln.sh)"),
+            (["--", "--encoder-norm-ff", "bn"], "-- --encoder-norm-ff: refused after --"),
+            (["--", "--norm-placement", "post"], "-- --norm-placement: refused after --"),
+            (["--", "--distributed-world-size", "2"], "-- --distributed-world-size: refused after --, as it would "
+                                                      "make the runs another experiment than their rows: the "
+                                                      "workers are the launcher's"),
+            (["--", "--norm-sync", "none"], "-- --norm-sync: refused after --"),
+            (["--", "--keep-last-epochs", "2"], "give reproduce.sh --average N"),
+            (["--", "--update-freq", "2"], "row ln: train.sh: error: --update-freq after --: give it as this "
+                                           "script's --update-freq N, which keeps the row's 2048 tokens per update"),
+            (["--", "--max-epoch", "2"], "row ln: -- --max-epoch 2 leaves 2 epoch checkpoint(s), and the run "
+                                         "averages 3; give reproduce.sh --average N with N at most that"),
+            (["--", "--max-update", "3"], "row ln: -- --max-update 3 allows at most 1 epoch checkpoint(s) of 5,193 training tokens at 2,048 "
+                                           "tokens per update, and the run averages 3"),
+            (["--", "--no-epoch-checkpoints"], "leave no epoch checkpoint to average (3 averaged)"),
+            (["--seeds", "x"], "argument --seeds: invalid seed value: 'x'"),
             (["--launcher", "slurm", "--nodes", "0"], "argument --nodes: --nodes must be >= 1, got 0"),
             (["--launcher", "slurm", "--gpus-per-node", "4", "--tasks-per-node", "3"],
              "--tasks-per-node 3 does not divide --gpus-per-node 4"),
@@ -144,6 +208,17 @@ def test_dry_runs_print_each_job_and_run_and_write_nothing(toy_data, lm_data, tm
     assert printed.count("#SBATCH --dependency=afterok:TRAINING_JOB_ID\n") == 4
     assert re.search(r"scripts/train\.sh --config \S+/configs/quickstart-pn\.sh --seed 2 --data \S+ --save-dir "
                      rf"{out}/runs/pn-seed2 --gpus 0 --world-size 2 -- ", printed), printed
+    # each training's fairseq-train command: the row's batch over the 2 workers, their distributed flags
+    assert printed.count("# whose workers run (with SLURM's rank and first node):\nfairseq-train ") == 4
+    assert len(re.findall(r" --max-tokens 512 --update-freq 2 .* --distributed-world-size 2 --norm-sync batch .*"
+                          r" --distributed-init-method tcp://FIRST_NODE:PORT --distributed-rank RANK ", printed)) == 4
+    # no prepared data needed to plan a table; here, each run's fairseq-train command too
+    reproduce.main(["--table", "quickstart", "--rows", "pn", "--seeds", "3", "--data", str(tmp_path / "none"),
+                    "--out", str(out), "--dry-run", "--", "--max-epoch", "4"])
+    printed = capsys.readouterr().out
+    assert re.search(r"# which runs:\nfairseq-train \S+/none .* --max-tokens 2048 --update-freq 1 --seed 3 "
+                     r"--keep-last-epochs 3 ", printed), printed
+    assert "evaluate.sh --dataset quickstart" in printed and " --average 3 --cpu" in printed
     # a language model's table: its training and perplexity scripts
     reproduce.main(["--table", "lm-ptb", "--rows", "ln", "--seeds", "1", "--data", str(lm_data), "--out", str(out),
                     "--dry-run", "--", "--max-update", "2"])

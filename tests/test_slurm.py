@@ -273,7 +273,7 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
     from support import BIN, TINY, stand_ins
 
     out = tmp_path / "table"
-    fairseq = [*TINY, "--max-epoch", "5", "--warmup-updates", "4", "--max-tokens", "600", "--num-workers", "0",
+    fairseq = [*TINY, "--max-epoch", "5", "--warmup-updates", "4", "--max-tokens", "512", "--num-workers", "0",
            "--tensorboard-logdir", ""]
     command = ["bash", "scripts/reproduce.sh", *REPRODUCE, "--data", str(toy_data), "--out", str(out), "--",
                *fairseq]

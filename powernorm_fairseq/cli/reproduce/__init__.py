@@ -51,6 +51,7 @@ def reproduce(args, p):
             gpus = torch.cuda.device_count()
             for row, seed in grid:
                 print(f"# {name(row, seed)}\n{shlex_join(runs.train_command(args, row, seed, gpus))}\n"
+                      f"# which runs:\n{runs.fairseq_command(args, row, seed, gpus)}\n"
                       f"{shlex_join(runs.score_command(args, row, seed, gpus > 0))}\n")
         return
     check_settings(args, grid)

@@ -76,16 +76,17 @@ class Score(submitit.helpers.Checkpointable):
             raise RuntimeError(why)
 
 
-def worker(job, env):
-    """The distributed flags of this task's fairseq worker(s), and their environment."""
+def worker(job, env, hosts=None):
+    """The distributed flags of this task's fairseq worker(s), and their environment (``hosts``: the job's
+    nodes, asked of scontrol when not given)."""
     if job["world"] == 1:
         return [], env
     port = 20000 + int(env["SLURM_JOB_ID"]) % 40000  # the same in every task of the job, and each requeue
     per_task = job["gpus_per_task"]
     if per_task and (per_task == 1 or job["tasks_per_node"] == 1):
         return ["--distributed-port", str(port)], env  # fairseq's SLURM start: rank, device and rendezvous
-    hosts = subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]], capture_output=True,
-                           text=True, check=True).stdout.split()
+    hosts = hosts or subprocess.run(["scontrol", "show", "hostnames", env["SLURM_JOB_NODELIST"]],
+                                    capture_output=True, text=True, check=True).stdout.split()
     flags = ["--distributed-init-method", f"tcp://{hosts[0]}:{port}",
              "--distributed-rank", str(int(env["SLURM_PROCID"]) * max(per_task, 1))]
     if not per_task:  # a CPU worker per task, over gloo (fairseq's DDP asks for a device; its legacy one does not)
@@ -134,13 +135,25 @@ def _common(args):
 
 
 def dry_run(args, todo):
-    """Every job's script and command, submitting nothing."""
+    """Every job's script and command, and the fairseq-train command of each training's workers (its
+    batch, update frequency and distributed flags), submitting nothing."""
     folder = Path(args.out, "slurm")
+    world, per_task = shape(args)
+    flags, _ = worker({"world": world, "gpus_per_task": per_task, "tasks_per_node": args.tasks_per_node,
+                       "gpus_per_node": args.gpus_per_node},
+                      {"SLURM_JOB_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}, hosts=["FIRST_NODE"])
+    placeholders = {"--distributed-rank": "RANK", "--distributed-port": "PORT"}
+    flags = [placeholders.get(before, word.replace(":20000", ":PORT"))
+             for before, word in zip([None, *flags], flags)]
+    each = " " + shlex.join(flags) if flags else ""
     for row, seed in todo:
         for params, fn, job in (train_job(args, row, seed), score_job(args, row, seed, after="TRAINING_JOB_ID")):
-            print(f"# {job['name']}, {'training' if isinstance(fn, Train) else 'scoring'}\n"
+            training = isinstance(fn, Train)
+            runs_this = f"# whose workers run (with SLURM's rank and first node):\n" \
+                        f"{runs.fairseq_command(args, row, seed, per_task, world)}{each}\n" if training else ""
+            print(f"# {job['name']}, {'training' if training else 'scoring'}\n"
                   f"{slurm.script(folder, params)}\n# each task runs:\n"
-                  f"{shlex.join(job['command'])}\n")
+                  f"{shlex.join(job['command'])}\n{runs_this}")
 
 
 def run(args, todo):

@@ -287,6 +287,7 @@ def _check_epochs(args, row, parsed, facts):
 
 def _train_tokens(data, parsed):
     """The training set's tokens as fairseq batches them (each pair its longer side), or None."""
+    import numpy as np
     from fairseq.data import data_utils
 
     src, tgt = parsed.source_lang, parsed.target_lang
@@ -298,7 +299,6 @@ def _train_tokens(data, parsed):
         dataset = data_utils.load_indexed_dataset(str(prefix), None, dataset_impl=parsed.dataset_impl)
         if dataset is None:
             return None
-        sides.append(dataset.sizes)
-    import numpy as np
+        sides.append(np.array(dataset.sizes))  # a copy: the sizes are a view of the file, closed with dataset
 
     return int(np.maximum(*sides).sum())

@@ -49,6 +49,18 @@ def train_command(args, row, seed, gpus, world=None):
             *args.fairseq]
 
 
+def fairseq_command(args, row, seed, gpus, world=None):
+    """The fairseq-train command the run's training script runs (its ``--dry-run``): the batch, the update
+    frequency and the distributed flags as they are."""
+    command = train_command(args, row, seed, gpus, world)
+    cut = command.index("--")
+    dry = subprocess.run(command[:cut] + ["--dry-run"] + command[cut:], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "POWERNORM_REGISTRY": registry()})
+    if dry.returncode:
+        raise ReproduceError(f"row {row.name}: {(dry.stderr.strip().splitlines() or ['--dry-run failed'])[-1]}")
+    return dry.stdout.strip()
+
+
 def score_command(args, row, seed, gpu):
     average = [] if row.lm else ["--average", str(args.facts[row.name]["average"])]
     return ["bash", str(row.score_script), "--dataset", row.dataset, "--data", str(args.data),
@@ -61,19 +73,23 @@ def trained(run):
 
 
 def scored(row, run):
-    """The run's score is there, and of the run as it now is (newer than its checkpoint)."""
+    """The run's score is there, readable, and of the run as it now is (newer than its checkpoint): an
+    unreadable score counts as none, so that a rerun scores the run again."""
     score, checkpoint = Path(run, row.score_file), Path(run, row.scored_checkpoint)
-    return trained(run) and score.is_file() and checkpoint.is_file() and \
-        score.stat().st_mtime_ns >= checkpoint.stat().st_mtime_ns
+    if not (trained(run) and score.is_file() and checkpoint.is_file()
+            and score.stat().st_mtime_ns >= checkpoint.stat().st_mtime_ns):
+        return False
+    try:
+        score_of(row, run)
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+    return True
 
 
 def state(row, run):
     """("scored", (metric, sacreBLEU, signature)), ("failed", why), ("trained", ...) or ("unfinished", ...)."""
     if scored(row, run):
-        try:
-            return "scored", score_of(row, run)
-        except (OSError, ValueError, KeyError) as err:
-            return "failed", f"{Path(run, row.score_file)}: unreadable ({err})"
+        return "scored", score_of(row, run)
     why = last_line(Path(run, FAILURE))
     if why:
         return "failed", why
