@@ -35,6 +35,10 @@ parse_options "$@"
 export VERBOSE
 [[ -n "$SAVE_DIR" ]] || { usage >&2; die "--save-dir is required"; }
 [[ -d "$SAVE_DIR" ]] || die "--save-dir: no such directory '$SAVE_DIR'"
+# one scoring of a run at a time (the local launcher and a SLURM job of the same run, two reruns): a lock on
+# the directory itself, which leaves nothing behind and is dropped when this script ends however it ends
+exec 9<"$SAVE_DIR"
+flock -n 9 || die "another evaluate.sh is scoring '$SAVE_DIR' now; wait for it to end"
 # the translations, logs and scores go beside the checkpoints
 writable "$SAVE_DIR" || die "--save-dir: cannot write into '$SAVE_DIR' (a read-only file system or no permission); copy the checkpoints to a writable directory"
 case "$DATASET" in

@@ -308,3 +308,10 @@ def test_a_job_that_timed_out_without_a_new_checkpoint_is_not_requeued(tmp_path,
                                               "requeued (give a longer --timeout-min)"
     os.utime(checkpoint, ns=(1, checkpoint.stat().st_mtime_ns + 10 ** 9))  # one saved meanwhile
     assert job.requeue("run x")
+    # a limit that leaves no time for a checkpoint before the warning (90 s before it): a time-out, never
+    # taken for a pre-emption and requeued for ever
+    short = Job()
+    short.started(checkpoint, timeout_min=2)
+    now[0] += 30
+    assert not short.requeue("run y")
+    assert "run y: no checkpoint saved in the 2 minutes this job had; not requeued" in capsys.readouterr().err

@@ -88,7 +88,12 @@ def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_pat
     out.mkdir()
     (out / "jobs.json").write_text('{"a": ')
     with pytest.raises(SlurmError, match=f"^{out}/jobs.json: not the job list this launcher writes"):
-        launcher.read_jobs(out)
+        launcher.read_jobs(out, steps=False)
+    (out / "jobs.json").write_text('{"ln-seed1": "123"}')  # the study's list, where a table's is read: one line
+    assert launcher.read_jobs(out, steps=False) == {"ln-seed1": "123"}
+    with pytest.raises(SlurmError, match=f"^{out}/jobs.json: not the job list this launcher writes .another "
+                                         "command's, or corrupt.."):
+        launcher.read_jobs(out, steps=True)
     (out / "slurm").mkdir(mode=0o777)
     os.chmod(out / "slurm", 0o777)
     with pytest.raises(SlurmError, match=r"slurm: writable by others \(mode 777\): submitit runs what OUT/slurm holds"):
@@ -269,7 +274,8 @@ REPRODUCE = ["--table", "quickstart", "--rows", "ln", "pn", "--seeds", "1", "2",
              "--tasks-per-node", "2", "--partition", "study", "--timeout-min", "10", "--max-parallel", "2"]
 
 
-def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_run(cluster, toy_data, tmp_path):
+def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_run(cluster, toy_data, tmp_path,
+                                                                                   capsys):
     from support import BIN, TINY, stand_ins
 
     out = tmp_path / "table"
@@ -302,6 +308,38 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
     line = a_second_run_meanwhile(command, run)
     assert re.search(r"\d run\(s\) already pending or running on the cluster, 0 training\(s\) and 0 scoring\(s\) "
                      "submitted", line), line
+    # a job that waits for more than its turn says why (here held; a partition too small is refused)
+    from powernorm_fairseq.cli import slurm as launcher
+
+    held = next(iter(jobs.values()))["score"]
+    subprocess.run(["scontrol", "hold", held], env=cluster, check=True)
+    said, before = set(), os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = cluster["SLURM_CONF"]
+    try:
+        launcher.pending(out / "slurm", said)
+        assert {reason for job, reason in said if job == held} & {"JobHeldUser", "JobHeldAdmin"}, said  # (root)
+    finally:
+        subprocess.run(["scontrol", "release", held], env=cluster, check=True)
+        os.environ.pop("SLURM_CONF") if before is None else os.environ.update(SLURM_CONF=before)
+    assert re.search(rf"^slurm: job {held} pending: JobHeld(User|Admin)$", capsys.readouterr().err, re.M)
+    cut = command.index("--")
+    wide = subprocess.run([*command[:cut], "--nodes", "2", *command[cut:]], capture_output=True, **run)
+    assert wide.returncode == 2 and wide.stderr.strip().splitlines()[-1] == (
+        "reproduce.sh: error: --nodes 2: partition study has 1 node(s); a job of 2 would pend for ever")
+    # a copy of OUT (cp -a) never takes the original's jobs for its own, nor cancels them
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy, symlinks=True)
+    proc = subprocess.run([*command[:cut], "--out", str(copy), "--no-wait", *command[cut:]], capture_output=True,
+                          **run)
+    assert proc.returncode == 0 and "0 run(s) already pending or running on the cluster" in proc.stderr, \
+        proc.stderr[-3000:]
+    ours = {i for ids in jobs.values() for i in ids.values()}
+    theirs = {i for ids in json.loads((copy / "jobs.json").read_text()).values() for i in ids.values()} - ours
+    assert theirs  # (a run the original had trained already keeps its training's id, its scoring a new one)
+    subprocess.run(["scancel", *theirs], env=cluster, check=True)
+    states = {i: subprocess.run(["scontrol", "--oneliner", "show", "job", i], env=cluster, capture_output=True,
+                                text=True).stdout for i in ours}
+    assert all("JobState=" in text and "JobState=CANCELLED" not in text for text in states.values()), states
 
     def training(*but):
         """a run mid-training: a checkpoint saved, not done, its job running"""
@@ -366,3 +404,28 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
                      r"\[[-+][\d.]+, [-+][\d.]+\] \| (no evidence of a difference|higher than ln|lower than ln) \|$",
                      md, re.M), md
     assert "Runs without a score" not in md
+    assert "Batch per update: 2,048 tokens (world size 2); the last 3 epoch checkpoints averaged." in md
+
+    # two workers trained exactly the updates of one worker with the same row and flags
+    alone = tmp_path / "alone"
+    subprocess.run(["bash", "scripts/train.sh", "--config", "configs/quickstart-ln.sh", "--seed", "1", "--data",
+                    str(toy_data), "--save-dir", str(alone), "--gpus", "0", "--", *fairseq], check=True,
+                   capture_output=True, **run)
+    saved = torch.load(alone / "checkpoint_last.pt", weights_only=True)
+    assert [saved["optimizer_history"][-1]["num_updates"]] == list(updates)
+    assert (alone / "train.log").read_text().startswith(
+        "train.sh: quickstart, encoder ln, decoder ln, pre-norm, seed 1, world size 1, 1 worker(s) x 512 tokens x "
+        "update-freq 4 = 2048 tokens per update")
+    assert (out / "runs" / "ln-seed1" / "train.log").read_text().startswith(
+        "train.sh: quickstart, encoder ln, decoder ln, pre-norm, seed 1, world size 2, 2 worker(s) x 512 tokens x "
+        "update-freq 2 = 2048 tokens per update")
+    assert json.loads((out / "runs" / "ln-seed1" / "run.json").read_text())["world size"] == 2
+
+    # a scoring job that fails names its cause (not srun's last line): console, failure.txt, table
+    (out / "runs" / "ln-seed2" / "checkpoint3.pt").unlink()
+    (out / "runs" / "ln-seed2" / "bleu-test.json").unlink()
+    proc = subprocess.run(command, capture_output=True, **run)
+    cause = f"{out}/runs/ln-seed2 has 2 epoch checkpoints, 3 requested"
+    assert proc.returncode == 1 and re.search(rf"ln-seed2: scoring job \d+ ended \(FAILED\): scoring failed .*"
+                                              rf"{re.escape(cause)}", proc.stderr), proc.stderr[-3000:]
+    assert cause in (out / "runs" / "ln-seed2" / "failure.txt").read_text() and cause in (out / "table.md").read_text()

@@ -31,6 +31,7 @@ from ..common.files import atomic_path
 #: what a launcher needs of SLURM's client on this machine
 TOOLS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
 POLL = (2.0, 30.0)  # seconds between two looks at the queue: the first, and the most it grows to
+WARNED = 90 + 60  # submitit's warning comes 90 s before the time limit (--signal=USR2@90); a minute's slack
 
 
 class SlurmError(ValueError):
@@ -50,8 +51,9 @@ class Resumable(submitit.helpers.Checkpointable):
         self._mark = _mark(self._checkpoint)
 
     def requeue(self, name) -> bool:
-        """Whether to requeue; says why not, naming the job ``name``."""
-        timed_out = time.time() - self._started >= 0.8 * self._timeout_min * 60  # else a pre-emption
+        """Whether to requeue; says why not, naming the job ``name``. A signal in the job's last
+        ``WARNED`` seconds is its time limit's warning (however short the limit), else a pre-emption."""
+        timed_out = time.time() - self._started >= self._timeout_min * 60 - WARNED
         if timed_out and _mark(self._checkpoint) == self._mark:
             print(f"{name}: no checkpoint saved in the {self._timeout_min} minutes this job had; not requeued "
                   "(give a longer --timeout-min)", file=sys.stderr)
@@ -97,7 +99,7 @@ def submit(folder, params, calls, what):
         return []
     # requeues after a time limit: as many as it takes, while the job saves checkpoints (Resumable)
     executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=1000)
-    executor.update_parameters(**params)
+    executor.update_parameters(**params, comment=owner(folder))
     made = not executor.folder.exists()
     executor.folder.mkdir(parents=True, exist_ok=True)
     os.chmod(executor.folder, executor.folder.stat().st_mode & ~0o022)  # its pickles run in the jobs: ours alone
@@ -130,20 +132,71 @@ def script(folder, params):
     from submitit.slurm.slurm import _make_sbatch_string
 
     command = f"{shlex.quote(sys.executable)} -u -m submitit.core._submit {shlex.quote(str(folder))}"
-    return _make_sbatch_string(command=command, folder=folder, **params)
+    return _make_sbatch_string(command=command, folder=folder, comment=owner(folder), **params)
 
 
-def live():
-    """{job id: state} of this user's pending and running jobs, array tasks one by one."""
+def owner(folder):
+    """The comment every job of a launcher's OUT/slurm carries: its jobs, and no copy's (``cp -a OUT``
+    keeps jobs.json, whose ids name the original's jobs)."""
+    import hashlib
+
+    return "powernorm:" + hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+
+
+def queue(folder):
+    """{job id: (state, reason)} of this user's pending and running jobs submitted from ``folder`` (an
+    OUT/slurm), array tasks one by one; a job of another folder, a copy's original included, is not there."""
     try:
-        out = subprocess.run(["squeue", "--me", "--array", "--noheader", "--format", "%i|%T"], capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(["squeue", "--me", "--array", "--noheader", "--format", "%i|%T|%k|%r"],
+                             capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise SlurmError(f"--launcher slurm: squeue did not answer ({err}); is this a machine of the cluster?") \
             from None
     if out.returncode:
         raise SlurmError(f"--launcher slurm: squeue: {out.stderr.strip() or out.returncode}")
-    return dict(line.split("|", 1) for line in out.stdout.split())
+    mine = owner(folder)
+    jobs = (line.split("|", 3) for line in out.stdout.splitlines() if line.count("|") >= 3)
+    return {job: (state, reason) for job, state, comment, reason in jobs if comment == mine}
+
+
+def live(folder):
+    """{job id: state} of :func:`queue`."""
+    return {job: state for job, (state, _) in queue(folder).items()}
+
+
+#: why a pending job waits, when it can never start (squeue's reason)
+NEVER = ("PartitionNodeLimit", "PartitionConfig", "PartitionTimeLimit", "ReqNodeNotAvail", "BadConstraints",
+         "InvalidAccount", "InvalidQOS", "PartitionDown", "PartitionInactive", "AssocMaxJobsLimit")
+
+
+def pending(folder, said):
+    """Say once, per job and reason, why a job of ``folder`` is pending where SLURM gives a reason beyond
+    waiting its turn; ``said``: the (job, reason) pairs said so far."""
+    for job, (state, reason) in queue(folder).items():
+        if state == "PENDING" and reason not in ("None", "Priority", "Dependency", "BeginTime", "Resources",
+                                                  "JobArrayTaskLimit", "") and (job, reason) not in said:
+            said.add((job, reason))
+            never = " (it can never start as it is: cancel it, and give other SLURM flags)" if reason in NEVER else ""
+            print(f"slurm: job {job} pending: {reason}{never}", file=sys.stderr)
+
+
+def check_partition(p, partition, nodes):
+    """``p.error`` in one line where the partition (the cluster's default: None) has fewer nodes than a job
+    asks for: SLURM would keep it pending for ever."""
+    out = subprocess.run(["sinfo", "--noheader", "--format", "%P|%D"], capture_output=True, text=True)
+    if out.returncode:
+        return  # the submission says what is wrong
+    sizes = {}
+    for line in out.stdout.split():
+        name, count = line.split("|")
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        sizes[name] = sizes.get(name, 0) + int(count)
+        if default:
+            sizes[None] = name
+    name = partition or sizes.get(None)
+    if name in sizes and sizes[name] < nodes:
+        p.error(f"--nodes {nodes}: partition {name} has {sizes[name]} node(s); a job of {nodes} would pend for ever")
 
 
 def state(job_id):
@@ -189,19 +242,22 @@ def _job_ids(value):
         isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
-def read_jobs(out):
-    """``OUT/jobs.json``: {name: job id, or {step: job id}}; {} before the first submission."""
+def read_jobs(out, steps):
+    """``OUT/jobs.json``: {name: job id} (``steps`` False: the study's), or {name: {step: job id}}
+    (``steps`` True: a table's); {} before the first submission. Another shape is one line."""
     path = Path(out, "jobs.json")
     if not path.exists():
         return {}
     try:
         jobs = json.loads(path.read_text()) if path.is_file() else None
-        if isinstance(jobs, dict) and all(isinstance(k, str) and _job_ids(v) for k, v in jobs.items()):
+        if isinstance(jobs, dict) and all(isinstance(k, str) and _job_ids(v) and isinstance(v, dict) == steps
+                                          for k, v in jobs.items()):
             return jobs
     except (OSError, ValueError):
         pass
-    raise SlurmError(f"{path}: not the job list this launcher writes (corrupt?); its jobs may still run: check "
-                     "squeue, then remove the file and rerun (finished work is kept)")
+    raise SlurmError(f"{path}: not the job list this launcher writes (another command's, or corrupt?); its jobs "
+                     "may still run: check squeue, then remove the file and rerun (finished work is kept), or give "
+                     "another --out")
 
 
 def write_jobs(out, jobs):

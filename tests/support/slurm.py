@@ -58,8 +58,11 @@ def unavailable():
     return None
 
 
-def munge():
-    """munged running, with a key."""
+MUNGED_PID = Path("/run/munge/munged.pid")
+
+
+def munge(root):
+    """munged running, with a key; one started here is stopped with the cluster (``started`` in root)."""
     if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0:
         return
     key = Path("/etc/munge/munge.key")
@@ -69,6 +72,8 @@ def munge():
     Path("/run/munge").mkdir(parents=True, exist_ok=True)
     shutil.chown("/run/munge", "munge", "munge")
     subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
+    if MUNGED_PID.exists():
+        Path(root, "munged.pid").write_text(MUNGED_PID.read_text())
 
 
 def start(root):
@@ -76,8 +81,9 @@ def start(root):
     why = unavailable()
     if why:
         pytest.skip(why)
-    munge()
     root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    munge(root)
     for d in ("state", "spool"):
         (root / d).mkdir(parents=True, exist_ok=True)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2 ** 20 // 2
@@ -102,7 +108,7 @@ def stop(root):
     """Cancel every job, and stop the cluster's daemons."""
     env = {**os.environ, "SLURM_CONF": str(Path(root, "slurm.conf"))}
     subprocess.run(["scancel", "--me"], env=env, capture_output=True)
-    for pid in ("slurmd.pid", "slurmctld.pid"):
+    for pid in ("slurmd.pid", "slurmctld.pid", "munged.pid"):  # munged: only where start() started it
         path = Path(root, pid)
         if path.exists():
             try:

@@ -12,6 +12,7 @@ commands, state and settings; the local launcher), ``jobs`` (the SLURM
 launcher), ``table`` (table.md, table.json, the figures) and ``options``.
 """
 
+import signal
 import sys
 
 from ...common.errors import PowerNormConfigError
@@ -31,11 +32,19 @@ def main(argv=None):
         check(args, p)
         reproduce(args, p)
     except KeyboardInterrupt:
-        rest = "the same command resumes the rest" if args.launcher == "local" else \
-            "the jobs on the cluster go on, and the same command waits for them again"
-        p.exit(130, f"{p.prog}: interrupted; what finished is kept, and {rest}\n")
+        p.exit(130, f"{p.prog}: interrupted; {_kept(args)}\n")
+    except SystemExit as end:  # SIGTERM or SIGHUP (end_cleanly_on_sigterm): the same closing line as Ctrl-C
+        if end.code in (128 + signal.SIGTERM, 128 + signal.SIGHUP):
+            p.exit(end.code, f"{p.prog}: terminated; {_kept(args)}\n")
+        raise
     except (ReproduceError, SlurmError, PowerNormConfigError) as err:
         p.error(str(err))
+
+
+def _kept(args):
+    rest = "the same command resumes the rest" if args.launcher == "local" else \
+        "the jobs on the cluster go on, and the same command waits for them again"
+    return f"what finished is kept, and {rest}"
 
 
 def reproduce(args, p):

@@ -107,7 +107,7 @@ def shape(args):
 def train_job(args, row, seed):
     world, per_task = shape(args)
     run = directory(args, row, seed)
-    params = dict(job_name="reproduce", time=args.timeout_min, nodes=args.nodes,
+    params = dict(job_name=f"reproduce-{args.table}", time=args.timeout_min, nodes=args.nodes,
                   ntasks_per_node=args.tasks_per_node, **_common(args))
     if args.gpus_per_node:
         params["gpus_per_node"] = args.gpus_per_node
@@ -165,7 +165,7 @@ def run(args, todo):
     slurm.private(folder)
     waiting, train, score = 0, [], []  # runs to train; (run, the training it waits for) to score
     with slurm.locked(args.out):
-        jobs, live = slurm.read_jobs(args.out), slurm.live()
+        jobs, live = slurm.read_jobs(args.out, steps=True), slurm.live(folder)
         for row, seed in todo:
             key = name(row, seed)
             ids, done = jobs.get(key, {}), trained(directory(args, row, seed))
@@ -181,12 +181,18 @@ def run(args, todo):
             if ids.get("score") in live:
                 slurm.cancel(ids["score"])  # waiting on a training that will never succeed
             train.append((row, seed))
-        for row, seed in train + [r for r, _ in score]:
-            runs.record(args, row, seed)
+        recorded = [runs.record(args, row, seed) for row, seed in train + [r for r, _ in score]]
         if train:
             made = [train_job(args, row, seed) for row, seed in train]
             params = {**made[0][0], "array_parallelism": args.max_parallel or len(train)}  # the same for each
-            ids = slurm.submit(folder, params, [(fn, (job,)) for _, fn, job in made], "the trainings")
+            try:
+                ids = slurm.submit(folder, params, [(fn, (job,)) for _, fn, job in made], "the trainings")
+            except slurm.SlurmError:
+                for path in recorded:  # a refused submission leaves no run behind
+                    if path:
+                        path.unlink(missing_ok=True)
+                        _remove_if_empty(path.parent)
+                raise
             for (row, seed), job_id in zip(train, ids):
                 jobs[name(row, seed)] = {"train": job_id}
                 score.append(((row, seed), job_id))
@@ -203,18 +209,27 @@ def run(args, todo):
     return _wait(args, todo, jobs)
 
 
+def _remove_if_empty(directory):
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
+
+
 def _wait(args, todo, jobs):
     folder, pending, failures = Path(args.out, "slurm"), {name(r, s): (r, s) for r, s in todo}, []
-    wait = slurm.polls()
+    wait, said = slurm.polls(), set()
     while pending:
-        live, changed = slurm.live(), False
+        slurm.pending(folder, said)
+        live, changed = slurm.live(folder), False
         for key, (row, seed) in list(pending.items()):
             run_dir, ids = directory(args, row, seed), jobs[key]
             done = trained(run_dir)
             if done and scored(row, run_dir):
                 print(f"reproduce: {key}: scored", file=sys.stderr)
             elif ids.get("train") not in live and not done:
-                slurm.cancel(ids["score"])  # a failed training never runs its scoring
+                if ids["score"] in live:
+                    slurm.cancel(ids["score"])  # a failed training never runs its scoring
                 _failed(folder, run_dir, "training", ids["train"], Path(run_dir, "train.log"))
                 failures.append((row, seed))
             elif ids["score"] not in live and done:

@@ -100,6 +100,7 @@ def _check_launcher(args, p):
                 "each task's worker(s) take an equal share of a node's GPUs")
     if not args.dry_run:
         slurm.check_tools(p)
+        slurm.check_partition(p, args.partition, args.nodes)
 
 
 def _check_out(args, p):

@@ -141,15 +141,18 @@ def _difference(then, now):
 
 
 def record(args, row, seed):
-    """The run's settings, written once, when it first starts; a previous failure forgotten."""
+    """The run's settings, written once, when it first starts; a previous failure forgotten. The path of
+    run.json when written now, else None."""
     run = directory(args, row, seed)
     run.mkdir(parents=True, exist_ok=True)
     Path(run, FAILURE).unlink(missing_ok=True)
-    if not (run / SETTINGS).exists():
-        # the world size is not a setting: any number of workers trains the row's batch per update
-        kept = {**settings(args, row, seed), "world size": args.facts[row.name]["world size"]}
-        with atomic_path(run / SETTINGS) as tmp:
-            Path(tmp).write_text(json.dumps(kept, indent=1) + "\n")
+    if (run / SETTINGS).exists():
+        return None
+    # the world size is not a setting: any number of workers trains the row's batch per update
+    kept = {**settings(args, row, seed), "world size": args.facts[row.name]["world size"]}
+    with atomic_path(run / SETTINGS) as tmp:
+        Path(tmp).write_text(json.dumps(kept, indent=1) + "\n")
+    return run / SETTINGS
 
 
 def data_digest(data):

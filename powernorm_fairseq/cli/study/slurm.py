@@ -65,8 +65,8 @@ def run(args, todo):
     """(cell, result) as each job ends; (cell, why) for a job that ended without a result."""
     slurm.private(Path(args.out, "slurm"))
     with slurm.locked(args.out):
-        jobs = slurm.read_jobs(args.out)
-        live = slurm.live()
+        jobs = slurm.read_jobs(args.out, steps=False)
+        live = slurm.live(Path(args.out, "slurm"))
         waiting = {c["name"]: jobs[c["name"]] for c in todo if jobs.get(c["name"]) in live}
         submit = [c for c in todo if c["name"] not in waiting]
         for cell in submit:
@@ -97,7 +97,7 @@ def _wait(args, cells, jobs):
     """Yield each cell as its job ends (its result as soon as result.json is written)."""
     wait = slurm.polls()
     while jobs:
-        live = slurm.live()
+        live = slurm.live(Path(args.out, "slurm"))
         ended = False
         done = finished(args, [cells[name] for name in jobs])
         for name, job in list(jobs.items()):
