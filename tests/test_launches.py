@@ -545,3 +545,120 @@ def test_a_kernel_s_parameters_are_read_from_its_ptx():
 ])
 def test_resident_warps_per_sm_follow_an_h100_s_limits(registers, warps, shared, resident):
     assert sm90.resident_warps(registers, warps, shared) == resident
+
+
+SAFETY = r"""
+import gc, json, os, threading
+os.environ["TRITON_INTERPRET"] = "0"
+import torch
+from powernorm_fairseq.measure import standin
+from powernorm_fairseq.norms import build_norm, kernels
+from powernorm_fairseq.norms.kernels import cpu, gpu
+
+lib = standin.activate()
+node = cpu.load()
+from triton import knobs
+
+g = torch.Generator().manual_seed(0)
+x = torch.randn(4, 2, 64, generator=g, requires_grad=True)
+dy = torch.randn(4, 2, 64, generator=g)
+norm = build_norm("pn", 64).train()
+out = {}
+
+
+def recorded():
+    standin.clear()
+    norm(x).backward(dy)
+    return standin.launches()
+
+
+def same_as_triton():
+    node.compare_launches(True)  # each held launch, then Triton's JIT launch of the same call
+    try:
+        pairs = recorded()
+    finally:
+        node.compare_launches(False)
+    return len(pairs) > 0 and all(a == b for a, b in zip(pairs[::2], pairs[1::2]))
+
+
+with kernels.use("triton"):
+    norm(x).backward(dy)  # compiles each variant for sm_90; the node holds it
+    held = recorded()
+    out["launches"] = len(held)
+    # a thread with no current context (a serving thread handed a warmed-up model)
+    errors = []
+
+    def other():
+        try:
+            lib.standin_set_context(0)
+            out["thread"] = len(recorded())
+        except Exception as err:
+            errors.append(str(err))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    out["thread_errors"] = errors
+    lib.standin_set_context(2)  # a context current and not the kernels': refused
+    try:
+        recorded()
+        out["wrong"] = None
+    except RuntimeError as err:
+        out["wrong"] = str(err).splitlines()[0]
+    lib.standin_set_context(1)
+    # a launch hook installed after warm-up sees every launch, both ways Triton installs one
+    seen = []
+    knobs.runtime.launch_enter_hook = lambda *args: seen.append(1)
+    n = len(recorded())
+    out["hook"] = [len(seen), n]
+    del knobs.runtime.launch_enter_hook
+    chain = lambda *args: seen.append(2)
+    knobs.runtime.launch_enter_hook.add(chain)
+    seen.clear()
+    n = len(recorded())
+    out["chain"] = [len(seen), n]
+    knobs.runtime.launch_enter_hook.remove(chain)
+    seen.clear()
+    n = len(recorded())
+    out["unhooked"] = [len(seen), n]
+    # an option that enters Triton's cache key, set after warm-up: the variants Triton launches now
+    knobs.runtime.debug = True
+    debug = recorded()
+    out["debug_new"] = not ({l.function for l in debug} & {l.function for l in held})
+    out["debug_same"] = same_as_triton()
+    knobs.runtime.debug = False
+    # Triton's in-memory caches dropped: nothing launched through an unloaded module
+    for kernel in (gpu._channel_forward, gpu._finish_stats, gpu._channel_backward, gpu._finish_backward,
+                   gpu._sum_columns):
+        kernel.device_caches.clear()
+    gc.collect()
+    out["after_drop"] = len(recorded())
+    out["invalid"] = lib.standin_invalid()
+    out["same_after_drop"] = same_as_triton()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_the_held_launch_keeps_each_guarantee_of_triton_s_own():
+    """On the stand-in driver (measure/standin.py), a PN step after warm-up, where Triton's own launch
+    works: in a thread with no current CUDA context (the device's primary context made current, as
+    Triton's launcher does; a wrong current context refused in one line); with a launch hook installed
+    after warm-up, as an attribute or on Triton's hook chain (every launch seen); with an option of
+    Triton's cache key set after warm-up (the variants Triton launches now, byte for byte); after
+    Triton's in-memory kernel caches are dropped (no launch through an unloaded module)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", SAFETY], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    n = out["launches"]
+    assert n >= 3 and out["thread"] == n and out["thread_errors"] == []
+    assert out["wrong"] and "the current CUDA context is not the one its kernel was loaded in" in out["wrong"]
+    assert out["hook"] == [n, n] and out["chain"] == [n, n] and out["unhooked"] == [0, n]
+    assert out["debug_new"] and out["debug_same"]
+    assert out["after_drop"] == n and out["invalid"] == 0 and out["same_after_drop"]

@@ -440,6 +440,32 @@ def test_every_world_size_trains_the_row_s_batch_per_update(tmp_path):
     assert flag(bn, "--norm-type") == "bn-original" and flag(bn, "--keep-last-epochs") == "5"
 
 
+def test_the_readme_s_training_command_is_the_recipe_s(tmp_path):
+    """README's fairseq-train example: every flag and value the IWSLT14 PN row's recipe gives (but where
+    the user's data, save directory and logs go)."""
+    import shlex
+
+    stand_ins(tmp_path)
+    readme = (ROOT / "README.md").read_text()
+    shown = re.search(r"^fairseq-train DATA .*?(?<!\\)$", readme, re.M | re.S)[0].replace("\\\n", " ")
+    recipe_line = sh("scripts/train.sh", "--config", "configs/iwslt14-pn.sh", "--dry-run", "--gpus", "1",
+                     path=[tmp_path]).stdout
+
+    def flags(words):
+        pairs, key = {}, None
+        for word in words:
+            if word.startswith("--"):
+                key = word
+                pairs[key] = None
+            elif key:
+                pairs[key], key = word, None
+        return pairs
+
+    ours, theirs = flags(shlex.split(shown)), flags(shlex.split(recipe_line))
+    where = ("--user-dir", "--save-dir", "--log-format", "--log-interval", "--tensorboard-logdir")
+    assert {k: v for k, v in ours.items() if k not in where} == {k: v for k, v in theirs.items() if k not in where}
+
+
 def test_every_config_is_a_valid_row(tmp_path):
     """Each row through its script's --dry-run. The scripts check --norm
     against the registry with one ``python -c`` (an import of torch, seconds

@@ -167,8 +167,8 @@ def test_bad_input_is_one_line_before_anything_is_written(toy_data, tmp_path, ca
                                            "script's --update-freq N, which keeps the row's 2048 tokens per update"),
             (["--", "--max-epoch", "2"], "row ln: -- --max-epoch 2 leaves 2 epoch checkpoint(s), and the run "
                                          "averages 3; give reproduce.sh --average N with N at most that"),
-            (["--", "--max-update", "3"], "row ln: -- --max-update 3 allows at most 1 epoch checkpoint(s) of 5,193 training tokens at 2,048 "
-                                           "tokens per update, and the run averages 3"),
+            (["--", "--max-update", "3"], "row ln: -- --max-update 3 allows at most 1 epoch checkpoint(s) of "
+                                          "5,193 training tokens at 2,048 tokens per update, and the run averages 3"),
             (["--", "--no-epoch-checkpoints"], "leave no epoch checkpoint to average (3 averaged)"),
             (["--seeds", "x"], "argument --seeds: invalid seed value: 'x'"),
             (["--launcher", "slurm", "--nodes", "0"], "argument --nodes: --nodes must be >= 1, got 0"),

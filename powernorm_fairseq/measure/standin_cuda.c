@@ -10,6 +10,11 @@
  * launch records no parameter bytes. Each function a module gives is one
  * compiled variant, with the sizes registered for its name just before.
  *
+ * As the driver: the current context is the calling thread's (none in a new
+ * thread until a context is made current; standin_set_context makes a wrong
+ * one current), and a function whose module was unloaded is an invalid
+ * handle (CUDA_ERROR_INVALID_HANDLE, counted by standin_invalid).
+ *
  * Built by powernorm_fairseq/measure/standin.py with `cc -shared -fPIC`, as libcuda.so.1.
  */
 #include <stdint.h>
@@ -24,9 +29,14 @@
 #define MAX_BYTES 1024
 
 typedef struct {
+  int loaded;
+} module_t;
+
+typedef struct {
   char name[128];
   int n;
   int sizes[MAX_PARAMS];
+  module_t *module;
 } kernel_t;
 
 typedef struct {
@@ -43,7 +53,11 @@ static int n_kernels = 0;
 static launch_t launches[MAX_LAUNCHES];
 static int n_launches = 0;
 static int dropped = 0;
-static int context_dummy, module_dummy;
+static int invalid = 0;
+static int context_dummy, other_context;
+static __thread CUcontext current = NULL;  /* each thread's current context */
+static module_t modules[MAX_KERNELS];
+static int n_modules = 0;
 
 static kernel_t pending[MAX_KERNELS];  /* parameter sizes registered by name, for the next function of that name */
 static int n_pending = 0;
@@ -71,7 +85,12 @@ int standin_set_params(const char *name, int n, const int *sizes) {
 
 int standin_launches(void) { return n_launches; }
 int standin_dropped(void) { return dropped; }
-void standin_clear(void) { n_launches = 0; dropped = 0; }
+int standin_invalid(void) { return invalid; }
+void standin_clear(void) { n_launches = 0; dropped = 0; invalid = 0; }
+/* This thread's current context: 0 none, 1 the device's primary context, 2 another one. */
+void standin_set_context(int which) {
+  current = which == 0 ? NULL : which == 1 ? (CUcontext)&context_dummy : (CUcontext)&other_context;
+}
 
 /* The i-th launch: its kernel's name and function (one per compiled variant, numbered as the modules gave
  * them), grid, block, shared memory, stream, parameter count, sizes and bytes. */
@@ -94,6 +113,12 @@ int standin_launch(int i, char *name, int *function, unsigned *grid, unsigned *b
 
 static CUresult record(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                        unsigned shared, CUstream stream, void **params) {
+  kernel_t *k = (kernel_t *)f;
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  if (k != NULL && k->module != NULL && !k->module->loaded) {
+    invalid++;
+    return CUDA_ERROR_INVALID_HANDLE;
+  }
   if (n_launches == MAX_LAUNCHES) {
     dropped++;
     return CUDA_SUCCESS;
@@ -144,17 +169,24 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
   *pctx = (CUcontext)&context_dummy;
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) { *pctx = (CUcontext)&context_dummy; return CUDA_SUCCESS; }
-CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) { return CUDA_SUCCESS; }
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) { *pctx = current; return CUDA_SUCCESS; }
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) { current = ctx; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuCtxGetDevice(CUdevice *device) { *device = 0; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuCtxGetLimit(size_t *pvalue, CUlimit limit) { *pvalue = 0; return CUDA_SUCCESS; }
 CUresult CUDAAPI cuCtxSetLimit(CUlimit limit, size_t value) { return CUDA_SUCCESS; }
 
 CUresult CUDAAPI cuModuleLoadData(CUmodule *module, const void *image) {
-  *module = (CUmodule)&module_dummy;
+  if (current == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  if (n_modules == MAX_KERNELS) return CUDA_ERROR_OUT_OF_MEMORY;
+  module_t *m = &modules[n_modules++];
+  m->loaded = 1;
+  *module = (CUmodule)m;
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuModuleUnload(CUmodule hmod) { return CUDA_SUCCESS; }
+CUresult CUDAAPI cuModuleUnload(CUmodule hmod) {
+  ((module_t *)hmod)->loaded = 0;
+  return CUDA_SUCCESS;
+}
 CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
   if (n_kernels == MAX_KERNELS) return CUDA_ERROR_OUT_OF_MEMORY;
   kernel_t *k = &kernels[n_kernels++];  /* a function of its own per module: each compiled variant */
@@ -164,6 +196,7 @@ CUresult CUDAAPI cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const cha
     strncpy(k->name, name, sizeof(k->name) - 1);
     k->n = -1;
   }
+  k->module = (module_t *)hmod;
   *hfunc = (CUfunction)k;
   return CUDA_SUCCESS;
 }

@@ -79,7 +79,7 @@ def check(args, p):
     args.rows = [rows.row(args.table, name) for name in args.rows or known]
     _check_launcher(args, p)
     if args.average is not None and args.rows[0].lm:
-        p.error(f"--average: the language model tables score checkpoint_best.pt, not an average; leave it out")
+        p.error("--average: the language model tables score checkpoint_best.pt, not an average; leave it out")
     args.out = Path(args.out or f"runs/reproduce-{args.table}").resolve()
     _check_out(args, p)
     _check_data(args, p)
@@ -268,7 +268,7 @@ def _check_epochs(args, row, parsed, facts):
     training: the epochs to train, the checkpoints kept, and an upper bound on the epochs --max-update
     allows, from the training set's size)."""
     average = facts["average"]
-    fix = f"give reproduce.sh --average N with N at most that, or train longer"
+    fix = "give reproduce.sh --average N with N at most that, or train longer"
     if parsed.no_save or parsed.no_epoch_checkpoints:
         raise ReproduceError(f"row {row.name}: --no-save / --no-epoch-checkpoints after -- leave no epoch "
                              f"checkpoint to average ({average} averaged); leave them out")

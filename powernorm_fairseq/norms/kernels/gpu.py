@@ -197,9 +197,11 @@ def bind_node(node):
                      registers_per_sm=REGISTERS_PER_SM, tile=TILE, row_tile=ROW_TILE, widest_group=WIDEST_GROUP,
                      widest_row=WIDEST_ROW, sub_chunk=SUB_CHUNK, max_rows=MAX_ROWS, finish_block=_FINISH_BLOCK,
                      sum_rows=SUM_ROWS)
-    from .launcher import from_node
+    from .launcher import from_node, watch
 
-    return node.bind_gpu(kernels, constants, from_node)
+    bound = node.bind_gpu(kernels, constants, from_node)
+    watch(kernels, node.triton_changed)
+    return bound
 
 
 

@@ -60,6 +60,79 @@ def _watched(kernel) -> bool:
 
 # ---------------------------------------------------------------- the C++ nodes' launches (csrc/launch.h)
 
+_CHANGED = []  # what to call when something Triton's JIT consults at each launch may have changed
+
+
+def watch(kernels, changed):
+    """Call ``changed()`` whenever something Triton's JIT launch consults at each call may change, so that
+    the node drops its held variants and launches through the JIT again, as Triton would: a knob set or
+    reset (``triton.knobs.runtime.debug``, ``launch_enter_hook``, ``compilation.instrumentation_mode``, any
+    attribute of any of Triton's knob groups), a hook added to or removed from one of Triton's hook chains
+    (Proton's way), a pre-run hook of one of ``kernels``, or an environment variable the knobs read. Reading
+    them at each launch instead is what the node saves; installed once, for every node."""
+    import os
+
+    from triton import knobs
+
+    _CHANGED.append(changed)
+    if len(_CHANGED) > 1:
+        return
+
+    def notify():
+        for call in _CHANGED:
+            call()
+
+    def wrap(owner, name, after=None):
+        original = getattr(owner, name)
+
+        def wrapped(self, *args, **kwargs):
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if after is None or after(self, *args):
+                    notify()
+
+        wrapped.__wrapped__ = original
+        setattr(owner, name, wrapped)
+
+    wrap(knobs.base_knobs, "__setattr__")
+    wrap(knobs.base_knobs, "__delattr__")
+    wrap(knobs.HookChain, "add")
+    wrap(knobs.HookChain, "remove")
+    keys = {d.key for group in vars(knobs).values() if isinstance(group, knobs.base_knobs)
+            for d in group.knob_descriptors.values() if isinstance(getattr(d, "key", None), str)}
+    environ = type(os.environ)
+
+    def relevant(_, key, *rest):
+        return isinstance(key, str) and (key in keys or key.startswith("TRITON"))
+
+    wrap(environ, "__setitem__", relevant)
+    wrap(environ, "__delitem__", relevant)
+    for kernel in kernels:
+        kernel.pre_run_hooks = _Hooks(kernel.pre_run_hooks)
+
+
+class _Hooks(list):
+    """A kernel's pre-run hooks, which say when they change (:func:`watch`)."""
+
+    def _changed(self):
+        for call in _CHANGED:
+            call()
+
+
+def _mutator(original):
+    def mutate(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self._changed()
+
+    return mutate
+
+
+for _name in ("append", "extend", "insert", "remove", "pop", "clear", "__setitem__", "__delitem__", "__iadd__"):
+    setattr(_Hooks, _name, _mutator(getattr(list, _name)))
+
 #: the largest dynamic shared memory a launch takes without an attribute of its own (Triton's launcher
 #: adds one past it): a variant that needs more is launched by Triton's JIT every time
 _SHARED_PLAIN = 228 * 1024
@@ -75,7 +148,8 @@ def from_node(kernel, grid, args, constexprs, hold):
     compiled = kernel[grid](*args, **constexprs)
     if not hold or compiled is None or _watched(kernel):
         return None
-    return abi(compiled, len(args))
+    held = abi(compiled, len(args))
+    return None if held is None else (*held, compiled)  # the node keeps the compiled kernel (its module) alive
 
 
 def abi(compiled, given: int):

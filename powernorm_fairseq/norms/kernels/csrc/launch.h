@@ -12,8 +12,18 @@
 // parameters it takes, in order, with the constexprs removed; the scratch
 // pointers after them; its warps (block = 32 x warps) and dynamic shared
 // memory. Every later launch of the key is made here: cuLaunchKernel on
-// torch's current stream of the tensors' device, in the context the function
-// was loaded in (or a one-line refusal), with no Python.
+// torch's current stream of the tensors' device, with no Python.
+//
+// What Triton's own launch guarantees, kept: a thread with no current
+// context gets the device's primary context made current, as Triton's
+// launcher does (a context that is current and not the kernel's is refused in
+// one line); a grid dimension beyond a 32-bit int is refused, as Triton's
+// launcher refuses it; a held variant keeps its compiled kernel (and so its
+// loaded module) alive; and the held variants are dropped whenever something
+// Triton's JIT consults at each launch may have changed (a knob, a launch or
+// pre-run hook, an environment variable: launcher.py's ``watch`` calls
+// ``triton_changed``), so the next launch goes through the JIT again, which
+// hooks see and which selects the variant Triton launches now.
 //
 // libcuda is opened at run time, as Triton opens it: building needs no CUDA
 // toolkit. With CPU tensors (measure/standin.py's stand-in driver) the
@@ -22,6 +32,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <dlfcn.h>
 
+#include <atomic>
+#include <climits>
 #include <memory>
 #include <cstring>
 #include <mutex>
@@ -43,6 +55,8 @@ struct Driver {
   CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                      void**, void**);
   CUresult (*current_context)(CUcontext*);
+  CUresult (*set_current)(CUcontext);
+  CUresult (*primary)(CUcontext*, int);
   CUresult (*device)(int*, int);
   CUresult (*attribute)(int*, int, int);
   CUresult (*error)(CUresult, const char**);
@@ -60,6 +74,8 @@ const Driver& driver() {
     Driver d;
     d.launch = reinterpret_cast<decltype(d.launch)>(get("cuLaunchKernel"));
     d.current_context = reinterpret_cast<decltype(d.current_context)>(get("cuCtxGetCurrent"));
+    d.set_current = reinterpret_cast<decltype(d.set_current)>(get("cuCtxSetCurrent"));
+    d.primary = reinterpret_cast<decltype(d.primary)>(get("cuDevicePrimaryCtxRetain"));
     d.device = reinterpret_cast<decltype(d.device)>(get("cuDeviceGet"));
     d.attribute = reinterpret_cast<decltype(d.attribute)>(get("cuDeviceGetAttribute"));
     d.error = reinterpret_cast<decltype(d.error)>(get("cuGetErrorString"));
@@ -152,6 +168,7 @@ struct Variant {
   unsigned block = 0, shared = 0;
   std::vector<std::pair<int, Type>> params;  // (argument index, type) of each parameter, in order
   int scratch = 0;  // null scratch pointers after them
+  std::shared_ptr<py::object> compiled;  // Triton's compiled kernel: its module stays loaded while held
 };
 
 // A kernel as bound from Python: its JIT launch (``from_node``), its name, which of its
@@ -185,6 +202,8 @@ struct Registry {
   std::unordered_map<Key, std::shared_ptr<const Variant>, KeyHash> held;
   std::mutex lock;
   bool compare = false;  // each held launch made again through the JIT: a test compares what the driver got
+  std::atomic<uint64_t> changed{0};  // bumped by triton_changed: what the JIT consults may differ now
+  uint64_t seen = 0;  // ``changed`` when ``held`` was last emptied
 };
 
 Registry& registry() {
@@ -252,6 +271,10 @@ Variant through_jit(int kernel, const std::array<int64_t, 3>& grid, const std::v
   v.block = 32 * t[1].cast<unsigned>();
   v.shared = t[2].cast<unsigned>();
   v.scratch = t[5].cast<int>();
+  v.compiled = std::shared_ptr<py::object>(new py::object(t[6]), [](py::object* o) {
+    py::gil_scoped_acquire gil;  // (a variant may be dropped in a thread that does not hold it)
+    delete o;
+  });
   check(driver().current_context(&v.context), "cuCtxGetCurrent");
   return v;
 }
@@ -260,6 +283,12 @@ void launch_held(const Kernel& k, const Variant& v, const std::array<int64_t, 3>
                  const Target& to) {
   CUcontext context = nullptr;
   check(driver().current_context(&context), "cuCtxGetCurrent");
+  if (context == nullptr) {  // a thread with none (a backward in autograd's thread, a serving thread): as Triton's
+    int dev = 0;             // launcher, the device's primary context made current
+    check(driver().device(&dev, to.device), "cuDeviceGet");
+    check(driver().primary(&context, dev), "cuDevicePrimaryCtxRetain");
+    check(driver().set_current(context), "cuCtxSetCurrent");
+  }
   TORCH_CHECK(context == v.context, "powernorm_fairseq: ", k.name, " on device ", to.device,
               ": the current CUDA context is not the one its kernel was loaded in (set the device with "
               "torch.cuda.set_device or torch.cuda.device before the step)");
@@ -300,6 +329,9 @@ void run(int kernel, std::array<int64_t, 3> grid, const std::vector<Arg>& args, 
               " arguments and ", values.size(), " constexprs, where the kernel takes ", k.fixed.size(), " and ",
               k.constexprs.size());
   TORCH_CHECK(2 + args.size() + 2 * values.size() <= Key().bytes.size(), k.name, ": too many arguments");
+  for (int d = 0; d < 3; ++d)  // Triton's launcher takes each dimension as a C int, and refuses more
+    TORCH_CHECK(grid[d] >= 0 && grid[d] <= INT_MAX, "powernorm_fairseq: ", k.name, ": grid dimension ", d, " is ",
+                grid[d], ", beyond a 32-bit int (the input is too large for one launch)");
   Key key;
   key.add(kernel);
   key.add(to.cuda ? to.device : kDevices);
@@ -309,15 +341,23 @@ void run(int kernel, std::array<int64_t, 3> grid, const std::vector<Arg>& args, 
     key.add(v & 255), key.add(v >> 8);
   }
   std::shared_ptr<const Variant> v;
+  decltype(r.held) dropped;  // destroyed after the lock is released (each releases its kernel under the GIL)
   {
     std::lock_guard<std::mutex> hold(r.lock);
+    const uint64_t now = r.changed.load(std::memory_order_acquire);
+    if (r.seen != now) {  // something the JIT consults changed: every launch through it again, once
+      dropped.swap(r.held);
+      r.seen = now;
+    }
     auto it = r.held.find(key);
     if (it != r.held.end()) v = it->second;
   }
   if (v == nullptr) {  // Triton's JIT launches it, and gives the variant to hold
+    const uint64_t before = r.changed.load(std::memory_order_acquire);
     auto made = std::make_shared<const Variant>(through_jit(kernel, grid, args, values, true));
     std::lock_guard<std::mutex> hold(r.lock);
-    if (r.held.size() >= kKeptVariants) r.held.clear();
+    if (r.changed.load(std::memory_order_acquire) != before) return;  // changed meanwhile: not held
+    if (r.held.size() >= kKeptVariants) dropped.swap(r.held);
     r.held.emplace(key, std::move(made));
     return;
   }
@@ -328,5 +368,8 @@ void run(int kernel, std::array<int64_t, 3> grid, const std::vector<Arg>& args, 
   launch_held(k, *v, grid, args, to);
   if (r.compare) through_jit(kernel, grid, args, values, false);
 }
+
+// Something Triton's JIT consults at each launch may have changed: the held variants are dropped.
+void triton_changed() { registry().changed.fetch_add(1, std::memory_order_acq_rel); }
 
 }  // namespace launch

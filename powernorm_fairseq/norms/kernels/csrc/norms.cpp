@@ -83,4 +83,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, arg("kernels"), arg("constants"), arg("from_node"));
   m.def("observed", &observed, arg("values"));
   m.def("compare_launches", [](bool on) { launch::registry().compare = on; }, arg("on"));
+  m.def("triton_changed", &launch::triton_changed);
 }
