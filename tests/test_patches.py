@@ -40,6 +40,8 @@ PATCHED = {
     "shutdown": "getattr(getattr(sys.modules.get('powernorm_fairseq.patches.shutdown'), 'install', None), "
                 "'installed', False)",
     "bf16 without a TPU": "fairseq.dataclass.utils.convert_namespace_to_omegaconf",
+    "NaN detector": "fairseq.nan_detector.NanDetector.add_hooks",
+    "diverged updates": "fairseq.trainer.Trainer.train_step",
     "weights-only checkpoints": "argparse.Namespace in torch.serialization.get_safe_globals()",
     "weights-only loads in fairseq": "torch.load",
     # it acts on fairseq_cli.interactive alone (imported only by fairseq-interactive): installed, it has
@@ -51,7 +53,8 @@ PATCHED = {
 def test_fairseq_is_changed_only_where_the_models_ask():
     """Under --user-dir the import registers the models and installs AT_IMPORT
     (fairseq also calls every model's add_args then); the rest comes with a
-    plugin architecture, so a stock model's run is fairseq's own."""
+    plugin architecture, so a stock model's run is fairseq's own. AT_START is
+    there before the import: the .pth installed it when the process started."""
     names = [p.name for p in patches.AT_IMPORT + patches.WITH_THE_MODELS if p.name != "NumPy 2"]
     assert sorted(names) == sorted(PATCHED)  # every patch but NumPy 2's (a no-op on NumPy 1) is checked
     exprs = "[" + ", ".join(PATCHED[n] for n in names) + "]"
@@ -59,7 +62,7 @@ def test_fairseq_is_changed_only_where_the_models_ask():
 import argparse, sys, torch
 import fairseq, fairseq.utils, fairseq.checkpoint_utils, fairseq.file_io, fairseq.file_utils, fairseq.tasks
 import fairseq.data.indexed_dataset
-import fairseq.dataclass.utils
+import fairseq.dataclass.utils, fairseq.nan_detector, fairseq.trainer
 from fairseq.models import ARCH_MODEL_REGISTRY
 before = {exprs}
 fairseq.utils.import_user_module(argparse.Namespace(user_dir={str(USER_DIR)!r}))  # as --user-dir does
@@ -76,8 +79,14 @@ for name, b, i, m in zip({names!r}, before, at_import, with_models):
     assert lines[0] == "True"
     changed = {line.rsplit(" ", 2)[0]: line.rsplit(" ", 2)[1:] for line in lines[1:]}
     at_import = {p.name for p in patches.AT_IMPORT}
+    at_start = {p.name for p in patches.AT_START}
     for name in names:
+        if name in at_start:  # replaced before the plugin's import: by the guard the .pth loaded at start-up
+            assert changed[name] == ["False", "False"], name
+            continue
         assert changed[name] == ["True" if name in at_import else "False", "True"], name
+    guarded = python("import fairseq.file_utils as f; print(f.load_archive_file.__module__)")
+    assert guarded.strip() == "powernorm_fairseq.patches.archives"
 
 
 @pytest.mark.fast

@@ -93,17 +93,16 @@ def test_a_local_table_resumes_after_ctrl_c_and_equals_the_recipes_by_hand(toy_d
     assert (record["tokens per update"], record["world size"], record["averaged checkpoints"]) == (2048, 1, 3)
     assert "Batch per update: 2,048 tokens (world size 1); the last 3 epoch checkpoints averaged." in md
 
-    # an unreadable score counts as not scored: the rerun scores the run again
+    # an unreadable score counts as not scored: the rerun scores the run again; a scoring that fails anyway
+    # names its real cause in the console, failure.txt and the table
     (out / "runs" / "ln-seed1" / "bleu-test.json").write_text("{")
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and "4 runs, 3 scored, 1 to run" in proc.stderr, proc.stderr[-3000:]
-    assert table_values(out)["ln", 1] == values["ln", 1]
-    # a scoring that fails anyway names its real cause: in the console, failure.txt and the table
     (out / "runs" / "pn-seed1" / "checkpoint2.pt").unlink()
     (out / "runs" / "pn-seed1" / "bleu-test.json").unlink()
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     cause = f"{out}/runs/pn-seed1 has 2 epoch checkpoints, 3 requested"
-    assert proc.returncode == 1 and cause in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1 and "4 runs, 2 scored, 2 to run" in proc.stderr and cause in proc.stderr, \
+        proc.stderr[-3000:]
+    assert table_values(out)["ln", 1] == values["ln", 1]
     assert cause in (out / "runs" / "pn-seed1" / "failure.txt").read_text()
     assert re.search(rf"^- pn, seed 1: scoring failed \(exit status \d+\): .*{re.escape(cause)}",
                      (out / "table.md").read_text(), re.M)

@@ -15,6 +15,13 @@ and by ``build_model`` (every command that builds one, and each worker of a
 distributed run). A stock model trained with ``--user-dir`` is trained
 exactly as fairseq trains it.
 
+``AT_START`` is installed before any of that, in every Python process of an
+environment where the plugin is installed: ``powernorm_fairseq-archives.pth``
+(site-packages) loads ``patches/archives.py`` alone at start-up, so that a
+model archive is extracted safely whatever the process imports first
+(fairseq's hub extracts before it imports a ``user_dir``). Importing the
+plugin installs it too (a source checkout without the .pth).
+
 Each entry names the test that fails without it.
 """
 
@@ -22,10 +29,19 @@ from ..common.checkpoints import allow_fairseq_checkpoints
 from . import archives, checkpoints, compat, datafiles, diverged, errors, savedir, shutdown
 from .base import Patch, installs_once
 
-__all__ = ["AT_IMPORT", "WITH_THE_MODELS", "Patch", "for_the_models", "install", "installs_once"]
+__all__ = ["AT_START", "AT_IMPORT", "WITH_THE_MODELS", "Patch", "for_the_models", "install", "installs_once"]
 
 
-AT_IMPORT = (
+AT_START = (
+    Patch("safe archives",
+          "a model archive (from_pretrained) holds files and folders only, each checked before anything is "
+          "extracted into a folder of its own; the user's archive is never removed; in every process, whatever "
+          "it imports first",
+          archives.safe_archives,
+          "test_loaders.py::test_the_guard_holds_in_a_fresh_interpreter_that_never_imports_the_plugin"),
+)
+
+AT_IMPORT = AT_START + (
     Patch("weights-only checkpoints",
           "torch >= 2.6 loads weights only, and fairseq's checkpoints hold an argparse.Namespace",
           allow_fairseq_checkpoints,
@@ -39,11 +55,6 @@ AT_IMPORT = (
           "a truncated checkpoint, or one that holds code, is named in one line, not a 50-line traceback",
           checkpoints.name_unreadable_checkpoints,
           "test_faults.py::test_every_command_that_loads_a_checkpoint_refuses_code"),
-    Patch("safe archives",
-          "a model archive (from_pretrained) is extracted into a folder of its own, every member checked first; "
-          "the user's archive is never removed",
-          archives.safe_archives,
-          "test_loaders.py::test_an_archive_that_would_write_outside_its_folder_is_refused"),
     Patch("one-line errors",
           "this plugin's errors (and, with its models, fairseq's about its input) print one line",
           errors.install_excepthook,
@@ -95,11 +106,11 @@ WITH_THE_MODELS = (
     Patch("NaN detector",
           "fairseq's NanDetector fails inside torch >= 2's module hooks (StopIteration), hiding why a run stopped",
           diverged.nan_detector_on_current_torch,
-          "test_faults.py::test_a_diverged_training_says_so_and_names_the_update"),
+          "test_reproduce.py::test_a_diverged_run_says_so_with_its_update"),
     Patch("diverged updates",
           "a step whose gradients are NaN/Inf ends the run in one line naming the update",
           diverged.name_the_diverged_update,
-          "test_faults.py::test_a_diverged_training_says_so_and_names_the_update"),
+          "test_reproduce.py::test_a_diverged_run_says_so_with_its_update"),
     Patch("bf16 without a TPU",
           "fairseq 0.12 makes --bf16 imply --tpu, and dies without torch_xla",
           compat.bf16_without_tpu,
