@@ -168,7 +168,15 @@ def run(args, todo):
         jobs, live = slurm.read_jobs(args.out, steps=True), slurm.live(folder)
         for row, seed in todo:
             key = name(row, seed)
-            ids, done = jobs.get(key, {}), trained(directory(args, row, seed))
+            ids = jobs.get(key, {})
+            if ids.get("train") in live and not Path(directory(args, row, seed), runs.SETTINGS).exists():
+                print(f"reproduce: {key}: its directory was removed while job {ids['train']} trained it; the job "
+                      "is cancelled", file=sys.stderr)
+                _end(folder, [ids["train"], ids.get("score")])
+                live = slurm.live(folder)
+            if ids.get("train") not in live:
+                runs.start_afresh(args, row, seed)
+            done = trained(directory(args, row, seed))
             if done or ids.get("train") in live:
                 if ids.get("score") in live:
                     waiting += 1
@@ -209,6 +217,16 @@ def run(args, todo):
     return _wait(args, todo, jobs)
 
 
+def _end(folder, job_ids):
+    """Cancel the jobs, and wait (a minute at most) until the queue has none of them."""
+    job_ids = [j for j in job_ids if j]
+    for job_id in job_ids:
+        slurm.cancel(job_id)
+    deadline = time.time() + 60
+    while set(job_ids) & set(slurm.live(folder)) and time.time() < deadline:
+        time.sleep(1)
+
+
 def _remove_if_empty(directory):
     try:
         directory.rmdir()
@@ -225,7 +243,14 @@ def _wait(args, todo, jobs):
         for key, (row, seed) in list(pending.items()):
             run_dir, ids = directory(args, row, seed), jobs[key]
             done = trained(run_dir)
-            if done and scored(row, run_dir):
+            if ids.get("train") in live and not Path(run_dir, runs.SETTINGS).exists():  # removed meanwhile
+                _end(folder, [ids["train"], ids.get("score")])
+                runs.failed(run_dir, f"its directory was removed while job {ids['train']} trained it; the job was "
+                                     "cancelled, and the same command trains the run again from scratch")
+                print(f"reproduce: {key}: its directory was removed while it trained; job {ids['train']} cancelled; "
+                      "the same command trains it again from scratch", file=sys.stderr)
+                failures.append((row, seed))
+            elif done and scored(row, run_dir):
                 print(f"reproduce: {key}: scored", file=sys.stderr)
             elif ids.get("train") not in live and not done:
                 if ids["score"] in live:

@@ -140,6 +140,26 @@ def _difference(then, now):
     return f"{shlex.join(then[max(first - 1, 0):]) or 'none'}, now {shlex.join(now[max(first - 1, 0):]) or 'none'}"
 
 
+def orphaned(run):
+    """Whether a run's directory holds files but not its run.json: it was removed (and remade by the
+    training that went on writing there) after the run started. What is there is of no recorded run."""
+    run = Path(run)
+    return run.is_dir() and not (run / SETTINGS).exists() and any(run.iterdir())
+
+
+def start_afresh(args, row, seed):
+    """An orphaned run's directory removed, so that the run trains again from scratch; whether it was."""
+    import shutil
+
+    run = directory(args, row, seed)
+    if not orphaned(run):
+        return False
+    print(f"reproduce: {name(row, seed)}: its directory lost its run.json while it trained (removed?); what is "
+          "there is removed and the run trains again from scratch", file=sys.stderr)
+    shutil.rmtree(run)
+    return True
+
+
 def record(args, row, seed):
     """The run's settings, written once, when it first starts; a previous failure forgotten. The path of
     run.json when written now, else None."""
@@ -192,6 +212,8 @@ def run_local(args, todo):
         run = directory(args, row, seed)
         print(f"reproduce: [{i}/{len(todo)}] {name(row, seed)}: {'training' if step == 'train' else 'scoring'}",
               file=sys.stderr)
+        if start_afresh(args, row, seed):
+            step = "train"
         record(args, row, seed)
         if step == "train":
             why = call(train_command(args, row, seed, gpus), "training")
