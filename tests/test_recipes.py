@@ -465,6 +465,24 @@ def test_the_readme_s_training_command_is_the_recipe_s(tmp_path):
     assert {k: v for k, v in ours.items() if k not in where} == {k: v for k, v in theirs.items() if k not in where}
 
 
+def test_one_scoring_of_a_run_at_a_time(tmp_path):
+    """evaluate.sh locks the run's directory: a second scoring of it (the local launcher and a SLURM job of
+    the same run) is one line, and nothing of the first's is touched; the lock leaves no file."""
+    import fcntl
+
+    save = tmp_path / "run"
+    save.mkdir()
+    fd = os.open(save, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        busy = recipe("scripts/evaluate.sh", "--dataset", "quickstart", "--save-dir", save, check=False)
+    finally:
+        os.close(fd)
+    assert busy.returncode == 2 and busy.stderr.strip().splitlines()[-1] == (
+        f"evaluate.sh: error: another evaluate.sh is scoring '{save}' now; wait for it to end")
+    assert list(save.iterdir()) == []
+
+
 def test_every_config_is_a_valid_row(tmp_path):
     """Each row through its script's --dry-run. The scripts check --norm
     against the registry with one ``python -c`` (an import of torch, seconds

@@ -126,6 +126,8 @@ def test_a_diverged_run_says_so_with_its_update(toy_data, tmp_path):
     assert re.search(r"\| WARNING \| fairseq\.nan_detector \| (NaN|Inf) detected in output of \S+", log), log[-3000:]
     assert log.startswith("train.sh: quickstart, encoder ln, decoder ln, pre-norm, seed 1, world size 1, 1 worker(s) "
                           "x 512 tokens x update-freq 4 = 2048 tokens per update -> ")
+    table = json.loads((out / "table.json").read_text(), parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+    assert table["rows"][0]["mean"] is None  # one seed, no score: strict JSON, no NaN
 
 
 def test_bad_input_is_one_line_before_anything_is_written(toy_data, tmp_path, capsys, monkeypatch):

@@ -136,7 +136,8 @@ def a_second_run_meanwhile(command, run):
         lines.append(again.stderr.readline())
         assert lines[-1], "".join(lines)
     again.send_signal(signal.SIGTERM)
-    again.communicate(timeout=60)
+    _, rest = again.communicate(timeout=60)
+    a_second_run_meanwhile.rest = rest  # what it said after the SIGTERM
     return lines[-1]
 
 
@@ -308,6 +309,9 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
     line = a_second_run_meanwhile(command, run)
     assert re.search(r"\d run\(s\) already pending or running on the cluster, 0 training\(s\) and 0 scoring\(s\) "
                      "submitted", line), line
+    assert a_second_run_meanwhile.rest.strip().splitlines()[-1] == (  # a SIGTERM's closing line, as Ctrl-C's
+        "reproduce.sh: terminated; what finished is kept, and the jobs on the cluster go on, and the same command "
+        "waits for them again"), a_second_run_meanwhile.rest[-2000:]
     def training(*but):
         """a run mid-training: a checkpoint saved, not done, its job running"""
         running = set(squeue(cluster, "--states", "RUNNING", "--format", "%i"))
@@ -347,49 +351,51 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
     now = json.loads((out / "jobs.json").read_text())
     assert now[cancelled] != jobs[cancelled] and {k: v for k, v in now.items() if k != cancelled} == \
         {k: v for k, v in jobs.items() if k != cancelled}
-    # a job that waits for more than its turn says why (here held; a partition too small is refused)
+    # a copy of OUT (cp -a), made while the original's resubmitted run trains: its command never takes the
+    # original's jobs for its own, nor cancels them; its jobs, in a partition that is down, pend and say why
     from powernorm_fairseq.cli import slurm as launcher
 
-    held = now[cancelled]["score"]  # pending: its training runs first
-    subprocess.run(["scontrol", "hold", held], env=cluster, check=True)
-    said, before = set(), os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = cluster["SLURM_CONF"]
-    try:
-        launcher.pending(out / "slurm", said)
-        assert {reason for job, reason in said if job == held} & {"JobHeldUser", "JobHeldAdmin"}, said  # (root)
-    finally:
-        subprocess.run(["scontrol", "release", held], env=cluster, check=True)
-        os.environ.pop("SLURM_CONF") if before is None else os.environ.update(SLURM_CONF=before)
-    assert re.search(rf"^slurm: job {held} pending: JobHeld(User|Admin)$", capsys.readouterr().err, re.M)
-    wide = subprocess.run([*command[:cut], "--nodes", "2", *command[cut:]], capture_output=True, **run)
-    assert wide.returncode == 2 and wide.stderr.strip().splitlines()[-1] == (
-        "reproduce.sh: error: --nodes 2: partition study has 1 node(s); a job of 2 would pend for ever")
-    # a copy of OUT (cp -a) never takes the original's jobs for its own, nor cancels them
     copy = tmp_path / "copy"
     shutil.copytree(out, copy, symlinks=True)
-    proc = subprocess.run([*command[:cut], "--out", str(copy), "--no-wait", *command[cut:]], capture_output=True,
-                          **run)
-    assert proc.returncode == 0 and "0 run(s) already pending or running on the cluster" in proc.stderr, \
-        proc.stderr[-3000:]
+    held = [*command[:cut], "--out", str(copy), "--partition", "down", "--no-wait", *command[cut:]]
+    proc = subprocess.run(held, capture_output=True, **run)
+    assert proc.returncode == 0 and "0 run(s) already pending or running on the cluster, 1 training(s)" in \
+        proc.stderr, proc.stderr[-3000:]
     ours = {i for ids in now.values() for i in ids.values()}
     copied = json.loads((copy / "jobs.json").read_text())
     theirs = {i for ids in copied.values() for i in ids.values()} - ours
-    assert theirs  # (a run the original had trained already keeps its training's id, its scoring a new one)
+    assert copied[cancelled]["train"] in theirs
+    said, before = set(), os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = cluster["SLURM_CONF"]
+    try:
+        launcher.pending(copy / "slurm", said)
+    finally:
+        os.environ.pop("SLURM_CONF") if before is None else os.environ.update(SLURM_CONF=before)
+    assert (copied[cancelled]["train"], "PartitionDown") in said, said
+    assert f"slurm: job {copied[cancelled]['train']} pending: PartitionDown (it can never start as it is" in \
+        capsys.readouterr().err
     # a run's directory removed while its job trains (or waits): the job is cancelled, the run started afresh
-    gone = next(name for name, ids in copied.items() if ids["train"] in theirs)
-    shutil.rmtree(copy / "runs" / gone)
-    proc = subprocess.run([*command[:cut], "--out", str(copy), "--no-wait", *command[cut:]], capture_output=True,
-                          **run)
-    assert proc.returncode == 0 and f"reproduce: {gone}: its directory was removed while job {copied[gone]['train']} " \
-        "trained it; the job is cancelled" in proc.stderr, proc.stderr[-3000:]
+    shutil.rmtree(copy / "runs" / cancelled)
+    proc = subprocess.run(held, capture_output=True, **run)
+    assert proc.returncode == 0 and f"reproduce: {cancelled}: its directory was removed while job " \
+        f"{copied[cancelled]['train']} trained it; the job is cancelled" in proc.stderr, proc.stderr[-3000:]
     again = json.loads((copy / "jobs.json").read_text())
-    assert again[gone]["train"] != copied[gone]["train"] and (copy / "runs" / gone / "run.json").is_file()
-    assert copied[gone]["train"] not in squeue(cluster, "--format", "%i")
+    assert again[cancelled]["train"] != copied[cancelled]["train"]
+    assert (copy / "runs" / cancelled / "run.json").is_file()
+    assert copied[cancelled]["train"] not in squeue(cluster, "--format", "%i")
     theirs |= {i for ids in again.values() for i in ids.values()} - ours
     subprocess.run(["scancel", *theirs], env=cluster, check=True)
     states = {i: subprocess.run(["scontrol", "--oneliner", "show", "job", i], env=cluster, capture_output=True,
                                 text=True).stdout for i in ours}
     assert all("JobState=" in text and "JobState=CANCELLED" not in text for text in states.values()), states
+    # a partition too small, and one sbatch refuses: one line, no run left behind
+    wide = subprocess.run([*command[:cut], "--nodes", "2", *command[cut:]], capture_output=True, **run)
+    assert wide.returncode == 2 and wide.stderr.strip().splitlines()[-1] == (
+        "reproduce.sh: error: --nodes 2: partition study has 1 node(s); a job of 2 would pend for ever")
+    refused = subprocess.run([*command[:cut], "--partition", "nosuch", "--out", str(tmp_path / "refused"),
+                              *command[cut:]], capture_output=True, **run)
+    assert refused.returncode == 2 and "sbatch refused the trainings" in refused.stderr.strip().splitlines()[-1]
+    assert not list((tmp_path / "refused").rglob("run.json"))
 
     scripts = sorted((out / "slurm").glob("*_submission.sh"))
     proc = subprocess.run(command, capture_output=True, **run)

@@ -39,6 +39,8 @@ SlurmctldLogFile={root}/slurmctld.log
 SlurmdLogFile={root}/slurmd.log
 NodeName={host} CPUs={cpus} RealMemory={memory} State=UNKNOWN
 PartitionName=study Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# a partition that is down: its jobs pend (reason PartitionDown)
+PartitionName=down Nodes=ALL MaxTime=INFINITE State=DOWN
 """
 
 
