@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,21 +62,42 @@ def unavailable():
 
 
 MUNGED_PID = Path("/run/munge/munged.pid")
+#: the clusters of this machine's test runs that use munged (pytest's workers each start one), and whether
+#: a test started munged: the last cluster to stop stops it
+USERS = Path(tempfile.gettempdir()) / "powernorm-test-munge"
 
 
 def munge(root):
-    """munged running, with a key; one started here is stopped with the cluster (``started`` in root)."""
-    if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0:
-        return
-    key = Path("/etc/munge/munge.key")
-    if not key.exists():
-        subprocess.run(["mungekey", "--create", "--force"], check=True)
-        shutil.chown(key, "munge", "munge")
-    Path("/run/munge").mkdir(parents=True, exist_ok=True)
-    shutil.chown("/run/munge", "munge", "munge")
-    subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
-    if MUNGED_PID.exists():
-        Path(root, "munged.pid").write_text(MUNGED_PID.read_text())
+    """munged running, with a key; registered as used by the cluster in ``root``."""
+    from filelock import FileLock
+
+    USERS.mkdir(exist_ok=True)
+    with FileLock(str(USERS) + ".lock"):
+        (USERS / str(Path(root).resolve()).replace("/", "_")).touch()
+        if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0:
+            return
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            subprocess.run(["mungekey", "--create", "--force"], check=True)
+            shutil.chown(key, "munge", "munge")
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        shutil.chown("/run/munge", "munge", "munge")
+        subprocess.run(["runuser", "-u", "munge", "--", "munged"], check=True)
+        (USERS / ".started").touch()
+
+
+def unmunge(root):
+    """The cluster in ``root`` no longer uses munged; the last one stops it, where a test started it."""
+    from filelock import FileLock
+
+    with FileLock(str(USERS) + ".lock"):
+        (USERS / str(Path(root).resolve()).replace("/", "_")).unlink(missing_ok=True)
+        if (USERS / ".started").exists() and not [p for p in USERS.iterdir() if p.name != ".started"]:
+            try:
+                os.kill(int(MUNGED_PID.read_text()), 15)
+            except (OSError, ValueError):
+                pass
+            (USERS / ".started").unlink()
 
 
 def start(root):
@@ -110,10 +132,11 @@ def stop(root):
     """Cancel every job, and stop the cluster's daemons."""
     env = {**os.environ, "SLURM_CONF": str(Path(root, "slurm.conf"))}
     subprocess.run(["scancel", "--me"], env=env, capture_output=True)
-    for pid in ("slurmd.pid", "slurmctld.pid", "munged.pid"):  # munged: only where start() started it
+    for pid in ("slurmd.pid", "slurmctld.pid"):
         path = Path(root, pid)
         if path.exists():
             try:
                 os.kill(int(path.read_text()), 15)
             except (ProcessLookupError, ValueError):
                 pass
+    unmunge(root)
