@@ -524,6 +524,21 @@ def test_the_nodes_send_a_gpu_what_triton_s_own_launch_sends():
 
 
 @pytest.mark.fast
+def test_a_grid_beyond_a_32_bit_int_is_refused_as_triton_s_launcher_refuses_it():
+    """Every launch of the nodes (held or through the JIT) checks its grid first (csrc/launch.h's
+    ``check_grid``); Triton's launcher parses each dimension as a C int. No step of a size that fits in
+    memory reaches it (a channel grid's programs size a buffer each), so it is called here directly."""
+    from powernorm_fairseq.norms.kernels import cpu
+
+    node = backend_or_fail("cpu") and cpu.load()
+    node.check_grid("k", (2 ** 31 - 1, 65535, 1))
+    for grid in ((2 ** 31, 1, 1), (1, 2 ** 32 + 1, 1), (1, 1, -1)):
+        with pytest.raises(RuntimeError, match=r"powernorm_fairseq: k: grid dimension \d is -?\d+, beyond a 32-bit "
+                                               r"int \(the input is too large for one launch\)"):
+            node.check_grid("k", grid)
+
+
+@pytest.mark.fast
 def test_a_kernel_s_parameters_are_read_from_its_ptx():
     from powernorm_fairseq.norms.kernels.launcher import ptx_params
 

@@ -460,6 +460,17 @@ def test_a_fifo_an_unreadable_archive_and_a_dead_process_s_folder(tmp_path):
     junk.write_bytes(b"\0" * 10)
     with pytest.raises(InputFileError, match=f"^{junk}: not a readable archive"):
         archives.extract_safely(str(junk))
+    import stat
+    import zipfile
+
+    link = tmp_path / "model.zip"  # a zip's link member: refused as a tar's
+    with zipfile.ZipFile(link, "w") as z:
+        z.writestr("model/model.pt", b"x")
+        info = zipfile.ZipInfo("model/escape")
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        z.writestr(info, "../../outside")
+    with pytest.raises(InputFileError, match=f"^{link}: refused: its member 'model/escape' is a link"):
+        archives.extract_safely(str(link))
     dead = subprocess.Popen(["true"])
     dead.wait()
     left = Path(tempfile.mkdtemp(prefix=f"{archives.PREFIX}{dead.pid}-"))

@@ -233,6 +233,13 @@ py::object as_python(const Arg& a) {
   return py::cast(a.tensor->view(-1).narrow(0, a.offset, a.tensor->numel() - a.offset));
 }
 
+// Triton's launcher takes each grid dimension as a C int, and refuses more; so does every launch here.
+void check_grid(const std::string& name, const std::array<int64_t, 3>& grid) {
+  for (int d = 0; d < 3; ++d)
+    TORCH_CHECK(grid[d] >= 0 && grid[d] <= INT_MAX, "powernorm_fairseq: ", name, ": grid dimension ", d, " is ",
+                grid[d], ", beyond a 32-bit int (the input is too large for one launch)");
+}
+
 // Triton's JIT launch of the call (in Python); with ``hold``, the variant's ABI it gives back, or none.
 Variant through_jit(int kernel, const std::array<int64_t, 3>& grid, const std::vector<Arg>& args,
                     const std::vector<int64_t>& values, bool hold) {
@@ -329,9 +336,7 @@ void run(int kernel, std::array<int64_t, 3> grid, const std::vector<Arg>& args, 
               " arguments and ", values.size(), " constexprs, where the kernel takes ", k.fixed.size(), " and ",
               k.constexprs.size());
   TORCH_CHECK(2 + args.size() + 2 * values.size() <= Key().bytes.size(), k.name, ": too many arguments");
-  for (int d = 0; d < 3; ++d)  // Triton's launcher takes each dimension as a C int, and refuses more
-    TORCH_CHECK(grid[d] >= 0 && grid[d] <= INT_MAX, "powernorm_fairseq: ", k.name, ": grid dimension ", d, " is ",
-                grid[d], ", beyond a 32-bit int (the input is too large for one launch)");
+  check_grid(k.name, grid);
   Key key;
   key.add(kernel);
   key.add(to.cuda ? to.device : kDevices);
