@@ -162,7 +162,7 @@ def _check_fairseq_flags(args, p):
 
     from ...common.errors import PowerNormConfigError
     from ...models.options import check_args
-    from .runs import train_command
+    from .runs import fairseq_command
 
     def error(self, message):
         raise _FairseqUsage(message)
@@ -173,13 +173,8 @@ def _check_fairseq_flags(args, p):
     stock.ArgumentParser.error = error
     try:
         for row in args.rows:
-            command = train_command(args, row, args.seeds[0], gpus, world if args.launcher == "slurm" else None)
-            cut = command.index("--")
-            dry = subprocess.run(command[:cut] + ["--dry-run"] + command[cut:], capture_output=True, text=True,
-                                 cwd=rows.ROOT)
-            if dry.returncode:
-                p.error(f"row {row.name}: {dry.stderr.strip().splitlines()[-1]}")
-            argv = shlex.split(dry.stdout)[1:]  # fairseq-train's arguments
+            argv = shlex.split(fairseq_command(args, row, args.seeds[0], gpus,
+                                               world if args.launcher == "slurm" else None))[1:]
             try:
                 fairseq = options.get_training_parser()
                 parsed = options.parse_args_and_arch(fairseq, argv)  # adds the model's flags to the parser
@@ -188,7 +183,7 @@ def _check_fairseq_flags(args, p):
                 raise ReproduceError(f"fairseq-train (the flags after --): {err}") from None
             except PowerNormConfigError as err:
                 raise ReproduceError(f"row {row.name}: {err}") from None
-            _refuse_defining(args.fairseq, defining(row, fairseq))
+            _refuse_defining(args.fairseq, defining(row, fairseq), fairseq)
             args.facts[row.name] = facts = {
                 "tokens per update": parsed.max_tokens * parsed.update_freq[0] * parsed.distributed_world_size,
                 "world size": parsed.distributed_world_size,
@@ -244,7 +239,7 @@ def defining(row, parser):
         if action is not None:
             refused[action.dest] = row_says
     refused.pop("help", None)
-    return {dest: (why, parser) for dest, why in refused.items()}
+    return refused
 
 
 def _action(parser, token):
@@ -254,13 +249,12 @@ def _action(parser, token):
     return parser._option_string_actions.get(token.split("=", 1)[0])
 
 
-def _refuse_defining(flags, refused):
+def _refuse_defining(flags, refused, parser):
     for token in flags:
-        for dest, (why, parser) in refused.items():
-            action = _action(parser, token)
-            if action is not None and action.dest == dest:
-                raise ReproduceError(f"-- {token.split('=', 1)[0]}: refused after --, as it would make the runs "
-                                     f"another experiment than their rows: {why}")
+        action = _action(parser, token)
+        if action is not None and action.dest in refused:
+            raise ReproduceError(f"-- {token.split('=', 1)[0]}: refused after --, as it would make the runs "
+                                 f"another experiment than their rows: {refused[action.dest]}")
 
 
 def _check_epochs(args, row, parsed, facts):

@@ -13,7 +13,7 @@ from pathlib import Path
 from ...common.files import atomic_path, check_regular_file
 from ..progress import RECORD, epoch_stats
 from ..study.statistics import mean_sd, paired, t975
-from .runs import directory, state
+from .runs import SETTINGS, directory, state
 
 
 def interval(values):
@@ -65,8 +65,8 @@ def collect(args, rows, seeds):
 def _settings(run):
     """A run's run.json, or {} (a run never started, or its record unreadable)."""
     try:
-        check_regular_file(Path(run, "run.json"), "run record")
-        return json.loads(Path(run, "run.json").read_text())
+        check_regular_file(Path(run, SETTINGS), "run record")
+        return json.loads(Path(run, SETTINGS).read_text())
     except (OSError, ValueError):
         return {}
 

@@ -63,6 +63,11 @@ def _watched(kernel) -> bool:
 _CHANGED = []  # what to call when something Triton's JIT consults at each launch may have changed
 
 
+def _notify():
+    for call in _CHANGED:
+        call()
+
+
 def watch(kernels, changed):
     """Call ``changed()`` whenever something Triton's JIT launch consults at each call may change, so that
     the node drops its held variants and launches through the JIT again, as Triton would: a knob set or
@@ -78,10 +83,6 @@ def watch(kernels, changed):
     if len(_CHANGED) > 1:
         return
 
-    def notify():
-        for call in _CHANGED:
-            call()
-
     def wrap(owner, name, after=None):
         original = getattr(owner, name)
 
@@ -90,7 +91,7 @@ def watch(kernels, changed):
                 return original(self, *args, **kwargs)
             finally:
                 if after is None or after(self, *args):
-                    notify()
+                    _notify()
 
         wrapped.__wrapped__ = original
         setattr(owner, name, wrapped)
@@ -115,17 +116,13 @@ def watch(kernels, changed):
 class _Hooks(list):
     """A kernel's pre-run hooks, which say when they change (:func:`watch`)."""
 
-    def _changed(self):
-        for call in _CHANGED:
-            call()
-
 
 def _mutator(original):
     def mutate(self, *args, **kwargs):
         try:
             return original(self, *args, **kwargs)
         finally:
-            self._changed()
+            _notify()
 
     return mutate
 
