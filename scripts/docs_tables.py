@@ -8,11 +8,12 @@ A generated table stands between ``<!-- generated: NAME -->`` and
 
 * ``flags``: every norm flag (``powernorm-flags``, from ``models/options.py``);
 * ``kinds``: every norm kind, its class, options and running statistics (the registry ``NORMS``);
-* ``targets``: the launch and CPU-speed targets that ``bench/run.py`` measures against.
+* ``targets``: the launch and CPU-speed targets that ``bench/`` measures against
+  (``bench/common.py``, ``bench/launches.py``).
 """
 
 import argparse
-import importlib.util
+import importlib
 import inspect
 import re
 import sys
@@ -45,19 +46,21 @@ def kinds() -> str:
     return "\n".join(out)
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _bench(name):
+    """A section of bench/ (its files import each other by name)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
 
 
 def targets() -> str:
-    bench = _bench()
+    common, section = _bench("common"), _bench("launches")
     out = ["| norm | launches per training step of a layer (GPU) | CPU time / `F.layer_norm`, float32 | bfloat16 |",
            "|---|---|---|---|"]
-    layers = bench.TARGETS["layers"]
-    for label, launches in bench.LAUNCH_TARGETS.items():
+    layers = common.TARGETS["layers"]
+    for label, launches in section.LAUNCH_TARGETS.items():
         kind = label.split()[0]
         f32, bf16 = (f"<= {layers[d][kind]}" if kind in layers[d] else "-" for d in ("float32", "bfloat16"))
         out.append(f"| {label} | <= {launches} | {f32} | {bf16} |")

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from support import Command, cli, once, train_args
+from powernorm_fairseq.cli.landscape import Probe, training_batches
 from powernorm_fairseq.cli.analyze import (
-    Probe,
     normalized_singular_values,
     read_diagnostics,
     spectrum,
-    training_batches,
 )
 
 pytestmark = pytest.mark.slow

@@ -50,7 +50,7 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
     assert {(r["kind"], r["shape"]) for r in results["host_standin"]} == {
         (k, s) for k in ("pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt") for s in ("4x4x64", "8x8x64")}
     assert all(r["step_ratio"] > 0 and r["calls_ratio"] > 0 and r["launches"] >= 2 for r in results["host_standin"])
-    assert "stand-in driver" in table and "| kind | shape | step / LN | python calls / LN |" in table
+    assert "stand-in driver" in table and "| kind | shape | step / LN (median) | least | python calls / LN |" in table
     assert "| pn (`--pn-warmup-updates 0`) |" in table
     assert table.count("\n\nMachine: ") == 5 == len(results["machines"])  # each section names its machine
     report = table + (tmp_path / "results.json").read_text()
@@ -63,12 +63,13 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
 @pytest.mark.fast
 def test_the_throughput_section_runs_every_norm_by_default():
     sys.path.insert(0, str(ROOT / "bench"))
+    import common
     import run as bench
 
     p = bench.parser()
-    assert bench.norm_list(p, "--throughput-norms", p.parse_args([]).throughput_norms) == list(NORM_TYPES)
+    assert common.norm_list(p, "--throughput-norms", p.parse_args([]).throughput_norms) == list(NORM_TYPES)
     with pytest.raises(SystemExit):
-        bench.norm_list(p, "--throughput-norms", "pn,layer")
+        common.norm_list(p, "--throughput-norms", "pn,layer")
 
 
 @pytest.mark.slow
@@ -88,19 +89,20 @@ def test_gpu_report_marks_each_target_met_or_missed(tmp_path):
     each section under the device that measured it (a run of one section
     keeps the other's rows)."""
     sys.path.insert(0, str(ROOT / "bench"))
-    import run as bench
+    import common
+    import report
 
     layers = [dict(norm=k, dtype=d, shape=s, ratio_to_ln=1.2 if k == "pn" else 1.6, ms=0.1, ln_ms=0.07, gbps=900.0,
-                   fraction_of_bandwidth=0.3, target=bench.layer_target("cuda", d, k))
+                   fraction_of_bandwidth=0.3, target=common.layer_target("cuda", d, k))
               for k in NORM_TYPES for d in ("float32", "float16") for s in ("64x64x512", "128x128x1024")]
     train = [dict(norm=k, max_tokens=t, precision="fp16", updates=500, rounds=2, wps=9000.0, stock_wps=10000.0,
                   wps_ratio=0.9 if t == 4096 else 0.97, peak_mib=1000.0, stock_peak_mib=1000.0, mem_ratio=1.0)
              for k in ("ln", "pn") for t in (4096, 16384)]
     results = dict(layers=layers, train=train, copy_bandwidth_gb_s=3000.0)
     for section, device in (("layers", "NVIDIA H100"), ("train", "NVIDIA H200")):
-        bench.ran_on(results, [section], dict(device=device, torch="2.x", triton="3.x", cuda="12", python="3.12",
+        common.ran_on(results, [section], dict(device=device, torch="2.x", triton="3.x", cuda="12", python="3.12",
                                               date="today", backend="triton"))
-    table = bench.gpu_markdown(results)
+    table = report.gpu_markdown(results)
     devices = [line.split(",")[0] for line in table.splitlines() if line.startswith(("###", "Device:"))]
     assert devices == ["### 1. Norm layer on the GPU", "Device: NVIDIA H100",
                        "### 2. `fairseq-train --fp16` words/s and peak GPU memory", "Device: NVIDIA H200"]
@@ -110,14 +112,14 @@ def test_gpu_report_marks_each_target_met_or_missed(tmp_path):
     assert bn_rows and all(line.endswith("<= 1.5 **missed** |") for line in bn_rows)
     train_rows = [line for line in table.splitlines() if line.startswith("| pn | ")]
     assert [r.endswith("**missed** |") for r in train_rows] == [True, False]
-    bench.gpu_plots(results, tmp_path)
+    report.gpu_plots(results, tmp_path)
     for png in ("layers-cuda.png", "train-cuda.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_gpu_training_rows_of_one_size_replace_only_that_size():
     sys.path.insert(0, str(ROOT / "bench"))
-    import run as bench
+    import common as bench
 
     old = [dict(norm=k, max_tokens=t, wps_ratio=0.5) for k in ("ln", "pn") for t in (4096, 16384)]
     new = [dict(norm=k, max_tokens=16384, wps_ratio=0.9) for k in ("ln", "pn")]
@@ -130,7 +132,7 @@ def test_the_gpu_training_runs_time_pn_after_its_warmup():
     """A run of 100-500 updates lies wholly in PN's warmup (the learning rate's,
     8,000 updates), where its forward is pn-v's: PN's own row turns it off, no other row."""
     sys.path.insert(0, str(ROOT / "bench"))
-    import run as bench
+    import training as bench
 
     def flag(variant):
         cmd = bench.gpu_train_command(ROOT, ROOT, variant, 4096, 100)
@@ -174,12 +176,12 @@ def test_the_device_only_table_has_the_columns_a_gpu_run_fills():
     128x128x1024 held to half the copy bandwidth (a GPU run fills it)."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
-        import run
+        import launches
     finally:
         sys.path.remove(str(ROOT / "bench"))
     rows = [dict(dtype="float16", shape="128x128x1024", norm=n, host_us=30.0, device_ms=0.2, gbps=1600.0,
                  of_copy=share) for n, share in (("ln", 0.7), ("pn", 0.55), ("bn", 0.31))]
-    text = "\n".join(run.device_markdown(rows))
+    text = "\n".join(launches.device_markdown(rows))
     columns = "| dtype | shape | norm | device ms | GB/s | of copy bandwidth |"
     assert text.startswith("### Device-only") and columns in text
     assert "| float16 | 128x128x1024 | pn | 0.2 | 1600.0 | 55% (met) |" in text, text

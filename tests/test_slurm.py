@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 #: 2 placements x 2 norms; long enough (40 short epochs, a checkpoint each) to stop mid-training
 GRID = ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32", "--norms", "ln", "pn",
         "--placements", "pre", "post", "--max-epochs", "40", "--log-interval", "20", "--launcher", "slurm",
-        "--partition", "study", "--cpus-per-cell", "1", "--mem-per-cell", "1", "--max-parallel", "2",
+        "--partition", "study", "--cpus-per-task", "1", "--mem-per-node", "1", "--max-parallel", "2",
         "--timeout-min", "10"]
 
 
@@ -55,18 +55,27 @@ def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_pat
     from powernorm_fairseq.cli.study.grid import cells, train_argv
     from powernorm_fairseq.cli.study.out import settings
 
+    from powernorm_fairseq.cli.launcher import SLURM_FLAGS
+    from powernorm_fairseq.cli.reproduce.options import parser as table_parser
     from powernorm_fairseq.cli.study.options import parser
-    from powernorm_fairseq.cli.study.slurm import FLAGS
 
-    # every flag of the parser's slurm group is one the local launcher refuses and the slurm one defaults
-    group = next(g for g in parser()._action_groups if g.title == "--launcher slurm")
-    assert {a.dest for a in group._group_actions} == set(FLAGS)
+    # every flag of each command's slurm group is one the local launcher refuses and the slurm one defaults,
+    # the same flags in both, with the same help and the same --seeds rule
+    for p in (parser(), table_parser()):
+        group = next(g for g in p._action_groups if g.title == "--launcher slurm")
+        assert {a.dest for a in group._group_actions} == set(SLURM_FLAGS)
+        seeds = p._option_string_actions["--seeds"]
+        assert seeds.type.__name__ == "seed" and seeds.type.__module__ == "powernorm_fairseq.cli.launcher"
     out = tmp_path / "s"
     base = ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32", "--norms", "ln",
             "--max-update", "2", "--data", str(demo), "--out", str(out)]
     for flags, path, message in (
             (["--partition", "gpu"], None, "--partition: a --launcher slurm flag; add --launcher slurm"),
-            (["--gpus-per-cell", "2"], None, "--gpus-per-cell: a --launcher slurm flag"),
+            (["--gpus-per-node", "2"], None, "--gpus-per-node: a --launcher slurm flag"),
+            (["--gpus-per-cell", "2"], None, "--gpus-per-cell: now --gpus-per-node (one vocabulary"),
+            (["--launcher", "slurm", "--nodes", "2"], None, "--nodes and --tasks-per-node: a cell is one task on one "
+             "node"),
+            (["--seeds", "0"], None, "--seeds must be from 1 to 4294967295, got 0"),
             (["--launcher", "slurm", "--jobs", "2"], None, "--jobs: the local launcher's; --launcher slurm submits"),
             (["--launcher", "slurm", "--print-commands"], None, "--print-commands: the local launcher's"),
             (["--launcher", "slurm"], str(tmp_path), "--launcher slurm: no sbatch here; run this on a machine "
@@ -105,11 +114,11 @@ def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_pat
         launcher.private(out / "slurm")
     shutil.rmtree(out)
     # N > 1 GPUs: fairseq's data-parallel training in the cell, its batch statistics over every worker's batch
-    args = slurm_args(monkeypatch, [*base, "--gpus-per-cell", "2"])
+    args = slurm_args(monkeypatch, [*base, "--gpus-per-node", "2"])
     argv = train_argv(args, cells(args)[0], out)
     assert argv[argv.index("--distributed-world-size") + 1] == "2" and argv[argv.index("--norm-sync") + 1] == "batch"
-    assert (args.cpus_per_cell, args.threads, settings(args)["workers_per_cell"]) == (2, 2, 2)
-    assert "--distributed-world-size" not in train_argv(args.__class__(**{**vars(args), "gpus_per_cell": 1}),
+    assert (args.cpus_per_task, args.threads, settings(args)["workers_per_cell"]) == (2, 2, 2)
+    assert "--distributed-world-size" not in train_argv(args.__class__(**{**vars(args), "gpus_per_node": 1}),
                                                         cells(args)[0], out)
 
 
@@ -241,7 +250,7 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
 
     # what the cluster refuses (a GPU on a node without one) is one line, and leaves no job script behind
     gpus = tmp_path / "gpus"
-    proc = subprocess.run([*command[:-1], str(gpus), "--gpus-per-cell", "1"], capture_output=True, **run)
+    proc = subprocess.run([*command[:-1], str(gpus), "--gpus-per-node", "1"], capture_output=True, **run)
     error = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and error[-1].startswith("norm-study.sh: error: --launcher slurm: sbatch refused "
                                                          "the cells: "), proc.stderr[-2000:]
@@ -250,7 +259,7 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
 
 
 def test_a_cell_of_two_workers_trains_in_the_processes_fairseq_spawns(demo, tmp_path, monkeypatch):  # noqa: F811
-    """What ``--gpus-per-cell 2`` runs inside a cell: fairseq's call_main spawns a process per GPU, each
+    """What ``--gpus-per-node 2`` runs inside a cell: fairseq's call_main spawns a process per GPU, each
     through cell._main. Here on the CPU (gloo, two GPUs counted): the cell's log, the end-of-run record of
     its checkpoint and its result come from the spawned workers, whose statistics are synchronised."""
     from powernorm_fairseq.cli.study.cell import run_cell
@@ -259,7 +268,7 @@ def test_a_cell_of_two_workers_trains_in_the_processes_fairseq_spawns(demo, tmp_
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # what call_main spawns by
     args = slurm_args(monkeypatch, ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32",
                                     "--norms", "pn", "--max-update", "6", "--log-interval", "2", "--data", str(demo),
-                                    "--out", str(tmp_path), "--gpus-per-cell", "2", "--", "--distributed-backend",
+                                    "--out", str(tmp_path), "--gpus-per-node", "2", "--", "--distributed-backend",
                                     "gloo", "--ddp-backend", "legacy_ddp"])
     result = run_cell(args, cells(args)[0])
     assert result["status"] == "finished" and result["updates"] == 6 and math.isfinite(result["final_loss"])

@@ -30,7 +30,6 @@ Each input gives one analysis, a CSV and PNG plots in ``--out``:
 import csv
 import json
 import logging
-import os
 import re
 import sys
 import warnings
@@ -39,10 +38,11 @@ from pathlib import Path
 
 import torch
 
-from ..common import checkpoints
 from ..common.errors import InputFileError
 from ..common.files import atomic_path, check_regular_file, end_cleanly_on_sigterm
 from ..common.flags import ArgumentParser, at_least, positive
+from .checkpoint_info import AnalyzeError, checkpoint_info, checkpoint_label, load_checkpoint
+from .plots import pyplot, save_figure
 
 # a training-interval record: "... | train_inner | {json}" on the console, the
 # bare JSON in a --log-file (where epoch and valid records prefix their keys)
@@ -63,10 +63,6 @@ LABELS = {
     "grad_mu": r"$\|\partial L/\partial\mu_B\|_2$", "grad_var": r"$\|\partial L/\partial\sigma_B^2\|_2$",
     "grad_psi2": r"$\|\partial L/\partial\psi^2\|_2$",
 }
-
-
-class AnalyzeError(ValueError):
-    """An input this command cannot read."""
 
 
 # ---------------------------------------------------------------- logs
@@ -174,22 +170,6 @@ def _regular(path, what):
         raise AnalyzeError(str(err)) from None
 
 
-def load_checkpoint(path):
-    if not os.path.exists(path):
-        raise AnalyzeError(f"no such checkpoint: {path}")
-    try:
-        return checkpoints.load(path)
-    except InputFileError as err:
-        raise AnalyzeError(str(err)) from None
-
-
-def checkpoint_info(state):
-    """(encoder norm type, number of updates) of a checkpoint's state."""
-    kind = checkpoints.model_setting(state, "norm_type") or "ln (fairseq)"
-    history = state.get("optimizer_history") or [{}]
-    return kind, int(history[-1].get("num_updates", 0))
-
-
 def normalized_singular_values(matrix):
     """Singular values of ``matrix``, largest first, and the same divided by the largest."""
     s = torch.linalg.svdvals(matrix.double())
@@ -207,11 +187,6 @@ def spectrum(paths, key):
         rows += [(checkpoint_label(path), kind, update, i + 1, v.item(), r.item())
                  for i, (v, r) in enumerate(zip(s, normalized))]
     return rows
-
-
-def checkpoint_label(path):
-    path = Path(path)
-    return f"{path.resolve().parent.name}/{path.name}"
 
 
 def plot_spectrum(rows, key, plt):
@@ -267,125 +242,6 @@ def plot_batch_size(rows, plt):
     return fig
 
 
-# ---------------------------------------------------------------- landscape
-
-
-def training_batches(task, model, subset, count, max_tokens, seed):
-    from fairseq import utils
-
-    task.load_dataset(subset)
-    itr = task.get_batch_iterator(
-        dataset=task.dataset(subset), max_tokens=max_tokens,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions()),
-        ignore_invalid_inputs=True, required_batch_size_multiple=1, seed=seed,
-    ).next_epoch_itr(shuffle=False)
-    batches = [b for _, b in zip(range(count), itr)]
-    if not batches:
-        raise AnalyzeError(f"the {subset} subset has no batches")
-    return batches
-
-
-class Probe:
-    """Per-token training loss and its gradient at chosen weights, restoring every buffer after."""
-
-    def __init__(self, model, criterion):
-        self.model, self.criterion = model, criterion
-        model.train()
-        for m in model.modules():  # dropout off, norms keep their batch statistics
-            if "Dropout" in type(m).__name__:
-                m.eval()
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.state = {k: v.clone() for k, v in model.state_dict().items()}
-
-    def __call__(self, sample, direction=None, step=0.0):
-        """L(W - step * direction) and its gradient (flat)."""
-        with torch.no_grad():
-            for k, v in self.model.state_dict().items():
-                v.copy_(self.state[k])
-            if direction is not None:
-                offset = 0
-                for p in self.params:
-                    p.sub_(step * direction[offset:offset + p.numel()].view_as(p))
-                    offset += p.numel()
-        self.model.zero_grad(set_to_none=True)
-        loss, sample_size, _ = self.criterion(self.model, sample)
-        # back-propagate the summed loss and divide after, as fairseq's trainer
-        # does: PN's nu is kept in the units of the back-propagated gradient
-        loss.backward()
-        grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double()
-                          for p in self.params]) / sample_size
-        loss = loss / sample_size
-        with torch.no_grad():
-            for k, v in self.model.state_dict().items():
-                v.copy_(self.state[k])
-        return loss.item(), grad
-
-
-def landscape(paths, data, subset, batches, max_tokens, steps, lr, seed):
-    from fairseq import checkpoint_utils
-
-    from ..models import PowerNormTransformerModel  # noqa: F401 (registers the models the checkpoints name)
-
-    rows, summary = [], []
-    for path in paths:
-        state = load_checkpoint(path)
-        kind, update = checkpoint_info(state)
-        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-            [str(path)], arg_overrides={"data": str(data), "norm_diagnostics": False})
-        model = models[0].float()
-        criterion = task.build_criterion(cfg.criterion)
-        rate = lr if lr is not None else float(cfg.optimization.lr[0])
-        samples = training_batches(task, model, subset, batches, max_tokens, seed)
-        torch.manual_seed(seed)
-        fresh = Probe(task.build_model(cfg.model).float(), criterion)
-        probe = Probe(model, criterion)
-        maxima = []
-        for b, sample in enumerate(samples):
-            loss0, grad0 = probe(sample)
-            changes = []
-            for k in range(1, steps + 1):
-                a = rate * k / (steps + 1)  # step sizes inside (0, lr)
-                loss, grad = probe(sample, grad0, a)
-                changes.append((abs(loss0 - loss), (grad0 - grad).norm().item()))
-                rows.append((checkpoint_label(path), kind, update, b, a, loss, *changes[-1]))
-            maxima.append((max(c[0] for c in changes), max(c[1] for c in changes), grad0.norm().item(),
-                           fresh(sample)[1].norm().item()))
-        means = [sum(col) / len(col) for col in zip(*maxima)]
-        summary.append((checkpoint_label(path), kind, update, rate, len(samples), *means))
-    return rows, summary
-
-
-def plot_landscape(rows, summary, plt):
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
-    curves = defaultdict(lambda: defaultdict(list))
-    for ckpt, kind, update, _, a, _, loss_change, grad_change in rows:
-        curves[(kind, ckpt, update)][a].append((loss_change, grad_change))
-    for (kind, ckpt, update), points in curves.items():
-        steps = sorted(points)
-        for ax, i in ((axes[0], 0), (axes[1], 1)):
-            ax.plot(steps, [sum(p[i] for p in points[a]) / len(points[a]) for a in steps], marker="o",
-                    label=f"{kind}: {ckpt} (update {update})")
-    axes[0].set_ylabel(r"$|L(W) - L(W - a\,g)|$ (nats per token)")
-    axes[0].set_title("Loss change along the gradient (max = Lipschitz)")
-    axes[1].set_ylabel(r"$\|\nabla L(W) - \nabla L(W - a\,g)\|_2$ (nats per token per weight unit)")
-    axes[1].set_title("Gradient change along the gradient (max = smoothness)")
-    for ax in axes[:2]:
-        ax.set_xlabel("step size a (weight units per gradient unit)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, title="encoder norm: checkpoint", title_fontsize=7)
-    names = [f"{kind}\n{ckpt}" for ckpt, kind, *_ in summary]
-    x = range(len(summary))
-    axes[2].bar([i - 0.2 for i in x], [s[-1] for s in summary], width=0.4, label="step 0 (fresh init)")
-    axes[2].bar([i + 0.2 for i in x], [s[-2] for s in summary], width=0.4, label="checkpoint")
-    axes[2].set_xticks(list(x), names, fontsize=7)
-    axes[2].set_ylabel(r"$\|\nabla L\|_2$ (nats per token per weight unit)")
-    axes[2].set_title("Gradient norm at initialization and at the checkpoint")
-    axes[2].legend(fontsize=8)
-    axes[2].grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    return fig
-
-
 # ---------------------------------------------------------------- output
 
 
@@ -396,25 +252,6 @@ def write_csv(path, columns, rows):
         writer.writerow(columns)
         writer.writerows(rows)
     return path
-
-
-def save_figure(fig, path, plt):
-    try:
-        with atomic_path(path, suffix=".png") as tmp:
-            fig.savefig(tmp, dpi=120)
-    finally:
-        plt.close(fig)
-    return path
-
-
-def pyplot():
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # before the import, which logs at DEBUG
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def main(argv=None):
@@ -476,6 +313,8 @@ def main(argv=None):
             results.append(("batch size", [("batch_size.csv", BATCH_SIZE_COLUMNS, rows)],
                             [("batch_size.png", plot_batch_size(rows, plt))]))
         if args.landscape:
+            from .landscape import landscape, plot_landscape
+
             rows, summary = landscape(args.checkpoints, args.data, args.subset, args.batches, args.max_tokens,
                                       args.steps, args.lr, args.seed)
             results.append(("landscape", [("landscape.csv", LANDSCAPE_COLUMNS, rows),

@@ -11,7 +11,6 @@ pre-empted gets submitit's signal, requeues itself and resumes from its
 checkpoint (:class:`Resumable`).
 """
 
-import fcntl
 import io
 import json
 import os
@@ -66,20 +65,6 @@ class Resumable(submitit.helpers.Checkpointable):
 
 def _mark(path):
     return path.stat().st_mtime_ns if path.exists() else None
-
-
-def check_flags(args, p, flags):
-    """A launcher's own flags (``flags``: {dest: default}): refused in one line
-    without ``--launcher slurm``, their defaults set with it; whether it is SLURM."""
-    given = [key for key in flags if getattr(args, key) is not None]
-    if args.launcher != "slurm":
-        if given:
-            p.error(f"--{given[0].replace('_', '-')}: a --launcher slurm flag; add --launcher slurm, or leave it out")
-        return False
-    for key, default in flags.items():
-        if getattr(args, key) is None:
-            setattr(args, key, default)
-    return True
 
 
 def check_tools(p):
@@ -183,7 +168,11 @@ def pending(folder, said):
 def check_partition(p, partition, nodes):
     """``p.error`` in one line where the partition (the cluster's default: None) has fewer nodes than a job
     asks for: SLURM would keep it pending for ever."""
-    out = subprocess.run(["sinfo", "--noheader", "--format", "%P|%D"], capture_output=True, text=True)
+    try:
+        out = subprocess.run(["sinfo", "--noheader", "--format", "%P|%D"], capture_output=True, text=True,
+                             timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return  # the submission says what is wrong
     if out.returncode:
         return  # the submission says what is wrong
     sizes = {}
@@ -268,10 +257,13 @@ def write_jobs(out, jobs):
 @contextmanager
 def locked(out):
     """One submission at a time per OUT: two runs would both find work
-    unsubmitted. The lock is OUT itself, so that nothing is left behind."""
+    unsubmitted. The lock is OUT itself (``filelock``'s lock of a descriptor), so that nothing is left
+    behind."""
+    from filelock import lock_descriptor
+
     fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        lock_descriptor(fd)
         yield
     finally:
         os.close(fd)

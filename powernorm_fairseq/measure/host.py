@@ -12,8 +12,9 @@ harness:
 * ``calls``: the Python-level calls of one step, the ``call`` and
   ``c_call`` events of ``sys.setprofile`` (Python functions, and builtins
   or C functions called from Python). Deterministic: a test can hold them.
-* ``time``: the median over interleaved rounds of a step's wall time, as a
-  ratio to ``nn.LayerNorm``'s in the same round (``bench/run.py --sections host``).
+* ``time``: the median over 20 interleaved rounds (LN, kind, kind, LN) of a
+  step's wall time, as a ratio to ``nn.LayerNorm``'s in the same round, and
+  the least of those ratios (``bench/run.py --sections host``).
 """
 
 import statistics
@@ -86,50 +87,52 @@ def step(kind: str, shape=SHAPE, seed: int = 0):
     return run
 
 
-def measure(kinds, backend: str, rounds: int = 7, reps: int = 50, shape=SHAPE, block: int = 10):
-    """{kind: (calls, time / nn.LayerNorm's)} on ``backend``, with
-    ``nn.LayerNorm``'s own row (calls, 1.0) first. Each kind is timed in
-    blocks of ``block`` steps alternating with blocks of ``nn.LayerNorm``'s,
-    ``reps`` steps of each a round; its ratio is the median over the rounds
-    (a kind timed apart from its baseline took 0.4-1.7x of it from run to run
-    on a shared 2-core machine, by the order the steps ran in). One torch
-    thread: at this size the intra-op pool's wake-ups are not the host's work,
-    and with two threads they moved LayerNorm's own step by 2x."""
+def measure(kinds, backend: str, rounds: int = 20, reps: int = 40, shape=SHAPE, block: int = 10):
+    """{kind: (calls, median time / nn.LayerNorm's, least)} on ``backend``,
+    with ``nn.LayerNorm``'s own row (calls, 1.0, 1.0) first (:func:`measure_with`)."""
     from ..norms import kernels
 
     with kernels.use(backend), (no_launches() if backend == "triton" else nullcontext()):
         return measure_with(["nn.LayerNorm", *kinds], kinds, shape, rounds, reps, block=block)
 
 
-def measure_with(names, kinds, shape, rounds, reps, block=10, best=False):
-    """:func:`measure`'s rows on the backend the caller set, in one torch
-    thread; ``best``: each ratio the least over the rounds, not their median."""
+def measure_with(names, kinds, shape, rounds=20, reps=40, block=10):
+    """:func:`measure`'s rows on the backend the caller set. Each round times
+    each kind against ``nn.LayerNorm`` in blocks of ``block`` steps in the
+    order LN, kind, kind, LN (``reps`` steps of each a round), so that a drift
+    of the machine within the round weighs on both alike; a kind's ratio is
+    the median over the rounds, beside the least (a kind timed apart from its
+    baseline took 0.4-1.7x of it from run to run on a shared 2-core machine;
+    the least of a few rounds is biased low there). One torch thread: at this
+    size the intra-op pool's wake-ups are not the host's work, and with two
+    threads they moved LayerNorm's own step by 2x."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _measure(names, kinds, shape, rounds, reps, block, min if best else statistics.median)
+        return _measure(names, kinds, shape, rounds, reps, block)
     finally:
         torch.set_num_threads(threads)
 
 
-def _measure(names, kinds, shape, rounds, reps, block, pick):
+def _measure(names, kinds, shape, rounds, reps, block):
     steps = {name: step(name, shape) for name in names}
     for run in steps.values():
         for _ in range(3):  # the first calls build caches and kernels
             run()
     calls = {name: python_calls(run) for name, run in steps.items()}
     ratios = {name: [] for name in kinds}
+    order = ("nn.LayerNorm", None, None, "nn.LayerNorm")  # None: the kind
     for _ in range(rounds):
         for name in kinds:
             spent = {name: 0.0, "nn.LayerNorm": 0.0}
-            for i in range(2 * max(1, reps // block)):
-                timed = name if i % 2 else "nn.LayerNorm"
-                run, start = steps[timed], time.perf_counter()
-                for _ in range(block):
-                    run()
-                spent[timed] += time.perf_counter() - start
+            for _ in range(max(1, reps // (2 * block))):
+                for timed in order:
+                    timed = timed or name
+                    run, start = steps[timed], time.perf_counter()
+                    for _ in range(block):
+                        run()
+                    spent[timed] += time.perf_counter() - start
             ratios[name].append(spent[name] / spent["nn.LayerNorm"])
-    out = {"nn.LayerNorm": (calls["nn.LayerNorm"], 1.0)}
-    out.update({name: (calls[name], pick(ratios[name])) for name in kinds})
+    out = {"nn.LayerNorm": (calls["nn.LayerNorm"], 1.0, 1.0)}
+    out.update({name: (calls[name], statistics.median(ratios[name]), min(ratios[name])) for name in kinds})
     return out
-

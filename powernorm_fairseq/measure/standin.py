@@ -16,8 +16,9 @@ a process that interprets them runs this in a fresh one::
     python -m powernorm_fairseq.measure.standin [--rounds 3]   # prints JSON rows
 
 Each row is one kind's training step at a shape, beside ``nn.LayerNorm``'s
-in the same run (``measure/host.py``): its time and Python calls as ratios to
-LayerNorm's, the least of the rounds, and the launches it recorded.
+in the same run (``measure/host.py``): its time as a ratio to LayerNorm's, the
+median of the interleaved rounds beside their least, its Python calls as a
+ratio to LayerNorm's, and the launches it recorded.
 """
 
 import ctypes
@@ -132,9 +133,9 @@ def clear():
     _LIB.standin_clear()
 
 
-def measure(kinds, rounds: int = 3, reps: int = 50, shapes=SHAPES) -> list:
-    """Rows (kind, shape, step / LN, calls / LN, launches) of each kind's training
-    step on the Triton path under the stand-in, beside ``nn.LayerNorm``'s."""
+def measure(kinds, rounds: int = 20, reps: int = 40, shapes=SHAPES) -> list:
+    """Rows (kind, shape, step / LN as the median and the least of the rounds, calls / LN, launches) of
+    each kind's training step on the Triton path under the stand-in, beside ``nn.LayerNorm``'s."""
     from ..norms import kernels
     from . import host
 
@@ -148,19 +149,20 @@ def measure(kinds, rounds: int = 3, reps: int = 50, shapes=SHAPES) -> list:
                 clear()
                 run()
                 rows.append(dict(kind=kind, shape="x".join(map(str, shape)), launches=len(launches())))
-            measured = host.measure_with(["nn.LayerNorm", *kinds], kinds, shape, rounds, reps, best=True)
+            measured = host.measure_with(["nn.LayerNorm", *kinds], kinds, shape, rounds, reps)
         ln_calls = measured["nn.LayerNorm"][0]
         for row in rows[-len(kinds):]:
-            calls, ratio = measured[row["kind"]]
-            row.update(step_ratio=round(ratio, 2), calls=calls, calls_ratio=round(calls / ln_calls, 2))
+            calls, median, least = measured[row["kind"]]
+            row.update(step_ratio=round(median, 2), step_least=round(least, 2), calls=calls,
+                       calls_ratio=round(calls / ln_calls, 2))
     return rows
 
 
 def main(argv=None):
     p = ArgumentParser(prog="python -m powernorm_fairseq.measure.standin", description=__doc__.split("\n")[0])
     p.add_argument("--kinds", nargs="+", default=["pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt"])
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--reps", type=int, default=40)
     args = p.parse_args(argv)
     print(json.dumps(measure(args.kinds, args.rounds, args.reps)))
 

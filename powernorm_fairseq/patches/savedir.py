@@ -28,7 +28,6 @@
 
 import atexit
 import errno
-import fcntl
 import logging
 import os
 import re
@@ -67,13 +66,15 @@ def hold(save_dir) -> None:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise InputFileError(f"--save-dir {save_dir}: {LOCK_NAME} is not a regular file; remove it")
+    from filelock import lock_descriptor
+
     lock = os.fdopen(fd, "a+")
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno not in (errno.EAGAIN, errno.EACCES):
-            lock.close()
-            raise
+        held = lock_descriptor(fd, blocking=False)
+    except OSError:
+        lock.close()
+        raise
+    if not held:
         lock.seek(0)
         holder = lock.read().strip() or "unknown"
         lock.close()

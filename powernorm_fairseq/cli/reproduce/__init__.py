@@ -12,33 +12,22 @@ commands, state and settings; the local launcher), ``jobs`` (the SLURM
 launcher), ``table`` (table.md, table.json, the figures) and ``options``.
 """
 
-import signal
 import sys
 
-from ...common.errors import PowerNormConfigError
-from ...common.files import end_cleanly_on_sigterm
-from ..slurm import SlurmError
-from ..study.cell import quiet
+from ..launcher import quiet, run
 from .options import check, parse_args, parser
 from .runs import ReproduceError, check_settings, directory, name, scored, trained
 
 
 def main(argv=None):
-    end_cleanly_on_sigterm()
     p = parser()
     args = parse_args(p, sys.argv[1:] if argv is None else argv)
     quiet(False)  # before fairseq is imported (the flags' check): its warnings only; each run's log has the rest
-    try:
+
+    def body():
         check(args, p)
         reproduce(args, p)
-    except KeyboardInterrupt:
-        p.exit(130, f"{p.prog}: interrupted; {_kept(args)}\n")
-    except SystemExit as end:  # SIGTERM or SIGHUP (end_cleanly_on_sigterm): the same closing line as Ctrl-C
-        if end.code in (128 + signal.SIGTERM, 128 + signal.SIGHUP):
-            p.exit(end.code, f"{p.prog}: terminated; {_kept(args)}\n")
-        raise
-    except (ReproduceError, SlurmError, PowerNormConfigError) as err:
-        p.error(str(err))
+    run(p, args, body, (ReproduceError,), lambda: _kept(args))
 
 
 def _kept(args):

@@ -1,7 +1,7 @@
 """``--launcher slurm``: each run's training is one SLURM job of ``--nodes`` x
 ``--tasks-per-node`` tasks, a fairseq worker per task, and its scoring a job
-that depends on it (``afterok``), through the plugin's SLURM layer
-(:mod:`..slurm`: submission, job state, requeue, ``OUT/jobs.json``).
+that depends on it (``afterok``), through the one launcher's algorithm
+(:class:`..launcher.Jobs`: OUT's lock, ``OUT/jobs.json``, the queue, the wait).
 
 Each worker's rank and the rendezvous come from SLURM's environment: fairseq's
 own SLURM start (``--distributed-port``) where it serves, a task per GPU or a
@@ -24,13 +24,9 @@ import submitit
 
 from ...common.files import end_cleanly_on_sigterm, last_line
 from .. import slurm
+from ..launcher import Jobs, resources
 from . import runs
 from .runs import directory, name, scored, trained
-
-#: the flags that only the SLURM launcher takes, and their defaults
-FLAGS = {"nodes": 1, "gpus_per_node": 0, "tasks_per_node": None, "partition": None, "timeout_min": 240,
-         "mem_per_node": None, "max_parallel": None, "no_wait": False}
-
 
 class Train(slurm.Resumable):
     """A run's training, in each task of its job; requeued and resumed from
@@ -107,8 +103,8 @@ def shape(args):
 def train_job(args, row, seed):
     world, per_task = shape(args)
     run = directory(args, row, seed)
-    params = dict(job_name=f"reproduce-{args.table}", time=args.timeout_min, nodes=args.nodes,
-                  ntasks_per_node=args.tasks_per_node, **_common(args))
+    params = dict(job_name=f"reproduce-{args.table}", nodes=args.nodes, ntasks_per_node=args.tasks_per_node,
+                  **resources(args))
     if args.gpus_per_node:
         params["gpus_per_node"] = args.gpus_per_node
     job = dict(name=name(row, seed), run=str(run), timeout_min=args.timeout_min, world=world, gpus_per_task=per_task,
@@ -118,8 +114,7 @@ def train_job(args, row, seed):
 
 
 def score_job(args, row, seed, after=None):
-    params = dict(job_name=f"reproduce-score-{name(row, seed)}", time=args.timeout_min, nodes=1, ntasks_per_node=1,
-                  **_common(args))
+    params = dict(job_name=f"reproduce-score-{name(row, seed)}", nodes=1, ntasks_per_node=1, **resources(args))
     if args.gpus_per_node:
         params["gpus_per_node"] = 1
     if after:
@@ -127,11 +122,6 @@ def score_job(args, row, seed, after=None):
     job = dict(name=name(row, seed), run=str(directory(args, row, seed)),
                command=runs.score_command(args, row, seed, args.gpus_per_node > 0))
     return params, Score(), job
-
-
-def _common(args):
-    return {k: v for k, v in (("partition", args.partition),
-                              ("mem", f"{args.mem_per_node}GB" if args.mem_per_node else None)) if v}
 
 
 def dry_run(args, todo):
@@ -161,24 +151,21 @@ def run(args, todo):
     array, ``--max-parallel`` of them at once; each scoring after its
     training), then, unless --no-wait, wait; (row, seed) of the runs that
     ended without their score."""
-    folder = Path(args.out, "slurm")
-    slurm.private(folder)
+    jobs = Jobs(args.out, steps=True, prog="reproduce")
     waiting, train, score = 0, [], []  # runs to train; (run, the training it waits for) to score
-    with slurm.locked(args.out):
-        jobs, live = slurm.read_jobs(args.out, steps=True), slurm.live(folder)
+    with jobs.submitting():
         for row, seed in todo:
             key = name(row, seed)
-            ids = jobs.get(key, {})
-            if ids.get("train") in live and not Path(directory(args, row, seed), runs.SETTINGS).exists():
+            ids = jobs.ids.get(key, {})
+            if ids.get("train") in jobs.live and not Path(directory(args, row, seed), runs.SETTINGS).exists():
                 print(f"reproduce: {key}: its directory was removed while job {ids['train']} trained it; the job "
                       "is cancelled", file=sys.stderr)
-                _end(folder, [ids["train"], ids.get("score")])
-                live = slurm.live(folder)
-            if ids.get("train") not in live:
+                jobs.cancel([ids["train"], ids.get("score")], wait=True)
+            if ids.get("train") not in jobs.live:
                 runs.start_afresh(args, row, seed)
             done = trained(directory(args, row, seed))
-            if done or ids.get("train") in live:
-                if ids.get("score") in live:
+            if done or ids.get("train") in jobs.live:
+                if ids.get("score") in jobs.live:
                     waiting += 1
                 else:  # trained (a scoring job that ended without its score), or waiting for its training
                     score.append(((row, seed), None if done else ids["train"]))
@@ -186,45 +173,31 @@ def run(args, todo):
             if "train" in ids:
                 print(f"reproduce: {key}: job {ids['train']} ended without finishing its training; resubmitted",
                       file=sys.stderr)
-            if ids.get("score") in live:
-                slurm.cancel(ids["score"])  # waiting on a training that will never succeed
+            if ids.get("score") in jobs.live:
+                jobs.cancel([ids["score"]])  # waiting on a training that will never succeed
             train.append((row, seed))
         recorded = [runs.record(args, row, seed) for row, seed in train + [r for r, _ in score]]
         if train:
             made = [train_job(args, row, seed) for row, seed in train]
             params = {**made[0][0], "array_parallelism": args.max_parallel or len(train)}  # the same for each
             try:
-                ids = slurm.submit(folder, params, [(fn, (job,)) for _, fn, job in made], "the trainings")
+                ids = jobs.submit(params, [(fn, (job,)) for _, fn, job in made], "the trainings",
+                                  [name(row, seed) for row, seed in train], step="train")
             except slurm.SlurmError:
                 for path in recorded:  # a refused submission leaves no run behind
                     if path:
                         path.unlink(missing_ok=True)
                         _remove_if_empty(path.parent)
                 raise
-            for (row, seed), job_id in zip(train, ids):
-                jobs[name(row, seed)] = {"train": job_id}
-                score.append(((row, seed), job_id))
-            slurm.write_jobs(args.out, jobs)  # at once: an interrupted submission loses no job id
+            score += [((row, seed), job_id) for (row, seed), job_id in zip(train, ids)]
         for (row, seed), after in score:
             params, fn, job = score_job(args, row, seed, after)
-            jobs.setdefault(name(row, seed), {})["score"] = slurm.submit(folder, params, [(fn, (job,))],
-                                                          f"{job['name']}'s scoring")[0]
-            slurm.write_jobs(args.out, jobs)
-    print(f"reproduce: {waiting} run(s) already pending or running on the cluster, {len(train)} training(s) and "
-          f"{len(score)} scoring(s) submitted; their logs: {folder}", file=sys.stderr)
+            jobs.submit(params, [(fn, (job,))], f"{job['name']}'s scoring", [name(row, seed)], step="score")
+    jobs.said(f"{waiting} run(s) already pending or running on the cluster, {len(train)} training(s) and "
+              f"{len(score)} scoring(s) submitted")
     if args.no_wait:
         return []
-    return _wait(args, todo, jobs)
-
-
-def _end(folder, job_ids):
-    """Cancel the jobs, and wait (a minute at most) until the queue has none of them."""
-    job_ids = [j for j in job_ids if j]
-    for job_id in job_ids:
-        slurm.cancel(job_id)
-    deadline = time.time() + 60
-    while set(job_ids) & set(slurm.live(folder)) and time.time() < deadline:
-        time.sleep(1)
+    return _wait(args, jobs, todo)
 
 
 def _remove_if_empty(directory):
@@ -234,46 +207,44 @@ def _remove_if_empty(directory):
         pass
 
 
-def _wait(args, todo, jobs):
-    folder, pending, failures = Path(args.out, "slurm"), {name(r, s): (r, s) for r, s in todo}, []
-    wait, said = slurm.polls(), set()
-    while pending:
-        slurm.pending(folder, said)
-        live, changed = slurm.live(folder), False
-        for key, (row, seed) in list(pending.items()):
-            run_dir, ids = directory(args, row, seed), jobs[key]
-            done = trained(run_dir)
-            if ids.get("train") in live and not Path(run_dir, runs.SETTINGS).exists():  # removed meanwhile
-                _end(folder, [ids["train"], ids.get("score")])
-                runs.failed(run_dir, f"its directory was removed while job {ids['train']} trained it; the job was "
-                                     "cancelled, and the same command trains the run again from scratch")
-                print(f"reproduce: {key}: its directory was removed while it trained; job {ids['train']} cancelled; "
-                      "the same command trains it again from scratch", file=sys.stderr)
-                failures.append((row, seed))
-            elif done and scored(row, run_dir):
-                print(f"reproduce: {key}: scored", file=sys.stderr)
-            elif ids.get("train") not in live and not done:
-                if ids["score"] in live:
-                    slurm.cancel(ids["score"])  # a failed training never runs its scoring
-                _failed(folder, run_dir, "training", ids["train"], Path(run_dir, "train.log"))
-                failures.append((row, seed))
-            elif ids["score"] not in live and done:
-                _failed(folder, run_dir, "scoring", ids["score"], None)
-                failures.append((row, seed))
-            else:
-                continue
-            del pending[key]
-            changed = True
-        if pending:
-            wait(changed)
-    return failures
+def _wait(args, jobs, todo):
+    """(row, seed) of the runs that ended without their score, once every run of ``todo`` has ended."""
+    failures = []
+
+    def ended(key, run):
+        row, seed = run
+        run_dir, ids, live = directory(args, row, seed), jobs.ids[key], jobs.live
+        done = trained(run_dir)
+        if ids.get("train") in live and not Path(run_dir, runs.SETTINGS).exists():  # removed meanwhile
+            jobs.cancel([ids["train"], ids.get("score")], wait=True)
+            runs.failed(run_dir, f"its directory was removed while job {ids['train']} trained it; the job was "
+                                 "cancelled, and the same command trains the run again from scratch")
+            print(f"reproduce: {key}: its directory was removed while it trained; job {ids['train']} cancelled; "
+                  "the same command trains it again from scratch", file=sys.stderr)
+            return "failed"
+        if done and scored(row, run_dir):
+            print(f"reproduce: {key}: scored", file=sys.stderr)
+            return "scored"
+        if ids.get("train") not in live and not done:
+            if ids["score"] in live:
+                jobs.cancel([ids["score"]])  # a failed training never runs its scoring
+            _failed(jobs, run_dir, "training", ids["train"], Path(run_dir, "train.log"))
+            return "failed"
+        if ids["score"] not in live and done:
+            _failed(jobs, run_dir, "scoring", ids["score"], None)
+            return "failed"
+        return None
+
+    for key, outcome in jobs.wait({name(r, s): (r, s) for r, s in todo}, ended):
+        if outcome == "failed":
+            failures.append(key)
+    return [(row, seed) for row, seed in todo if name(row, seed) in failures]
 
 
-def _failed(folder, run_dir, what, job_id, log):
+def _failed(jobs, run_dir, what, job_id, log):
     """Record and say why a run's job ended without its result: the cause its task wrote (failure.txt,
     removed when the run was submitted), else the last line of its log that is not SLURM's own."""
-    last = last_line(Path(run_dir, runs.FAILURE)) or (last_line(log) if log else "") or \
-        slurm.cause(slurm.log(folder, job_id))
+    last = jobs.cause(job_id, last_line(Path(run_dir, runs.FAILURE)) or (last_line(log) if log else ""))
     why = f"{what} job {job_id} ended ({slurm.state(job_id)}){': ' + last if last else ''}"
     runs.failed(run_dir, why)
     print(f"reproduce: {Path(run_dir).name}: {why}; the same command resubmits it", file=sys.stderr)

@@ -2,11 +2,10 @@
 
 import os
 import subprocess
-from argparse import ArgumentTypeError
 from pathlib import Path
 
 from ...common.flags import ArgumentParser, at_least
-from .. import slurm
+from ..launcher import add_flags, check_flags, parse_args  # noqa: F401 (parse_args: the command's)
 from . import jobs, rows
 from .runs import ReproduceError, code_version, data_digest, registry
 
@@ -18,54 +17,18 @@ def parser():
     p.add_argument("--table", required=True, choices=rows.TABLES, help="the config family: configs/<table>-*.sh")
     p.add_argument("--rows", nargs="+", metavar="ROW", help="configs by their suffix, the baseline first "
                    "(default: every row, the LayerNorm ones first)")
-    p.add_argument("--seeds", nargs="+", type=seed, default=[1, 2, 3], metavar="N",
-                   help=f"integers from 1 to {MAX_SEED} (default: 1 2 3)")
     p.add_argument("--average", type=at_least(1, "--average"), metavar="N", help="epoch checkpoints each "
                    "translation run averages (default: the row's, 10 as the paper's text; 5 as the authors' "
                    "IWSLT14 script); part of the settings, named in the table")
     p.add_argument("--out", help="runs/, table.md, table.json, the figures (default: runs/reproduce-<table>)")
     p.add_argument("--data", help="binarized data (default: data-bin/<dataset>/bin, as train.sh)")
-    p.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                   help="here, one run after another (the GPUs this machine has, or the CPU), or on SLURM")
     p.add_argument("--dry-run", action="store_true", help="print every run's commands (and job scripts), and "
                    "write or submit nothing")
-    s = p.add_argument_group("--launcher slurm")
-    s.add_argument("--nodes", type=at_least(1, "--nodes"), metavar="N", help="nodes per training job (default: 1)")
-    s.add_argument("--gpus-per-node", type=at_least(0, "--gpus-per-node"), metavar="G",
-                   help="GPUs per node (default: 0, CPU nodes)")
-    s.add_argument("--tasks-per-node", type=at_least(1, "--tasks-per-node"), metavar="T",
-                   help="tasks per node, a fairseq worker each (default: one per GPU; 1 on CPU nodes); divides G")
-    s.add_argument("--partition", help="the jobs' partition (default: the cluster's)")
-    s.add_argument("--timeout-min", type=at_least(2, "--timeout-min"), metavar="M", help="a job's time limit "
-                   "(default: 240); a training that reaches it requeues and resumes from its checkpoint")
-    s.add_argument("--mem-per-node", type=at_least(1, "--mem-per-node"), metavar="GB",
-                   help="memory per node (default: the cluster's)")
-    s.add_argument("--max-parallel", type=at_least(1, "--max-parallel"), metavar="K",
-                   help="training jobs pending or running at once (default: no limit)")
-    s.add_argument("--no-wait", action="store_true", default=None, help="submit and return; the same command "
-                   "later collects")
+    add_flags(p, seeds=[1, 2, 3], unit="training")
     p.usage = ("reproduce.sh --table TABLE [--rows ROW...] [--seeds N...] [--out DIR] [--data DIR] "
                "[--launcher local|slurm] [SLURM flags] [--dry-run] [-- FAIRSEQ-TRAIN FLAGS...]")
     p.epilog = "After --: more fairseq-train flags, given to every run (and part of its settings)."
     return p
-
-
-MAX_SEED = 2 ** 32 - 1  # numpy's and fairseq's seeds are 32-bit
-
-
-def seed(text):
-    value = int(text)
-    if not 1 <= value <= MAX_SEED:
-        raise ArgumentTypeError(f"--seeds must be from 1 to {MAX_SEED}, got {text}")
-    return value
-
-
-def parse_args(p, argv):
-    """Our flags, and fairseq-train's after ``--`` (an unknown flag before it is refused)."""
-    ours, theirs = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args = p.parse_args(ours)
-    args.fairseq = theirs
-    return args
 
 
 def check(args, p):
@@ -77,7 +40,7 @@ def check(args, p):
     if args.rows and len(set(args.rows)) != len(args.rows) or len(set(args.seeds)) != len(args.seeds):
         p.error("--rows and --seeds: a value listed twice")
     args.rows = [rows.row(args.table, name) for name in args.rows or known]
-    _check_launcher(args, p)
+    check_flags(args, p)
     if args.average is not None and args.rows[0].lm:
         p.error("--average: the language model tables score checkpoint_best.pt, not an average; leave it out")
     args.out = Path(args.out or f"runs/reproduce-{args.table}").resolve()
@@ -88,19 +51,6 @@ def check(args, p):
     args.code_version = code_version()
     args.data_digest = data_digest(args.data) if args.prepared else None
     _check_fairseq_flags(args, p)
-
-
-def _check_launcher(args, p):
-    if not slurm.check_flags(args, p, jobs.FLAGS):
-        return
-    if args.tasks_per_node is None:
-        args.tasks_per_node = args.gpus_per_node or 1
-    if args.gpus_per_node and args.gpus_per_node % args.tasks_per_node:
-        p.error(f"--tasks-per-node {args.tasks_per_node} does not divide --gpus-per-node {args.gpus_per_node}: "
-                "each task's worker(s) take an equal share of a node's GPUs")
-    if not args.dry_run:
-        slurm.check_tools(p)
-        slurm.check_partition(p, args.partition, args.nodes)
 
 
 def _check_out(args, p):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ...common.files import atomic_path, check_regular_file
 from ..progress import RECORD, epoch_stats
-from ..study.statistics import mean_sd, paired, t975
+from .. import stats
 from .runs import SETTINGS, directory, state
 
 
@@ -20,8 +20,7 @@ def interval(values):
     """{n, mean, low, high} over the values (no interval for fewer than two)."""
     if not values:
         return None
-    mean, sd = mean_sd(values)
-    half = t975(len(values) - 1) * sd / len(values) ** 0.5 if len(values) > 1 else float("nan")
+    mean, _, half = stats.interval(values)
     return dict(n=len(values), mean=mean, low=mean - half, high=mean + half)
 
 
@@ -56,7 +55,7 @@ def collect(args, rows, seeds):
                               "values": values})
     base = table["rows"][0]
     for entry in table["rows"][1:]:
-        entry[f"minus {base['row']}"] = paired(entry["values"], base["values"])
+        entry[f"minus {base['row']}"] = stats.paired(entry["values"], base["values"])
     for entry in table["rows"]:
         del entry["values"]
     return table
@@ -86,12 +85,12 @@ def fmt(x, digits=2):
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def _ci(stats):
-    if not stats:
+def _ci(summary):
+    if not summary:
         return "no scored run"
-    if stats["n"] < 2:
-        return f"{fmt(stats['mean'])} (one seed)"
-    return f"{fmt(stats['mean'])} ± {fmt(stats['high'] - stats['mean'])}"
+    if summary["n"] < 2:
+        return f"{fmt(summary['mean'])} (one seed)"
+    return f"{fmt(summary['mean'])} ± {fmt(summary['high'] - summary['mean'])}"
 
 
 def verdict(diff, base):
@@ -183,7 +182,7 @@ def valid_losses(log):
 
 def figures(args, rows, seeds, table):
     """metric.png (each row's mean and interval, its seeds as dots) and valid_loss.png (a line per run)."""
-    from ..analyze import pyplot, save_figure
+    from ..plots import pyplot, save_figure
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.2 * len(rows) + 3, 4))

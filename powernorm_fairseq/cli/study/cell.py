@@ -1,15 +1,15 @@
 """One cell: its probe at init, fairseq's trainer (resumable), and its result.json."""
 
-import fcntl
 import json
 import logging
 import math
 import re
-import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from ...common.files import atomic_path
 from .grid import LOSS, METRIC, StudyError, train_argv
@@ -52,11 +52,12 @@ def run_cell(args, cell, verbose=False):
 
     root = Path(args.out, "cells", cell["name"])
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None
+    held = FileLock(root / ".lock", preserve_lock_file=True)
+    try:
+        held.acquire(timeout=0)
+    except Timeout:
+        return None
+    try:
         if args.threads:
             torch.set_num_threads(args.threads)
         result = read_result(root)
@@ -91,6 +92,8 @@ def run_cell(args, cell, verbose=False):
         with atomic_path(root / "result.json") as tmp:
             Path(tmp).write_text(json.dumps(result, indent=1))
         return result
+    finally:
+        held.release()
 
 
 #: the seconds a cell's earlier jobs trained before they were requeued (plain text)
@@ -224,18 +227,3 @@ def end_of_run(checkpoint):
         raise StudyError(f"{checkpoint}: holds no end-of-run record (saved by an earlier version of the study); "
                          f"remove {checkpoint.parent} to train the cell again")
     return record
-
-
-def quiet(verbose):
-    """fairseq's log format on the console: its INFO lines with --verbose,
-    else warnings only; the cells' logs hold everything."""
-    import warnings
-
-    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                        datefmt="%Y-%m-%d %H:%M:%S", level=logging.INFO if verbose else logging.WARNING,
-                        stream=sys.stderr, force=True)
-    # fairseq's --eval-tokenized-bleu scores tokenized text on purpose; sacreBLEU warns of it all the same
-    logging.getLogger("sacrebleu").setLevel(logging.ERROR)
-    if not verbose:
-        warnings.filterwarnings("ignore", category=UserWarning)
-        warnings.filterwarnings("ignore", category=FutureWarning)

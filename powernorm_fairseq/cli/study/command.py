@@ -1,15 +1,12 @@
 """norm-study.sh: the grid's unfinished cells run, then the report."""
 
-import fcntl
 import shlex
 import sys
 from pathlib import Path
 
-from ...common.errors import PowerNormConfigError
-from ...common.files import atomic_path, end_cleanly_on_sigterm
-from ..slurm import SlurmError
+from ...common.files import atomic_path
+from ..launcher import quiet, run
 from . import launchers
-from .cell import quiet
 from .figures import figures
 from .grid import METRIC, StudyError, cells
 from .options import check, parse_args, parser
@@ -18,23 +15,20 @@ from .report import fmt, report
 
 
 def main(argv=None):
-    end_cleanly_on_sigterm()
     p = parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(p, argv)
     quiet(args.verbose)  # before fairseq is imported, whose modules configure the root logger at DEBUG
-    try:
-        check(args, p)
-    except (StudyError, PowerNormConfigError) as err:  # (PowerNormConfigError: a data file that is none)
-        p.error(str(err))
-    try:
-        study(args, argv, p)
-    except KeyboardInterrupt:
+
+    def kept():
         rest = "the same command resumes the rest" if args.launcher == "local" else \
             "the cells on the cluster go on, and the same command waits for them again"
-        p.exit(130, f"{p.prog}: interrupted; the finished cells are kept, and {rest}\n")
-    except (StudyError, SlurmError, PowerNormConfigError) as err:
-        p.error(str(err))
+        return f"the finished cells are kept, and {rest}"
+
+    def body():
+        check(args, p)
+        study(args, argv, p)
+    run(p, args, body, (StudyError,), kept)
 
 
 def study(args, argv, p):
@@ -91,6 +85,9 @@ def study(args, argv, p):
               f"{fmt(result['initial_loss'])} -> {fmt(result['final_loss'])}, {METRIC[args.task][1]} "
               f"{fmt(result['metric'], METRIC[args.task][2])} ({result['seconds']:.0f} s); {left} left, "
               f"about {eta / 60:.1f} min", file=sys.stderr)
+    if args.launcher == "slurm" and args.no_wait:
+        print("norm-study: --no-wait: the same command, run again, waits for the cells and writes the report",
+              file=sys.stderr)
     if not args.cell:
         collect(args)
     if failed:
@@ -101,8 +98,10 @@ def study(args, argv, p):
 def collect(args):
     """study.md, study.json and the figures, from every result on disk."""
     full = cells(args)
-    with open(args.out / ".report.lock", "a+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one report at a time, each from every result on disk when it starts
+    from filelock import FileLock
+
+    with FileLock(args.out / ".report.lock", preserve_lock_file=True):  # one report at a time, each from
+        # every result on disk when it starts
         results = finished(args, full)
         try:
             figures(args, full, results)

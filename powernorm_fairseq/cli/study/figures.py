@@ -10,7 +10,7 @@ from .probe import order
 
 def figures(args, grid, results):
     """init_grads.png, loss.png and (--landscape) landscape.png."""
-    from ..analyze import pyplot, save_figure
+    from ..plots import pyplot, save_figure
 
     plt = pyplot()
     done = [(c, results[c["name"]]) for c in grid if c["name"] in results]

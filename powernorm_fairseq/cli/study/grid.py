@@ -135,14 +135,14 @@ def train_argv(args, cell, save_dir):
                  "--share-decoder-input-output-embed", "--decoder-layers", str(cell["depth"]),
                  "--decoder-embed-dim", str(d), "--decoder-ffn-embed-dim", str(ffn),
                  "--decoder-attention-heads", str(heads)]
-    gpus = args.gpus_per_cell if args.launcher == "slurm" else None  # None: whatever this machine has
+    gpus = args.gpus_per_node if args.launcher == "slurm" else None  # None: whatever this machine has
     if gpus and gpus > 1:  # data-parallel inside the cell, the batch statistics over every worker's batch
         argv += ["--distributed-world-size", str(gpus), "--norm-sync", "batch"]
     import torch
 
     if gpus == 0 or not torch.cuda.is_available():
         argv.append("--cpu")
-    return argv + list(args.fairseq_args)
+    return argv + list(args.fairseq)
 
 
 def label_counts(data):

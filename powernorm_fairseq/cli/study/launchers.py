@@ -4,7 +4,8 @@ on a SLURM cluster (``--launcher slurm``, :mod:`.slurm`)."""
 import time
 
 from ...common.files import end_cleanly_on_sigterm
-from .cell import quiet, run_cell
+from ..launcher import quiet
+from .cell import run_cell
 
 
 def run_all(args, todo):

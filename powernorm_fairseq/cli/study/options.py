@@ -8,6 +8,7 @@ from ...common.flags import ArgumentParser, at_least, fraction, positive
 from .cell import parse
 from .grid import (DEFAULTS, TASKS, WIDTHS, StudyError, cells, check_data, check_names, check_width, constant_loss,
                    train_argv, width)
+from ..launcher import add_flags, parse_args  # noqa: F401 (parse_args: the command's)
 from .slurm import check as slurm_check
 
 
@@ -27,7 +28,6 @@ def parser():
     p.add_argument("--norms", nargs="+", metavar="KIND", help="--norm-type kinds; the first is the baseline "
                    "of the paired differences")
     p.add_argument("--inits", nargs="+", metavar="INIT", help="--init schemes")
-    p.add_argument("--seeds", nargs="+", type=at_least(0, "--seeds"), default=[1], metavar="N")
     p.add_argument("--optimizer", choices=("sgd", "adam"))
     p.add_argument("--placement", choices=PLACEMENTS, help="every cell's --norm-placement")
     p.add_argument("--placements", nargs="+", choices=PLACEMENTS, metavar="P", help="--norm-placement as an "
@@ -47,38 +47,15 @@ def parser():
                    "final loss (powernorm-analyze --landscape)")
     p.add_argument("--jobs", type=at_least(1, "--jobs"), help="cells at once, in processes here (default: 1)")
     p.add_argument("--threads", type=at_least(1, "--threads"), help="torch threads per cell (default: cores / jobs; "
-                   "on SLURM, --cpus-per-cell)")
+                   "on SLURM, --cpus-per-task)")
     p.add_argument("--print-commands", action="store_true", help="write OUT/commands.sh, one command per "
                    "unfinished cell (for a scheduler), and exit; a later run collects the cells")
     p.add_argument("--cell", metavar="NAME", help="run this cell only (what --print-commands writes)")
     p.add_argument("--verbose", action="store_true", help="fairseq's log on the console too")
-    p.add_argument("--launcher", choices=("local", "slurm"), default="local", help="where the cells run: here "
-                   "(--jobs at once), or on a SLURM cluster as one job array (submitit; the flags below)")
-    s = p.add_argument_group("--launcher slurm")
-    s.add_argument("--partition", help="the cells' partition (default: the cluster's)")
-    s.add_argument("--gpus-per-cell", type=at_least(0, "--gpus-per-cell"), metavar="N", help="GPUs per cell "
-                   "(default: 0, the CPU); N > 1 trains the cell data-parallel, with --norm-sync batch")
-    s.add_argument("--cpus-per-cell", type=at_least(1, "--cpus-per-cell"), metavar="N",
-                   help="CPUs per cell (default: 1, or one per GPU)")
-    s.add_argument("--mem-per-cell", type=at_least(1, "--mem-per-cell"), metavar="GB",
-                   help="memory per cell (default: the cluster's)")
-    s.add_argument("--timeout-min", type=at_least(2, "--timeout-min"), metavar="MIN", help="a job's time limit, "
-                   "at least 2 (SLURM warns a job 90 s before it) (default: 240); a cell that reaches it requeues "
-                   "itself and resumes from its checkpoint")
-    s.add_argument("--max-parallel", type=at_least(1, "--max-parallel"), metavar="N",
-                   help="cells running at once: the job array's throttle (default: no limit)")
+    add_flags(p, seeds=[1], unit="cell")
     p.usage = "norm-study.sh [options] [-- FAIRSEQ-TRAIN FLAGS...]"
     p.epilog = "After --: more fairseq-train flags, given to every cell."
     return p
-
-
-def parse_args(p, argv):
-    """The study's flags, and fairseq-train's after ``--`` (an unknown flag
-    before it is refused, never taken for fairseq's)."""
-    ours, theirs = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args = p.parse_args(ours)
-    args.fairseq_args = theirs
-    return args
 
 
 def check(args, p):

@@ -23,14 +23,15 @@ def writable_out(args, p):
 
 #: what every cell of one OUT must share (the grid's lists may grow between runs)
 SETTINGS = ("task", "optimizer", "placement", "warmup_updates", "max_epochs", "max_update", "batch_size",
-            "max_tokens", "converged_fraction", "fairseq_args")
+            "max_tokens", "converged_fraction")
 
 
 def settings(args):
     mine = {key: getattr(args, key) for key in SETTINGS}
+    mine["fairseq_args"] = args.fairseq
     mine["data"] = str(args.data)
-    if args.launcher == "slurm" and args.gpus_per_cell > 1:  # data-parallel cells see a larger batch
-        mine["workers_per_cell"] = args.gpus_per_cell
+    if args.launcher == "slurm" and args.gpus_per_node > 1:  # data-parallel cells see a larger batch
+        mine["workers_per_cell"] = args.gpus_per_node
     return mine
 
 

@@ -22,7 +22,7 @@ def initial_probe(train_args, loss_key, batches=4):
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model).float()
     criterion = task.build_criterion(cfg.criterion)
-    from ..analyze import training_batches
+    from ..landscape import training_batches
 
     samples = training_batches(task, model, "train", batches, cfg.dataset.max_tokens or 4096, cfg.common.seed)
     model.train()
@@ -67,7 +67,7 @@ def order(layer):
 
 def measure_landscape(args, cell, root, result):
     """``--landscape`` at the cell's final checkpoint, added to its result."""
-    from ..analyze import landscape
+    from ..landscape import landscape
 
     _, summary = landscape([root / "checkpoint_last.pt"], args.data, "train", 2, args.max_tokens, 8, None,
                            cell["seed"])

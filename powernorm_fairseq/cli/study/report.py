@@ -9,7 +9,7 @@ from pathlib import Path
 from ...common.files import atomic_path
 from .grid import METRIC, dims, norms_of, series
 from .out import read_probe
-from .statistics import mean_sd, paired
+from ..stats import mean_sd, paired
 
 
 def fmt(value, spec="{:.3f}"):
@@ -40,7 +40,7 @@ def report(args, grid, results):
              + (f"{args.max_update} updates" if args.max_update else f"{args.max_epochs} epochs")
              + f"; seeds {', '.join(map(str, args.seeds))}."
              + (f" fairseq-train flags after `--` (over the dimensions below where they name them): "
-                f"`{shlex.join(args.fairseq_args)}`." if args.fairseq_args else ""), "",
+                f"`{shlex.join(args.fairseq)}`." if args.fairseq else ""), "",
              f"A cell reads *converged k/n* over the seeds, then the mean final training loss (bits) and "
              f"{metric_label} of the seeds that finished. Converged: finite, and below {args.converged_fraction:g} x "
              f"the initial loss and below {args.majority_loss:.3f} bits, the best constant prediction "

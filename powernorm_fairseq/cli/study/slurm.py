@@ -1,28 +1,25 @@
-"""``--launcher slurm``: the cells as one SLURM job array, through submitit
-and the plugin's SLURM layer (:mod:`..slurm`).
+"""``--launcher slurm``: the cells as one SLURM job array, through the one
+launcher's algorithm (:class:`..launcher.Jobs`) and the plugin's SLURM layer.
 
-``OUT/jobs.json`` maps each submitted cell to its job id. Before submitting,
-a run asks the cluster which of those jobs are pending or running: it never
-submits such a cell again, nor a finished one (``result.json``), and it
-resubmits a cell whose job ended without a result (failed, cancelled, out of
-memory). A job that reaches its time limit or is pre-empted requeues itself
-and resumes from the cell's ``checkpoint_last.pt`` (:class:`Cell`). The run
-then waits, and yields each cell as its job ends.
+``OUT/jobs.json`` maps each submitted cell to its job id. A run never
+submits a cell whose job is pending or running, nor a finished one
+(``result.json``), and resubmits a cell whose job ended without a result
+(failed, cancelled, out of memory). A job that reaches its time limit or is
+pre-empted requeues itself and resumes from the cell's
+``checkpoint_last.pt`` (:class:`Cell`). The run then waits (unless
+``--no-wait``), and yields each cell as its job ends.
 """
 
 import sys
 from pathlib import Path
 
 from ...common.errors import PowerNormConfigError
-from ...common.files import atomic_path, end_cleanly_on_sigterm, last_line, tail
+from ...common.files import atomic_path, end_cleanly_on_sigterm, tail
 from .. import slurm
-from .cell import add_seconds, quiet, run_cell
+from ..launcher import Jobs, quiet, resources
+from .cell import add_seconds, run_cell
 from .grid import StudyError
 from .out import finished
-
-#: the flags that only the SLURM launcher takes, and their defaults
-FLAGS = {"partition": None, "gpus_per_cell": 0, "cpus_per_cell": None, "mem_per_cell": None, "timeout_min": 240,
-         "max_parallel": None}
 
 
 class Cell(slurm.Resumable):
@@ -63,54 +60,33 @@ FAILURE = "failure.txt"
 
 def run(args, todo):
     """(cell, result) as each job ends; (cell, why) for a job that ended without a result."""
-    slurm.private(Path(args.out, "slurm"))
-    with slurm.locked(args.out):
-        jobs = slurm.read_jobs(args.out, steps=False)
-        live = slurm.live(Path(args.out, "slurm"))
-        waiting = {c["name"]: jobs[c["name"]] for c in todo if jobs.get(c["name"]) in live}
+    jobs = Jobs(args.out, steps=False, prog="norm-study")
+    with jobs.submitting():
+        waiting = {c["name"] for c in todo if jobs.ids.get(c["name"]) in jobs.live}
         submit = [c for c in todo if c["name"] not in waiting]
         for cell in submit:
-            if cell["name"] in jobs:
-                print(f"norm-study: {cell['name']}: job {jobs[cell['name']]} ended without a result; resubmitted",
-                      file=sys.stderr)
-        new = _submit(args, submit)
-        if new:
-            jobs.update(new)
-            slurm.write_jobs(args.out, jobs)
-    print(f"norm-study: {len(waiting)} cell(s) already pending or running on the cluster, {len(new)} submitted"
-          + (f" as job array {next(iter(new.values())).split('_')[0]}" if new else "")
-          + f"; their logs: {Path(args.out, 'slurm')}", file=sys.stderr)
-    yield from _wait(args, {c["name"]: c for c in todo}, {**waiting, **new})
+            if cell["name"] in jobs.ids:
+                print(f"norm-study: {cell['name']}: job {jobs.ids[cell['name']]} ended without a result; "
+                      "resubmitted", file=sys.stderr)
+        params = dict(job_name="norm-study", **resources(args), array_parallelism=args.max_parallel or len(submit))
+        if args.gpus_per_node:
+            params["gpus_per_node"] = args.gpus_per_node
+        new = jobs.submit(params, [(Cell(), (args, cell)) for cell in submit], "the cells",
+                          [c["name"] for c in submit])
+    jobs.said(f"{len(waiting)} cell(s) already pending or running on the cluster, {len(new)} submitted"
+              + (f" as job array {new[0].split('_')[0]}" if new else ""))
+    if args.no_wait:
+        return
+    cells = {c["name"]: c for c in todo}
 
+    def ended(name, job_id):
+        done = finished(args, [cells[name]])
+        if name in done:
+            return done[name]
+        return _why(args, cells[name], job_id) if job_id not in jobs.live else None
 
-def _submit(args, todo):
-    """{cell name: job id} of the cells submitted, as one array."""
-    params = dict(job_name="norm-study", time=args.timeout_min, cpus_per_task=args.cpus_per_cell,
-                  array_parallelism=args.max_parallel or len(todo))
-    params.update({k: v for k, v in (("partition", args.partition), ("gpus_per_node", args.gpus_per_cell or None),
-                                     ("mem", f"{args.mem_per_cell}GB" if args.mem_per_cell else None)) if v})
-    ids = slurm.submit(Path(args.out, "slurm"), params, [(Cell(), (args, cell)) for cell in todo], "the cells")
-    return dict(zip([cell["name"] for cell in todo], ids))
-
-
-def _wait(args, cells, jobs):
-    """Yield each cell as its job ends (its result as soon as result.json is written)."""
-    wait = slurm.polls()
-    while jobs:
-        live = slurm.live(Path(args.out, "slurm"))
-        ended = False
-        done = finished(args, [cells[name] for name in jobs])
-        for name, job in list(jobs.items()):
-            if name in done:
-                yield cells[name], done[name]
-            elif job not in live:
-                yield cells[name], _why(args, cells[name], job)
-            else:
-                continue
-            del jobs[name]
-            ended = True
-        if jobs:
-            wait(ended)
+    for name, outcome in jobs.wait({name: jobs.ids[name] for name in cells}, ended):
+        yield cells[name], outcome
 
 
 def _why(args, cell, job_id):
@@ -118,27 +94,23 @@ def _why(args, cell, job_id):
     error (the cell's plain-text record, or the last line of the job's log;
     never submitit's pickle, which this process does not load), whether a
     rerun can help, and its log."""
-    log = slurm.log(Path(args.out, "slurm"), job_id)
-    kind, last = "error", ""
+    jobs = Jobs(args.out, steps=False, prog="norm-study")
     record = tail(Path(args.out, "cells", cell["name"], FAILURE)).splitlines()
-    if len(record) >= 2:
-        kind, last = record[0], record[-1]
-    else:
-        last = last_line(log)
+    kind, last = (record[0], record[-1]) if len(record) >= 2 else ("error", jobs.cause(job_id))
     again = "a rerun fails the same way until what it names is fixed" if kind == "input" \
         else "the same command resubmits it"
     return f"job {job_id} ended without a result ({slurm.state(job_id)}{': ' + last if last else ''}); {again}. " \
-           f"Log: {log}"
+           f"Log: {slurm.log(jobs.out.slurm, job_id)}"
 
 
 def check(args, p):
     """The launcher's flags: with ``--launcher slurm`` only, and what they imply."""
-    if not slurm.check_flags(args, p, FLAGS):
+    from ..launcher import check_flags
+
+    if not check_flags(args, p, one_node=True):
         return
     for flag, bad in (("--jobs", args.jobs is not None), ("--print-commands", args.print_commands)):
         if bad:
             p.error(f"{flag}: the local launcher's; --launcher slurm submits every cell as a job "
                     "(--max-parallel: how many run at once)")
-    slurm.check_tools(p)
-    args.cpus_per_cell = args.cpus_per_cell or max(1, args.gpus_per_cell)
-    args.threads = args.threads or args.cpus_per_cell
+    args.threads = args.threads or args.cpus_per_task
