@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from support import ROOT, backend_or_fail, cli
 from powernorm_fairseq.norms import RUNNING_STAT_TYPES, build_norm, kernels
-from powernorm_fairseq.norms.kernels import gpu
+from powernorm_fairseq.norms.kernels import gpu, plans
 
 pytestmark = pytest.mark.fast
 
@@ -85,10 +85,13 @@ def test_the_row_parameter_sums_are_the_same_in_the_kernel_or_a_launch_of_their_
     backend_or_fail("triton")
     exact = steps(kind, {}, "plain", torch.float64, n=2)
     for here in (True, False):
-        monkeypatch.setattr(gpu, "_sums_here", lambda progs, shape: here)
+        monkeypatch.setattr(plans, "sums_here", lambda progs, per_prog: here)
+        plans.forget()  # the passes ask their plans anew
         fast = steps(kind, {}, "triton", torch.float64, n=2)
         for e, f in zip(exact, fast):
             assert all(scaled_error(u, v) < 1e-12 for u, v in zip(f, e)), (kind, here)
+    monkeypatch.undo()
+    plans.forget()  # the plans as they are, for the tests after this one
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
@@ -346,7 +349,7 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     pad[1, T - 3:] = True
     from powernorm_fairseq.measure.standin import MULTIPROCESSORS
 
-    gpu.stand_in(MULTIPROCESSORS)  # planned as for an H100, whose grids choose some variants (gpu._sums_here)
+    gpu.stand_in(MULTIPROCESSORS)  # planned as for an H100, whose grids choose some variants (plans.sums_here)
     try:
         with sm90.recording(run=False) as launched, kernels.use("triton"):
             for C, kind, options, dtypes in sweep:

@@ -434,11 +434,11 @@ for kind, options, dtype, layout, (T, B, C) in json.loads(sys.argv[1]):
             pairs = recorded(step)
         finally:
             node.compare_launches(False)
-        launcher.HOLD = False  # gpu.py's passes, each launch through Triton's JIT
+        launcher.hold(False)  # the same passes, each launch through Triton's JIT (POWERNORM_HOLD=0)
         try:
             jit = recorded(step)
         finally:
-            launcher.HOLD = True
+            launcher.hold(True)
     out.append(dict(counted=seen.kernels(), x=x.data_ptr(), cxx=shown(cxx), jit=shown(jit),
                     same=[a == b for a, b in zip(pairs[::2], pairs[1::2])], pairs=len(pairs)))
 print(json.dumps(out))
@@ -497,7 +497,7 @@ def test_the_nodes_send_a_gpu_what_triton_s_own_launch_sends():
               ("scalenorm", {}, "float32", "contiguous", (3, 2, 40)), ("bn", {}, "float32", "contiguous", (3, 2, 40)),
               ("pn", {"layer_scale": True, "groups": 1}, "float32", "batch_first", (3, 2, 2048)),
               ("rmsnorm", {}, "float32", "batch_first", (2, 2, 4096)),
-              # many programs: the parameters' sums in a launch of their own (gpu._sums_here)
+              # many programs: the parameters' sums in a launch of their own (plans.sums_here)
               ("rmsnorm", {}, "float16", "batch_first", (256, 16, 64)),
               ("dyt", {}, "float32", "contiguous", (256, 16, 64))]
     targets = [t for *_, t in TARGETS] + [4, 4, 4, 4, 6, 6, 3, 3, 3, 4, 4, 3, 2, 6, 4, 3, 3, 3]

@@ -15,7 +15,7 @@ import reference as ref
 from support import backend_or_fail
 from powernorm_fairseq.norms import NORM_TYPES, RUNNING_STAT_TYPES, build_norm, kernels, padding_mask
 from powernorm_fairseq.norms.base import Norm
-from powernorm_fairseq.norms.kernels import gpu
+from powernorm_fairseq.norms.kernels import launcher
 
 pytestmark = pytest.mark.fast
 
@@ -409,7 +409,7 @@ def test_an_aborted_finishing_grid_leaves_later_steps_right(kind, options, monke
     an aborted grid would leave it (one more arrival): the later steps still
     commit their statistics and gradients, as no later launch counts there."""
     backend_or_fail("triton")
-    used, launch = {}, gpu._launch
+    used, launch = {}, launcher.launch
 
     def noting(kernel, grid, *args, **constexprs):
         name = kernel.__name__ if hasattr(kernel, "__name__") else kernel.fn.__name__
@@ -417,7 +417,12 @@ def test_an_aborted_finishing_grid_leaves_later_steps_right(kind, options, monke
             used[name] = args[TICKET_ARGUMENT[name]]
         launch(kernel, grid, *args, **constexprs)
 
-    monkeypatch.setattr(gpu, "_launch", noting)
+    monkeypatch.setattr(launcher, "launch", noting)
+    with launcher.watching():
+        _aborted_grids(kind, options, used)
+
+
+def _aborted_grids(kind, options, used):
     outs = []
     for backend in ("plain", "triton"):
         norm = build_norm(kind, C, **options).train()
@@ -431,19 +436,20 @@ def test_an_aborted_finishing_grid_leaves_later_steps_right(kind, options, monke
             torch.testing.assert_close(u, v, rtol=1e-5, atol=1e-6)
 
 
-# 11b: the Triton passes inside the C++ autograd node, or called from Python where it cannot be built
+# 11b: the two routes: the eager one (the C++ autograd node) and the graph one (each pass through its op)
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
 @pytest.mark.parametrize("kind, options", FUSED, ids=FUSED_IDS)
-def test_the_triton_step_is_the_same_without_the_compiled_node(kind, options, monkeypatch):
-    """Where no compiler built the CPU module, the Triton passes run from the
-    autograd functions in Python: bit for bit the node's step, over PN's
-    warmup and a batch of padding, on x and on its transposed (B, T, C) view."""
-    backend_or_fail("triton")
+def test_the_eager_and_the_graph_route_give_the_same_step(backend, kind, options, monkeypatch):
+    """The C++ node's step and the ops' step (what torch.compile, --norm-sync and a mode see), bit for
+    bit, over PN's warmup and a batch of padding, on x and on its transposed (B, T, C) view."""
+    from powernorm_fairseq.norms.kernels import functions
+
+    backend_or_fail(backend)
     batches = [data(0), data(1, pad_all=True), data(2), data(3)]
     batches += [(x.transpose(0, 1).contiguous().transpose(0, 1), pad, dy) for x, pad, dy in batches[2:]]
-    outs = [run(build_norm(kind, C, **options).double().train(), "triton", batches)]
-    monkeypatch.setattr(kernels.cpu, "load", lambda: None)
-    monkeypatch.setattr(kernels.cpu, "NODE", None)
-    outs.append(run(build_norm(kind, C, **options).double().train(), "triton", batches))
+    outs = [run(build_norm(kind, C, **options).double().train(), backend, batches)]
+    monkeypatch.setattr(functions, "_eager", lambda values: None)
+    outs.append(run(build_norm(kind, C, **options).double().train(), backend, batches))
     for step, (a, b) in enumerate(zip(*outs)):
         assert all(torch.equal(u, v) for u, v in zip(a, b)), (kind, step)
 

@@ -28,7 +28,7 @@ from typing import List
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..norms.kernels import gpu, ops
+from ..norms.kernels import launcher, ops
 
 #: ops that allocate or alias without launching anything
 _FREE = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias",
@@ -106,7 +106,7 @@ def counting():
     if len(_counters) == 1:
         for name in _PATCHED:
             setattr(torch.Tensor, name, waiting(name))
-        gpu.OBSERVERS.append(kernel)
+        launcher.OBSERVERS.append(kernel)
     try:
         with _Mode(seen):
             yield seen
@@ -115,7 +115,7 @@ def counting():
         if not _counters:
             for name, original in originals.items():
                 setattr(torch.Tensor, name, original)
-            gpu.OBSERVERS.remove(kernel)
+            launcher.OBSERVERS.remove(kernel)
 
 
 @contextlib.contextmanager

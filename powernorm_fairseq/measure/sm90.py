@@ -58,12 +58,12 @@ def _describe(a):
 
 @contextlib.contextmanager
 def recording(run: bool = True):
-    """Note each kernel launch (``gpu._launch``) in the list it yields; with
+    """Note each kernel launch (``launcher.launch``, every launch watched) in the list it yields; with
     ``run=False`` the kernels are not run, though still counted by
     ``launches.counting`` (outputs stay uninitialised: the norms never read
     them on the host, so the launches that follow are those of a real step)."""
     seen = []
-    launch = gpu._launch
+    launch = launcher.launch
 
     def noted(kernel, grid, *args, **constexprs):
         name = getattr(kernel, "__name__", None) or kernel.fn.__name__
@@ -75,14 +75,15 @@ def recording(run: bool = True):
         if run:
             launch(kernel, grid, *args, **constexprs)
         else:
-            with gpu.observed(name):  # counted all the same
+            with launcher.observed(name):  # counted all the same
                 pass
 
-    gpu._launch = noted
+    launcher.launch = noted
     try:
-        yield seen
+        with launcher.watching():
+            yield seen
     finally:
-        gpu._launch = launch
+        launcher.launch = launch
 
 
 def activation_tensors(variant) -> int:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import Norm
-from .kernels.functions import FusedDyT, row_norm
+from .kernels.functions import DYT, row_norm
 
 
 class DyT(Norm):
@@ -39,10 +39,10 @@ class DyT(Norm):
             self.alpha.fill_(self.alpha_init)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        # per entry, one fused pass each way (kernels/functions.py, FusedDyT): padding rows are computed and
+        # per entry, one fused pass each way (kernels/functions.py, FusedRowNorm): padding rows are computed and
         # never mixed into a real one; the output keeps x's dtype, as every norm's does
         params = self._parameters  # not nn.Module's __getattr__, a call each
-        return row_norm(FusedDyT, x, (params["alpha"], params["weight"], params["bias"]))
+        return row_norm(DYT, x, (params["alpha"], params["weight"], params["bias"]))
 
     def extra_repr(self) -> str:
         return f"{self.dim}, alpha_init={self.alpha_init}"

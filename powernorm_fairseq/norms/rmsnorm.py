@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import Norm
-from .kernels.functions import FusedRMSNorm, row_norm
+from .kernels.functions import RMSNORM, row_norm
 
 
 class RMSNorm(Norm):
@@ -29,7 +29,7 @@ class RMSNorm(Norm):
         weight = self._parameters["weight"]  # not nn.Module's __getattr__, a call
         if x.is_cuda and torch_fused(x, weight):
             return F.rms_norm(x, (self.dim,), weight, self.eps)
-        return row_norm(FusedRMSNorm, x, (weight,), self.eps)
+        return row_norm(RMSNORM, x, (weight,), self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import Norm
-from .kernels.functions import FusedScaleNorm, row_norm
+from .kernels.functions import SCALENORM, row_norm
 
 
 class ScaleNorm(Norm):
@@ -28,7 +28,7 @@ class ScaleNorm(Norm):
             self.scale.fill_(math.sqrt(self.dim))
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        return row_norm(FusedScaleNorm, x, (self._parameters["scale"],), self.eps)  # no __getattr__ call
+        return row_norm(SCALENORM, x, (self._parameters["scale"],), self.eps)  # no __getattr__ call
 
     def extra_repr(self) -> str:
         return f"{self.dim}, eps={self.eps}"

@@ -38,8 +38,8 @@ from .. import sync as sync_mod
 from .. import clock as clocks
 from ..stats import GROUP_EPS, update_nu, upcast
 from . import ops  # registers torch.ops.powernorm
-from . import cpu, launcher, select
-from .contract import Mode, Update
+from . import cpu, select
+from .contract import SCHEMAS, Mode, Update
 
 P = ops.CALLS
 
@@ -58,13 +58,6 @@ class Step(NamedTuple):
     rate: float = 0.0  # PN's 1 - alpha_bwd
     sync: str = "none"  # --norm-sync where workers are synchronised: "batch" or "running" (sync.py)
     clock: int = -1  # the key of PN's warmup clock, advanced once the step is committed (norms/clock.py)
-    #: the backend's passes (``gpu.DIRECT``), called directly where nothing observed the forward (absent
-    #: tensors None both ways); else None, and each call goes through its op (``ops.py``), which compile,
-    #: export and modes see
-    direct: object = None
-    #: the direct path's tensors that take no gradient (mask, buffers, given statistics): autograd's
-    #: ``apply`` costs the host a little for each argument, and these need nothing of it
-    rest: tuple = ()
 
 
 def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mode, center: bool, groups: int,
@@ -77,73 +70,53 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     the first forward's output again (with its ``given_*`` statistics) and
     updates copies of the running statistics.
 
-    Where nothing observes the call (``ops.observed``) and no workers
-    synchronise, the step is one C++ autograd node (``csrc/steps.h``,
-    ChannelStep) that makes :class:`FusedChannelNorm`'s calls: the same passes
-    in the same order, the CPU kernels' own or the Triton path's, planned and
-    launched by the node itself (``csrc/gpu_passes.h``; gpu.py's DIRECT, bound
-    once, where launches are watched), with one call from Python each way and
-    no Python in between (the host code between the kernels took longer than
-    the kernels of a small layer). Without the compiled module (no
-    compiler), :class:`FusedChannelNorm` calls the passes directly."""
+    Two routes, the same passes in the same order. Eager, where nothing
+    observes the call (``ops.observed``) and no workers synchronise: one C++
+    autograd node (``csrc/steps.h``, ChannelStep) makes :class:`FusedChannelNorm`'s
+    calls on the CPU kernels or the Triton path's passes (``csrc/gpu_passes.h``),
+    with one call from Python each way and no Python in between (the host code
+    between the kernels took longer than the kernels of a small layer). Graph:
+    :class:`FusedChannelNorm`, each pass through its op (``ops.py``), which
+    torch.compile, export, modes and --norm-sync's all-reduces see. Launches are
+    counted or watched on either route by the launcher (``launcher.py``)."""
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
     if replay:
         mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
     sync, clock = sync if sync != "none" and sync_mod.active(sync) else "none", -1 if replay else clock
     tensors = (xk, pad_mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv)
-    quiet, node = _quiet(tensors) if sync == "none" and k.NAME != "plain" else (False, None)
-    if quiet and node is not None:  # one C++ autograd node (ChannelStep) around the backend's passes
-        bound = _BOUND[k] if k in _BOUND else _bind(k, node)
-        bound_as = bound[0] if launcher.HOLD and not launcher.OBSERVERS else bound[1]
+    node = _eager(tensors) if sync == "none" and k.NAME != "plain" else None
+    if node is not None:  # one C++ autograd node (ChannelStep) around the backend's passes
         y, inv = node.channel_step(*tensors, GROUP_EPS, groups, center, update, mode, momentum, eps, warmup, rate,
-                                   bound_as)  # absent tensors as None; x and the mask as they are
+                                   _BOUND[k] if k in _BOUND else _bind(k, node))  # absent tensors as None
         clocks.advance(clock, steps)  # as the finish_stats op does (ops.py)
         return (y if y.dtype == x.dtype else y.to(x.dtype)), inv
     x2 = rows(xk)
     mask = None if pad_mask is None else pad_mask.contiguous()
-    tensors = (x2, mask, *tensors[2:])
-    if quiet:
-        # no C++ node (no compiler): the passes called from the autograd function without the ops' round trip
-        step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock, k.DIRECT,
-                    (mask, *tensors[4:]))
-        y, inv = FusedChannelNorm.direct_apply(x2, weight, bias, step)
-    else:  # absent tensors as distinct empty ones (dynamo takes no input twice)
-        step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock)
-        y, inv = FusedChannelNorm.apply(x2, weight, bias, _none(x2, mask, torch.bool),
-                                        *(_none(x2, t) for t in tensors[4:]), step)
+    step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock)
+    # absent tensors as distinct empty ones (dynamo takes no input twice)
+    y, inv = FusedChannelNorm.apply(x2, weight, bias, _none(x2, mask, torch.bool),
+                                    *(_none(x2, t) for t in tensors[4:]), step)
     return _as(y.view(x2.shape), x), inv  # a view outside the function: in-place ops on y work
 
 
-def _quiet(values) -> tuple:
-    """(whether nothing observes a call with ``values``, ``ops.observed``; the
-    compiled C++ module, or None): the module tests what ``ops.observed`` does
-    in one call (Python's is a call each), but for torch.compile, which dynamo
-    must see in Python, and which loads nothing (a load reads files)."""
+def _eager(values):
+    """The compiled C++ module where a call with ``values`` takes the eager route: nothing observes it
+    (``ops.observed``, which the module tests in one call) and it is not compiling (torch.compile's dynamo
+    must see the ops); else None, the graph route."""
     if torch.compiler.is_compiling():
-        return False, None
+        return None
     node = cpu.NODE if cpu.NODE is not None else cpu.load()
-    return not (ops.observed(values) if node is None else node.observed(values)), node
+    return node if node is not None and not node.observed(values) else None
 
 
-#: backend module -> the indices its passes are bound under in the C++ nodes: (where nothing watches the
-#: launches, where something does: launcher.OBSERVERS, or launcher.HOLD False); the CPU kernels' own: -1
+#: backend module -> the passes its eager steps name in the C++ node: the CPU kernels' (-1), the Triton
+#: path's (gpu.bind_node's)
 _BOUND = {}
 
 
-def _bind(k, node) -> tuple:
-    """Bind backend ``k``'s passes into the C++ nodes, once: its Python
-    passes (ChannelStep's, ``DIRECT``, and RowStep's), each launch through
-    launcher.py; and the Triton path's passes in C++ (``gpu.bind_node``),
-    which plan and launch a step with no Python, where compiled kernels run."""
-    if k.NAME == "cpu":
-        _BOUND[k] = (-1, -1)
-        return _BOUND[k]
-    watched = node.bind_passes(
-        k.DIRECT.forward, k.DIRECT.finish_stats, k.DIRECT.backward, k.DIRECT.finish_backward, k.scalenorm_forward,
-        k.scalenorm_backward, k.rmsnorm_forward, k.rmsnorm_backward, k.dyt_forward, k.dyt_backward)
-    direct = k.bind_node(node) if hasattr(k, "bind_node") else None
-    _BOUND[k] = (watched if direct is None else direct, watched)
+def _bind(k, node) -> int:
+    _BOUND[k] = -1 if k.NAME == "cpu" else k.bind_node(node)
     return _BOUND[k]
 
 
@@ -167,23 +140,18 @@ class FusedChannelNorm(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, *args):
-        """x: (T, B, C) rows (:func:`rows`); args: the step (:class:`Step`)
-        alone where nothing observes it, its other tensors then in
-        ``step.rest`` (autograd's ``apply`` costs the host a little for each
-        argument, and these take no gradient); else those tensors first:
-        mask, the (B, T) padding mask or empty; mean_buf, second_buf: the
-        running statistics (BN's mean or empty); steps: PN's step counter or
-        empty; nu: PN's running nu or empty; given_mean, given_inv."""
-        *tensors, s = args
-        mask, mean_buf, second_buf, steps, nu, given_mean, given_inv = tensors or s.rest
-        if given_inv is not None and given_inv.numel():
+    def forward(ctx, x, weight, bias, mask, mean_buf, second_buf, steps, nu, given_mean, given_inv, s):
+        """x: (T, B, C) rows (:func:`rows`); mask, the (B, T) padding mask or
+        empty; mean_buf, second_buf: the running statistics (BN's mean or
+        empty); steps: PN's step counter or empty; nu: PN's running nu or
+        empty; given_mean, given_inv; s: the :class:`Step`."""
+        if given_inv.numel():
             y, scale, part = _forward(s, x, mask, mean=given_mean, inv=given_inv, weight=weight, bias=bias,
                                       center=s.center)
             _, _, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
-            # an absent mean saved as the statistics' own (the ops' empty one, the direct path's None), as a
-            # recomputation (activation checkpointing) must save what its first forward did
-            mean, inv = given_mean if given_mean is not None or s.direct is not None else x.new_empty(0), given_inv
+            # the given mean saved as it came (empty for none), as a recomputation (activation checkpointing)
+            # must save what its first forward did
+            mean, inv = given_mean, given_inv
         elif s.update.running_scale:
             y, scale, part = _forward(s, x, mask, inv=second_buf, inv_eps=s.eps, weight=weight, bias=bias)
             mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
@@ -192,7 +160,7 @@ class FusedChannelNorm(torch.autograd.Function):
             mean, inv, inv_batch, n, n_all = _statistics(s, part, mean_buf, second_buf, steps)
             y, scale, _ = _forward(s, x, mask, mean=mean, inv=inv, weight=weight, bias=bias, want_stats=False)
         ctx.save_for_backward(x, mask, scale, weight, mean, inv, inv_batch, n, n_all)
-        ctx.step, ctx.nu, ctx.rest = s, nu, len(args)  # nu: a buffer the backward updates, not a saved value
+        ctx.step, ctx.nu = s, nu  # nu: a buffer the backward updates, not a saved value
         ctx.mark_non_differentiable(inv)
         ctx.set_materialize_grads(False)  # inv's gradient is never used: no zeros made for it
         return y, inv  # (N, C): the caller views it as x, a view autograd records
@@ -200,7 +168,7 @@ class FusedChannelNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y, _):
         if grad_y is None:  # no gradient reached y (gradients are not materialised): nothing flows back
-            return (None,) * (3 + ctx.rest)
+            return (None,) * 11
         if grad_y.requires_grad:  # only a backward that builds a graph: no call otherwise
             first_derivative_only("bn, pn-v and pn", grad_y)
         x, mask, scale, weight, mean, inv, inv_batch, n, n_all = ctx.saved_tensors
@@ -218,7 +186,7 @@ class FusedChannelNorm(torch.autograd.Function):
                                      B=nu if s.mode != Mode.FIXED else None, b_scale=s.rate if reference else 1.0,
                                      correct_pads=reference)
             grad_w, grad_b, _, _ = _backward_terms(s, part, weight, n, n_all, nu, x.numel() // x.size(-1))
-        return (grad_x.view_as(x), grad_w, grad_b) + (None,) * ctx.rest
+        return (grad_x.view_as(x), grad_w, grad_b) + (None,) * 8
 
 
 def _none(like: Tensor, t, dtype=None) -> Tensor:
@@ -228,9 +196,6 @@ def _none(like: Tensor, t, dtype=None) -> Tensor:
 def _forward(s: Step, x, mask, *, mean=None, inv=None, inv_eps=-1.0, weight=None, bias=None, want_y=True,
              want_stats=True, center=False):
     """The contract's forward on the step's backend; absent tensors empty."""
-    if s.direct is not None:
-        return s.direct.forward(x, mask, s.groups, GROUP_EPS, mean, inv, inv_eps, weight, bias, want_y, want_stats,
-                                center)
     return P.forward(impl=s.backend, x=x, mask=mask, groups=s.groups, gs_eps=GROUP_EPS, mean=_none(x, mean),
                      inv=_none(x, inv), inv_eps=inv_eps, weight=_none(x, weight), bias=_none(x, bias),
                      want_y=want_y, want_stats=want_stats, center=center)
@@ -239,9 +204,6 @@ def _forward(s: Step, x, mask, *, mean=None, inv=None, inv_eps=-1.0, weight=None
 def _backward(s: Step, x, mask, scale, grad_y, weight, mean, inv_fwd, *, inv_bwd=None, A=None, B=None,
               b_scale=1.0, correct_pads=False, want_gx=True, want_sums=True):
     """The contract's backward on the step's backend; absent tensors empty."""
-    if s.direct is not None:
-        return s.direct.backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, s.groups,
-                                 correct_pads, want_gx, want_sums)
     return P.backward(impl=s.backend, x=x, mask=mask, scale=scale, grad_y=grad_y, weight=weight, mean=mean,
                       inv_fwd=inv_fwd, inv_bwd=_none(x, inv_bwd), A=_none(x, A), B=_none(x, B), b_scale=b_scale,
                       groups=s.groups, correct_pads=correct_pads, want_gx=want_gx, want_sums=want_sums)
@@ -252,8 +214,6 @@ def _backward_terms(s: Step, part, weight, n, n_all, nu, rows):
     if s.sync != "none":
         return _synced_terms(s, part, weight, n, n_all, nu, exact=s.mode == Mode.EXACT)
     kind = Mode.PAPER if s.mode == Mode.FIXED else s.mode  # nu follows Algorithm 2
-    if s.direct is not None:
-        return s.direct.finish_backward(part, weight, n, nu, s.rate, kind, s.center, rows)
     return P.finish_backward(impl=s.backend, part=part, weight=weight, n=n, nu=nu, rate=s.rate, kind=kind,
                              center=s.center, rows=rows)
 
@@ -292,10 +252,6 @@ def _statistics(s: Step, part, mean_buf, second_buf, steps):
 
 
 def _finish_stats(s: Step, part, mean_buf, second_buf, steps):
-    if s.direct is not None:
-        out = s.direct.finish_stats(part, mean_buf, second_buf, steps, s.update, s.momentum, s.eps, s.warmup)
-        clocks.advance(s.clock, steps)  # as the finish_stats op does (ops.py)
-        return out
     return P.finish_stats(impl=s.backend, part=part, mean_buf=mean_buf, second_buf=second_buf, steps=steps,
                           update=s.update, momentum=s.momentum, eps=s.eps, warmup=s.warmup, clock=s.clock)
 
@@ -362,121 +318,85 @@ def _as(y: Tensor, x: Tensor) -> Tensor:
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-def row_norm(fused, x: Tensor, params: tuple, eps=None) -> Tensor:
-    """A per-row or per-entry norm's autograd Function ``fused``
-    (FusedScaleNorm, FusedRMSNorm or FusedDyT) over the rows of x (T, B, C)
-    with its ``params``, on the backend that takes x, in a dtype that backend
-    reads; y in x's dtype."""
+class RowKind(NamedTuple):
+    """A per-row or per-entry kind as every backend takes it: its ``name`` (the
+    contract's ``<name>_forward`` and ``<name>_backward``, csrc/steps.h's RowKind
+    by ``index``), its parameters and the statistic its backward reads by the
+    contract's argument names, and the gradients of a backward that builds a
+    graph, in PyTorch ops (None: first derivatives only)."""
+
+    name: str
+    index: int
+    params: tuple
+    stat: str
+    double: object = None
+
+
+def _dyt_double(x, grad_y, alpha, weight, bias):
+    """DyT's gradients in PyTorch ops, which autograd differentiates again: t = tanh(alpha x), y = w t + b."""
+    grad_y = grad_y.view_as(x)  # y's rows in x's shape
+    t = torch.tanh(alpha * x)
+    d = grad_y * weight * (1 - t * t)
+    rows = tuple(range(x.dim() - 1))
+    return d * alpha, (d * x).sum(), (grad_y * t).sum(rows), grad_y.sum(rows)
+
+
+SCALENORM = RowKind("scalenorm", 0, ("scale",), "norms")
+RMSNORM = RowKind("rmsnorm", 1, ("weight",), "rstd")
+DYT = RowKind("dyt", 2, ("alpha", "weight", "bias"), "ticket", _dyt_double)
+#: the contract's arguments of each row pass, by name (contract.SCHEMAS)
+_ARGUMENTS = {name: tuple(arg.split()[1] for arg in SCHEMAS[name][0].split(", "))
+              for kind in (SCALENORM, RMSNORM, DYT) for name in (f"{kind.name}_forward", f"{kind.name}_backward")}
+
+
+def _row_call(backend, name, given):
+    """The contract's pass ``name`` with the arguments it takes from ``given``, on ``backend`` (a name:
+    through its op)."""
+    return getattr(P, name)(impl=backend, **{a: given[a] for a in _ARGUMENTS[name]})
+
+
+def row_norm(kind: RowKind, x: Tensor, params: tuple, eps=None) -> Tensor:
+    """Per-row or per-entry ``kind`` over the rows of x (T, B, C) with its
+    ``params``, on the backend that takes x, in a dtype that backend reads; y
+    in x's dtype. The eager route: one C++ autograd node (RowStep) around the
+    backend's passes; the graph route: :class:`FusedRowNorm`, each pass through its op."""
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
-    # where nothing observes the call: one C++ autograd node (RowStep) around the backend's passes
-    quiet, node = _quiet((xk, *params)) if k.NAME != "plain" else (False, None)
-    if quiet and node is not None:
+    node = _eager((xk, *params)) if k.NAME != "plain" else None
+    if node is not None:
         p = params + (None, None)
         bound = _BOUND[k] if k in _BOUND else _bind(k, node)
-        bound_as = bound[0] if launcher.HOLD and not launcher.OBSERVERS else bound[1]
-        y = node.row_step(fused.ROW_KIND, xk, p[0], p[1], p[2], 0.0 if eps is None else eps, bound_as)
-    else:  # each call through its op (no compiled module: the backend's own functions)
+        y = node.row_step(kind.index, xk, p[0], p[1], p[2], 0.0 if eps is None else eps, bound)
+    else:
         xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere
-        y = (fused.direct_apply(xk, *params, (eps, k)) if quiet
-             else fused.apply(xk, *params, (eps, k.NAME))).view(xk.shape)  # (N, C) rows, viewed outside
+        p = params + (None,) * (3 - len(params))
+        y = FusedRowNorm.apply(xk, *p, (kind, eps, k.NAME)).view(xk.shape)  # (N, C) rows, viewed outside
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-class FusedScaleNorm(torch.autograd.Function):
-    """ScaleNorm in one pass each way. ``how``: (eps, backend), the backend a
-    name (each call through its op) or, where nothing observes the call, its module."""
-
-    ROW_KIND = 0  # csrc/steps.h's RowKind, for RowStep, the same step as one C++ node
+class FusedRowNorm(torch.autograd.Function):
+    """ScaleNorm, RMSNorm or DyT (``how``: (its :class:`RowKind`, eps, the
+    backend's name)) in one pass each way, each through its op; up to three
+    parameters (None past the kind's own)."""
 
     @staticmethod
-    def forward(ctx, x, scale, how):
-        eps, backend = how
-        y, norms = (P.scalenorm_forward(impl=backend, x=x, scale=scale, eps=eps) if type(backend) is str
-                    else backend.scalenorm_forward(x, scale, eps))
-        ctx.save_for_backward(x, norms, scale)
-        ctx.eps, ctx.backend = eps, backend
+    def forward(ctx, x, p0, p1, p2, how):
+        kind, eps, backend = how
+        given = dict(zip(kind.params, (p0, p1, p2)), x=x, eps=eps)
+        y, stat = _row_call(backend, f"{kind.name}_forward", given)
+        ctx.save_for_backward(x, stat, p0, p1, p2)
+        ctx.how = how
         return y  # (N, C), as FusedChannelNorm's
 
     @staticmethod
     def backward(ctx, grad_y):
-        if grad_y.requires_grad:  # only a backward that builds a graph: no call otherwise
-            first_derivative_only("scalenorm", grad_y)
-        x, norms, scale = ctx.saved_tensors
-        gy = grad_y.contiguous()
-        grad_x, grad_scale = (
-            P.scalenorm_backward(impl=ctx.backend, x=x, norms=norms, grad_y=gy, scale=scale, eps=ctx.eps)
-            if type(ctx.backend) is str else ctx.backend.scalenorm_backward(x, norms, gy, scale, ctx.eps))
-        return grad_x.view_as(x), grad_scale, None
-
-
-class FusedRMSNorm(torch.autograd.Function):
-    """RMSNorm in one pass each way."""
-
-    ROW_KIND = 1
-
-    @staticmethod
-    def forward(ctx, x, weight, how):
-        eps, backend = how
-        y, rstd = (P.rmsnorm_forward(impl=backend, x=x, weight=weight, eps=eps) if type(backend) is str
-                   else backend.rmsnorm_forward(x, weight, eps))
-        ctx.save_for_backward(x, rstd, weight)
-        ctx.backend = backend
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        if grad_y.requires_grad:  # only a backward that builds a graph: no call otherwise
-            first_derivative_only("rmsnorm", grad_y)
-        x, rstd, weight = ctx.saved_tensors
-        gy = grad_y.contiguous()
-        grad_x, grad_weight = (P.rmsnorm_backward(impl=ctx.backend, x=x, rstd=rstd, grad_y=gy, weight=weight)
-                               if type(ctx.backend) is str else ctx.backend.rmsnorm_backward(x, rstd, gy, weight))
-        return grad_x.view_as(x), grad_weight, None
-
-
-class FusedDyT(torch.autograd.Function):
-    """DyT in one pass each way: tanh(alpha x) is computed again in the
-    backward, so only x is kept. A backward that builds a graph
-    (``create_graph=True``) takes the same formula in PyTorch ops, which
-    autograd differentiates again: DyT keeps its second derivative."""
-
-    ROW_KIND = 2
-
-    @staticmethod
-    def forward(ctx, x, alpha, weight, bias, how):
-        _, backend = how
-        y, ticket = (P.dyt_forward(impl=backend, x=x, alpha=alpha, weight=weight, bias=bias) if type(backend) is str
-                     else backend.dyt_forward(x, alpha, weight, bias))
-        ctx.save_for_backward(x, alpha, weight, ticket)
-        ctx.backend = backend
-        return y
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, alpha, weight, ticket = ctx.saved_tensors
-        if grad_y.requires_grad and torch.is_grad_enabled():  # a graph of the gradient: PyTorch ops
-            grad_y = grad_y.view_as(x)  # y's rows in x's shape
-            t = torch.tanh(alpha * x)
-            d = grad_y * weight * (1 - t * t)
-            rows = tuple(range(x.dim() - 1))
-            return d * alpha, (d * x).sum(), (grad_y * t).sum(rows), grad_y.sum(rows), None
-        gy = grad_y.contiguous()
-        gx, grad_alpha, grad_w, grad_b = (
-            P.dyt_backward(impl=ctx.backend, x=x, grad_y=gy, alpha=alpha, weight=weight, ticket=ticket)
-            if type(ctx.backend) is str else ctx.backend.dyt_backward(x, gy, alpha, weight, ticket))
-        return gx.view_as(x), grad_alpha, grad_w, grad_b, None
-
-
-def _without_wrapper(function):
-    """``function.apply`` as autograd's own C++ ``apply``, without
-    torch.autograd.Function's Python wrapper (1.4 us of a small layer's 22 us
-    step on the CPU). For the direct paths alone: there ``ops.observed`` has
-    ruled out functorch's transforms, the one case the wrapper routes
-    elsewhere (it also binds default arguments, which these functions have
-    none of)."""
-    return super(torch.autograd.Function, function).apply
-
-
-for _function in (FusedChannelNorm, FusedScaleNorm, FusedRMSNorm, FusedDyT):
-    _function.direct_apply = _without_wrapper(_function)
+        kind, eps, backend = ctx.how
+        x, stat, *params = ctx.saved_tensors
+        nones = (None,) * (3 - len(kind.params)) + (None,)  # the absent parameters' and ``how``'s
+        if grad_y.requires_grad and torch.is_grad_enabled():  # a backward that builds a graph
+            if kind.double is None:
+                first_derivative_only(kind.name, grad_y)
+            return (*kind.double(x, grad_y, *params[:len(kind.params)]), *nones)
+        given = dict(zip(kind.params, params), x=x, eps=eps, grad_y=grad_y.contiguous(), **{kind.stat: stat})
+        grad_x, *grads = _row_call(backend, f"{kind.name}_backward", given)
+        return (grad_x.view_as(x), *grads, *nones)

@@ -1,59 +1,112 @@
 """The GPU backend: Triton kernels of the channel-statistics norms (BN, PN-V,
 PN), ScaleNorm, RMSNorm and DyT, with the interface of the CPU backend
-(``cpu.py``): the kernels (``gpu_channel.py``, ``gpu_rows.py``), their plans
-(``plans.py``) and their launches (``launcher.py``) each in a file of their own.
+(``cpu.py``). Each idea in one home: the kernels (``gpu_channel.py``,
+``gpu_rows.py``), their plans and the plans' constants (``plans.py``), the
+passes that allocate and launch (``csrc/gpu_passes.h``, in the compiled
+module) and the launches (``launcher.py``, ``csrc/launch.h``).
 
-Each pass here plans its launch, allocates what it writes and launches, in
-Python: the path of Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors,
-how CI checks the kernels' numbers without a GPU) and of a watched step (the
-launch counter, ``launcher.HOLD`` False). An eager step on compiled kernels
-goes through the C++ nodes instead (``bind_node``), which make the same plans
-and launches with no Python in between (``csrc/gpu_passes.h``).
+The entry points here are the contract's (``contract.py``), for the ops
+(``ops.py``: torch.compile, --norm-sync, a step something observes); an eager
+step calls the same C++ passes from its autograd node (``csrc/steps.h``).
+Each launch is Triton's JIT launch the first time, and the node's own held
+launch after it, or Triton's JIT every time where the launches are watched
+(Triton's interpreter, ``TRITON_INTERPRET=1``, which is how CI checks the
+kernels' numbers without a GPU; a launch observer; ``POWERNORM_HOLD=0``).
 """
 
 import sys
-import types
 
 import torch
 
-from . import contract
+from . import contract, launcher
 from .contract import Mode, Update
-# each launch of the Python passes: through Triton's JIT (launcher.py); the C++ nodes hold the variants
 from .launcher import OBSERVERS, observed  # noqa: F401 (the measuring tools' hooks)
-from .launcher import launch as _launch
 from .plans import (MAX_ROWS, PROGRAMS_PER_SM, REGISTERS_PER_SM, ROW_TICKET, SUB_CHUNK, TICKET_ROWS,  # noqa: F401
-                    TILE, ROW_TILE, WARP, WARPS, WIDEST_GROUP, WIDEST_ROW, _FINISH_BLOCK, _NOTHING, _acc, _nothing,
-                    SUM_ROWS, _planned, _row_plan, interpreting, parts, programs_per_sm, registers, stand_in,
-                    stand_in_size)
+                    TILE, ROW_TILE, WARP, WARPS, WIDEST_GROUP, WIDEST_ROW, interpreting, parts, programs_per_sm,
+                    registers, stand_in, stand_in_size)
 from .gpu_channel import _channel_backward, _channel_forward, _finish_backward, _finish_stats, triton  # noqa: F401
 from .gpu_rows import (_dyt_backward, _dyt_forward, _rmsnorm_backward, _rmsnorm_forward, _scalenorm_backward,
                        _scalenorm_forward, _sum_columns)
 
 NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: the kernels the passes launch, by name (csrc/gpu_passes.h's kKernelNames)
+KERNELS = {k.__name__: k for k in (_channel_forward, _finish_stats, _channel_backward, _finish_backward,
+                                   _scalenorm_forward, _scalenorm_backward, _rmsnorm_forward, _rmsnorm_backward,
+                                   _dyt_forward, _dyt_backward, _sum_columns)} if triton is not None else {}
 failure = None if triton is not None else "triton is not installed"
+_NODE = None  # the compiled module whose passes are bound (bind_node)
 
 
 def available() -> bool:
-    return triton is not None
+    global failure
+    if triton is None:
+        return False
+    if _NODE is None and _node() is None:
+        from . import cpu
+
+        failure = f"the compiled module is unavailable ({cpu.failure or 'not built'})"
+        return False
+    return True
 
 
 def takes(x: torch.Tensor) -> bool:
     return x.is_cuda or ((interpreting() or stand_in_size() is not None) and x.is_cpu)
 
 
-# The contract's four channel entry points take absent tensors as None or
-# empty, and give empty ones back (ops take and give tensors). Each calls its
-# pass with absent tensors as None, which gives None back: functions.py calls
-# those (``DIRECT``) where nothing observes the step, without the conversions.
+def _node():
+    """The compiled module, its Triton passes bound (once), or None without one."""
+    if _NODE is None:
+        from . import cpu
 
-def _given(t):
-    """An absent tensor (None, or an op's empty one) as None."""
-    return None if t is None or not t.numel() else t
+        node = cpu.NODE if cpu.NODE is not None else cpu.load()
+        if node is not None:
+            bind_node(node)
+    return _NODE
 
 
-def _or_empty(t, like, dtype=None):
+def bind_node(node):
+    """Bind the kernels (by name), ``plans.py`` as the passes' planner and Triton's JIT launch into the
+    compiled module's passes, once; the value eager steps name them by (``bound_as``)."""
+    global _NODE
+    if _NODE is node:
+        return _BOUND_AS
+    from . import plans
+
+    bound = node.bind_gpu({name: (k, _parameters(k)) for name, k in KERNELS.items()}, plans, launcher.from_node)
+    launcher.watch(list(KERNELS.values()), node.triton_changed, node.watch_launches)
+    plans._FORGET.append(node.forget_plans)
+    _NODE = node
+    globals()["_BOUND_AS"] = bound
+    return bound
+
+
+_BOUND_AS = None
+
+
+def _parameters(kernel) -> list:
+    """(name, whether a constexpr, do_not_specialize) of each parameter of a JIT function (or of the
+    function Triton's interpreter runs), in order."""
+    if hasattr(kernel, "params"):
+        return [(p.name, bool(p.is_constexpr), bool(p.do_not_specialize)) for p in kernel.params]
+    import inspect
+
+    signature = inspect.signature(kernel.fn).parameters
+    return [(name, "constexpr" in str(p.annotation), False) for name, p in signature.items()]
+
+
+def _empty(t, like, dtype=None):
+    """An absent result (None) as the contract's empty tensor."""
     return like.new_empty(0, dtype=dtype) if t is None else t
+
+
+def _acc(x):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _rows(t, x):
+    """A pass's result in x's rows (N, C), as the contract gives it."""
+    return t if t is None or t.dim() == 2 else t.view(-1, x.size(-1))
 
 
 def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
@@ -63,56 +116,19 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
     >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
-    y, scale, part = _forward_pass(x, _given(mask), groups, gs_eps, _given(mean), _given(inv), inv_eps,
-                                   _given(weight), _given(bias), want_y, want_stats, center)
-    return _or_empty(y, x), _or_empty(scale, x), _or_empty(part, x, _acc(x))
-
-
-def _forward_pass(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
-    """:func:`forward`'s pass, absent tensors None both ways."""
-    x, plan = _planned("_channel_forward", x, mask, groups, not want_y, want_y, want_stats, 3,
-                       ("HAS_MEAN", mean is not None, "INV_RUNNING", inv_eps >= 0, "WANT_Y", want_y,
-                        "WANT_STATS", want_stats, "CENTER", center))
-    none, dev = plan.nothing, x.device
-    y = x.new_empty(plan.rows, plan.C) if want_y else None
-    scale = torch.empty(plan.scale, dtype=plan.acc, device=dev) if plan.scale else None
-    part = torch.empty(plan.part, dtype=plan.acc, device=dev) if plan.part else None
-    _launch(_channel_forward, plan.grid, x, none if mask is None else mask, none if mean is None else mean,
-            none if inv is None else inv, none if weight is None else weight, none if bias is None else bias,
-            none if y is None else y, none if scale is None else scale, none if part is None else part,
-            *plan.scalars, gs_eps, inv_eps, **plan.constexprs)
-    return y, scale, part
+    n = _NODE or _node()
+    y, scale, part = n.gpu_forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats,
+                                   center)
+    return _empty(_rows(y, x), x), _empty(scale, x), _empty(part, x, _acc(x))
 
 
 def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
     """The batch's statistics from ``forward``'s per-program ``part`` and the
     running statistics' update, in one kernel (contract.py; plain.py has the same in PyTorch ops)."""
-    if type(update) is not Update:
-        update = Update(update)  # a ValueError names an unknown one
-    mean, inv, inv_batch, n = _finish_stats_pass(part, _given(mean_buf), second_buf, _given(steps), update, momentum,
-                                                 eps, warmup)
-    return _or_empty(mean, second_buf), inv, inv_batch, n
-
-
-def _finish_stats_pass(part, mean_buf, second_buf, steps, update, momentum, eps, warmup):
-    """:func:`finish_stats`, absent tensors None both ways (the mean but for BN's)."""
-    P, _, C = part.shape
-    P -= 1  # the last row: the arrival ticket
-    dev, sd = part.device, second_buf.dtype
-    none = _NOTHING[dev] if dev in _NOTHING else _nothing(dev)
-    progs = -(-C // _FINISH_BLOCK)
-    bn = update == Update.BN
-    mean = torch.empty(C, dtype=sd, device=dev) if bn else None
-    inv, inv_batch = torch.empty(C, dtype=sd, device=dev), torch.empty(C, dtype=sd, device=dev)
-    n = torch.empty(1, dtype=torch.float64, device=dev)
-    scratch = torch.empty(2, C, dtype=sd, device=dev)
-    flags = torch.empty(progs, dtype=torch.int32, device=dev)
-    _launch(_finish_stats, (progs,),
-            part, none if mean_buf is None else mean_buf, second_buf, none if steps is None else steps,
-            none if mean is None else mean, inv, inv_batch, n, scratch, flags, part[P], P, C, momentum, eps, warmup,
-            UPDATE=int(update), HAS_STEPS=steps is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK,
-            num_warps=WARPS, maxnreg=registers("_finish_stats", part.dtype == torch.float64))
-    return mean, inv, inv_batch, n
+    update = Update(update)  # a ValueError names an unknown one
+    mean, inv, inv_batch, n = (_NODE or _node()).gpu_finish_stats(part, mean_buf, second_buf, steps, int(update),
+                                                                  momentum, eps, warmup)
+    return _empty(mean, second_buf), inv, inv_batch, n
 
 
 def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
@@ -122,165 +138,58 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     dy*xh and xh^2 over the real rows, xh^2 over every row.
 
     Returns (dL/dx or empty, part or empty)."""
-    gx, part = _backward_pass(x, _given(mask), _given(scale), grad_y, weight, _given(mean), inv_fwd,
-                              _given(inv_bwd), _given(A), _given(B), b_scale, groups, correct_pads, want_gx, want_sums)
-    return _or_empty(gx, x), _or_empty(part, x, _acc(x))
-
-
-def _backward_pass(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
-                   want_gx, want_sums):
-    """:func:`backward`'s pass, absent tensors None both ways."""
-    x, plan = _planned("_channel_backward", x, mask, groups, False, want_gx, want_sums, 5,
-                       ("HAS_MEAN", mean is not None, "HAS_A", A is not None, "HAS_B", B is not None,
-                        "CORRECT_PADS", correct_pads, "WANT_GX", want_gx, "WANT_SUMS", want_sums))
-    none, dev = plan.nothing, x.device
-    gx = x.new_empty(plan.rows, plan.C) if want_gx else None
-    part = torch.empty(plan.part, dtype=plan.acc, device=dev) if plan.part else None
-    # a wide group: each row's dot product with its group's gradient, from a first pass
-    dots = torch.empty(plan.dots, dtype=plan.acc, device=dev) if plan.dots else none
-    _launch(_channel_backward, plan.grid,  # the ticket row as in forward
-            x, none if mask is None else mask, none if scale is None else scale, grad_y, weight,
-            none if mean is None else mean, inv_fwd, none if inv_bwd is None else inv_bwd, none if A is None else A,
-            none if B is None else B, none if gx is None else gx, none if part is None else part, dots,
-            *plan.scalars, b_scale, **plan.constexprs)
-    return gx, part
+    gx, part = (_NODE or _node()).gpu_backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale,
+                                               groups, correct_pads, want_gx, want_sums)
+    return _empty(_rows(gx, x), x), _empty(part, x, _acc(x))
 
 
 def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     """The weight and bias gradients from ``backward``'s ``part``, the exact
     gradient's A and B (``kind`` EXACT) and nu's update, in one kernel
     (contract.py; plain.py has the same in PyTorch ops)."""
-    if type(kind) is not Mode:
-        kind = Mode(kind)  # a ValueError names an unknown one
-    nu = _given(nu)
-    grad_w, grad_b, A, B = _finish_backward_pass(part, weight, n, nu, rate, kind, center, rows)
-    sd = nu.dtype if nu is not None else _acc(part)  # the statistics' dtype, as the pass makes A and B in
-    return grad_w, grad_b, _or_empty(A, part, sd), _or_empty(B, part, sd)
-
-
-def _finish_backward_pass(part, weight, n, nu, rate, kind, center, rows):
-    """:func:`finish_backward`, absent tensors None both ways."""
-    P, _, C = part.shape
-    P -= 1  # the last row: the arrival ticket
-    dev = part.device
-    none = _NOTHING[dev] if dev in _NOTHING else _nothing(dev)
-    sd = nu.dtype if nu is not None else (torch.float64 if part.dtype == torch.float64 else torch.float32)
-    progs = -(-C // _FINISH_BLOCK)
-    grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
-    exact = kind == Mode.EXACT
-    A = torch.empty(C, dtype=sd, device=dev) if exact and center else None
-    B = torch.empty(C, dtype=sd, device=dev) if exact else None
-    scratch = torch.empty(C, dtype=sd, device=dev) if nu is not None else none
-    flags = torch.empty(progs, dtype=torch.int32, device=dev)
-    _launch(_finish_backward, (progs,),
-            part, weight, n, none if nu is None else nu, grad_w, grad_b, none if A is None else A,
-            none if B is None else B, scratch, flags, part[P], P, C, rate, rows,
-            MODE=int(kind), CENTER=center, HAS_NU=nu is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK,
-            num_warps=WARPS, maxnreg=registers("_finish_backward", part.dtype == torch.float64))
-    return grad_w, grad_b, A, B
-
-
-#: the channel passes as functions.py calls them where nothing observes a step: absent tensors None both ways
-DIRECT = types.SimpleNamespace(forward=_forward_pass, finish_stats=_finish_stats_pass, backward=_backward_pass,
-                               finish_backward=_finish_backward_pass)
-
-
-def bind_node(node):
-    """Bind the kernels, this file's constants and Triton's JIT launch into the C++ nodes, whose passes
-    (csrc/gpu_passes.h) then plan and launch each step themselves; returns the passes' index there, or
-    None under Triton's interpreter (no compiled kernel to launch)."""
-    if interpreting():
-        return None
-    kernels = [_channel_forward, _finish_stats, _channel_backward, _finish_backward, _scalenorm_forward,
-               _scalenorm_backward, _rmsnorm_forward, _rmsnorm_backward, _dyt_forward, _dyt_backward, _sum_columns]
-    constants = dict(programs_per_sm=[PROGRAMS_PER_SM.get(k.__name__, 0) for k in kernels], warps=WARPS, warp=WARP,
-                     registers_per_sm=REGISTERS_PER_SM, tile=TILE, row_tile=ROW_TILE, widest_group=WIDEST_GROUP,
-                     widest_row=WIDEST_ROW, sub_chunk=SUB_CHUNK, max_rows=MAX_ROWS, finish_block=_FINISH_BLOCK,
-                     sum_rows=SUM_ROWS)
-    from .launcher import from_node, watch
-
-    bound = node.bind_gpu(kernels, constants, from_node)
-    watch(kernels, node.triton_changed)
-    return bound
-
+    kind = Mode(kind)  # a ValueError names an unknown one
+    grad_w, grad_b, A, B = (_NODE or _node()).gpu_finish_backward(part, weight, n, nu, rate, int(kind), center, rows)
+    sd = nu.dtype if nu.numel() else _acc(part)  # the statistics' dtype, as the pass makes A and B in
+    return grad_w, grad_b, _empty(A, part, sd), _empty(B, part, sd)
 
 
 def scalenorm_forward(x, scale, eps):
-    """y = g x / max(||x||, eps) per row; returns (y, the clamped norms (N,))."""
-    x, N, C, progs, shape, constexprs, acc = _row_plan(_scalenorm_forward, x)
-    y, norms = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=acc, device=x.device)
-    _launch(_scalenorm_forward, (progs,), x, scale, y, norms, *shape, eps, **constexprs)
-    return y, norms
+    """y = g x / max(||x||, eps) per row; returns (y, the clamped norms (N,) and the backward's ticket)."""
+    y, norms = (_NODE or _node()).gpu_scalenorm_forward(x, scale, eps)
+    return _rows(y, x), norms
 
 
 def scalenorm_backward(x, norms, grad_y, scale, eps):
     """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg
     = sum <dy, x> / n, summed by the last program in a fixed order."""
-    x, N, C, progs, shape, constexprs, acc = _row_plan(_scalenorm_backward, x)
-    gx, grad_scale = x.new_empty(N, C), torch.empty_like(scale)
-    part = torch.empty(progs, dtype=acc, device=x.device)  # a program's sum of <dy, x> / n
-    _launch(_scalenorm_backward, (progs,), x, norms, grad_y, scale, gx, part, grad_scale, norms[N:], *shape, eps,
-            **constexprs)
-    return gx, grad_scale
+    gx, grad_scale = (_NODE or _node()).gpu_scalenorm_backward(x, norms, grad_y, scale, eps)
+    return _rows(gx, x), grad_scale
 
 
 def rmsnorm_forward(x, weight, eps):
-    """y = x / sqrt(mean(x^2) + eps) * w per row; returns (y, 1 / rms (N,))."""
-    x, N, C, progs, shape, constexprs, acc = _row_plan(_rmsnorm_forward, x)
-    y, rstd = x.new_empty(N, C), torch.empty(N + ROW_TICKET, dtype=acc, device=x.device)
-    _launch(_rmsnorm_forward, (progs,), x, weight, y, rstd, *shape, eps, **constexprs)
-    return y, rstd
+    """y = x / sqrt(mean(x^2) + eps) * w per row; returns (y, 1 / rms (N,) and the backward's ticket)."""
+    y, rstd = (_NODE or _node()).gpu_rmsnorm_forward(x, weight, eps)
+    return _rows(y, x), rstd
 
 
 def rmsnorm_backward(x, rstd, grad_y, weight):
     """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, the
-    programs' sums added in a fixed order (``_sums_here``)."""
-    x, N, C, progs, shape, constexprs, acc = _row_plan(_rmsnorm_backward, x)
-    gx, grad_w = x.new_empty(N, C), torch.empty_like(weight)
-    part = torch.empty(progs, C, dtype=acc, device=x.device)  # a program's sums of dy x r
-    here = _sums_here(progs, shape)
-    _launch(_rmsnorm_backward, (progs,), x, rstd, grad_y, weight, gx, part, grad_w, rstd[N:], *shape,
-            SUM_HERE=here, **constexprs)
-    if not here:
-        _sum_columns_of(part, grad_w, None, progs, C)
-    return gx, grad_w
-
-
-def _sums_here(progs, shape) -> bool:
-    """Whether a row backward's last program adds the programs' parameter sums itself: where those (P x C)
-    are at most what each program moves (3 x its rows x C), so that it does at most twice the mean's
-    work; else a launch of their own does, over channel blocks (``_sum_columns``)."""
-    return progs <= 3 * shape[-1]
-
-
-def _sum_columns_of(part, out, out2, rows, C):
-    """``_sum_columns``: out (and out2, from the block after) the sums over ``rows`` rows of ``part``."""
-    _launch(_sum_columns, (-(-C // _FINISH_BLOCK),), part, out, _nothing(part.device) if out2 is None else out2,
-            rows, C, TWO=out2 is not None, BLOCK_R=SUM_ROWS, BLOCK=_FINISH_BLOCK, num_warps=WARPS,
-            maxnreg=registers("_sum_columns", part.dtype == torch.float64))
+    programs' sums added in a fixed order (by the last program, or ``_sum_columns``: plans.row_for_node)."""
+    gx, grad_w = (_NODE or _node()).gpu_rmsnorm_backward(x, rstd, grad_y, weight)
+    return _rows(gx, x), grad_w
 
 
 def dyt_forward(x, alpha, weight, bias):
     """y = w tanh(alpha x) + b per entry; returns (y, the backward's arrival ticket, set to 0)."""
-    x, N, C, progs, shape, constexprs, acc = _row_plan(_dyt_forward, x)
-    y, ticket = x.new_empty(N, C), torch.empty(ROW_TICKET, dtype=acc, device=x.device)
-    _launch(_dyt_forward, (progs,), x, alpha, weight, bias, y, ticket, *shape, **constexprs)
-    return y, ticket
+    y, ticket = (_NODE or _node()).gpu_dyt_forward(x, alpha, weight, bias)
+    return _rows(y, x), ticket
 
 
 def dyt_backward(x, grad_y, alpha, weight, ticket):
     """dL/dx = alpha d, d = dy w (1 - t^2), t = tanh(alpha x); dL/dalpha, dL/dw and dL/db summed by the
     last program in a fixed order."""
-    x, N, C, progs, shape, constexprs, acc = _row_plan(_dyt_backward, x)
-    gx, grad_alpha = x.new_empty(N, C), torch.empty_like(alpha)
-    grad_w, grad_b = torch.empty_like(weight), torch.empty_like(weight)
-    part = torch.empty(progs * (2 * C + 1), dtype=acc, device=x.device)  # a program's sums (the kernel's doc)
-    here = _sums_here(progs, shape)
-    _launch(_dyt_backward, (progs,), x, grad_y, alpha, weight, gx, grad_alpha, grad_w, grad_b, part, ticket, *shape,
-            SUM_HERE=here, **constexprs)
-    if not here:
-        _sum_columns_of(part, grad_w, grad_b, progs, C)
-    return gx, grad_alpha, grad_w, grad_b
+    gx, grad_alpha, grad_w, grad_b = (_NODE or _node()).gpu_dyt_backward(x, grad_y, alpha, weight, ticket)
+    return _rows(gx, x), grad_alpha, grad_w, grad_b
 
 
 contract.check(sys.modules[__name__], "triton")

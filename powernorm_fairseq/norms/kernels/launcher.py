@@ -1,35 +1,88 @@
 """How the Triton path launches a kernel: through Triton's JIT in Python,
-or through the C++ nodes' variants, which that launch gives them.
+or through the C++ passes' held variants, which that launch gives them.
 
 Triton's JIT launch (``kernel[grid](...)``, ``JITFunction.run``) binds and
 specialises every argument, hashes a cache key, checks the kernel's globals
 and builds launch metadata on every call, before its C launcher and the
 driver's launch: on this project's CPU machine, under Triton's real launch
 code and a stand-in driver (``measure/standin.py``), that was most of a norm
-step's host time. An eager step on compiled kernels is planned and launched
-by the C++ nodes (``csrc/gpu_passes.h``, ``csrc/launch.h``): the first launch
-of each variant comes here (:func:`from_node`), through the JIT, which
-compiles it (or finds it compiled), and its launch ABI, read from the
-compiled kernel (:func:`abi`), goes back to the node, which launches every
-later one itself through the driver. ``tests/test_launches.py`` launches
-every step both ways under the stand-in driver and compares what the driver
-received, byte for byte.
+step's host time. The C++ passes (``csrc/gpu_passes.h``, ``csrc/launch.h``)
+launch the first launch of each variant through here (:func:`from_node`),
+through the JIT, which compiles it (or finds it compiled), and its launch ABI,
+read from the compiled kernel (:func:`abi`), goes back to the node, which
+launches every later one itself through the driver. ``tests/test_launches.py``
+launches every step both ways under the stand-in driver and compares what the
+driver received, byte for byte.
 
-The Python passes (``gpu.py``) launch through :func:`launch`, Triton's JIT:
-under Triton's interpreter, where something watches the launches (the
-plugin's observers, ``OBSERVERS``), and with ``HOLD`` False.
+Where the launches are watched, every launch comes here, through Triton's JIT
+(:func:`watched`): under Triton's interpreter, while a launch observer
+(``OBSERVERS``) or a recorder (:func:`watching`) is on, and with the held
+launch off (``POWERNORM_HOLD=0``, read once, or :func:`hold`): the switch that
+sends every launch through Triton's own launcher.
 """
 
 import contextlib
+import os
 import re
+
+_SETTERS = []  # what to tell whether the launches are watched: each compiled module's switch
+
+
+class _Said(list):
+    """A list that says when it changes (:func:`_sync`)."""
+
+
+def _said(original):
+    def changed(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _sync()
+    return changed
+
+
+for _name in ("append", "extend", "insert", "remove", "pop", "clear", "__setitem__", "__delitem__", "__iadd__"):
+    setattr(_Said, _name, _said(getattr(list, _name)))
 
 #: what watches the launches: callables ``observer(kernel_name)``, each a
 #: context manager entered around the launch; empty unless a measuring tool
-#: (``powernorm_fairseq.measure.launches``) adds one. A step they watch runs the Python passes.
-OBSERVERS = []
-#: whether an eager step launches through the C++ nodes' held variants (False: every launch through
-#: Triton's JIT, from the Python passes, as a test compares)
-HOLD = True
+#: (``powernorm_fairseq.measure.launches``) adds one
+OBSERVERS = _Said()
+_HOLD = os.environ.get("POWERNORM_HOLD", "1").strip() != "0"
+_RECORDERS = [0]
+
+
+def watched() -> bool:
+    """Whether every launch goes through Triton's JIT (none held)."""
+    from .plans import interpreting
+
+    return interpreting() or bool(OBSERVERS) or not _HOLD or _RECORDERS[0] > 0
+
+
+def _sync():
+    on = watched()
+    for setter in _SETTERS:
+        setter(on)
+
+
+def hold(on: bool) -> None:
+    """Let the passes hold the variants Triton's JIT launched and launch them themselves (True, the
+    default), or send every launch through Triton's JIT (False: ``POWERNORM_HOLD=0``)."""
+    global _HOLD
+    _HOLD = bool(on)
+    _sync()
+
+
+@contextlib.contextmanager
+def watching():
+    """Every launch through :func:`launch` inside the block (a recorder patches it)."""
+    _RECORDERS[0] += 1
+    _sync()
+    try:
+        yield
+    finally:
+        _RECORDERS[0] -= 1
+        _sync()
 
 
 def observed(name: str):
@@ -41,12 +94,11 @@ def observed(name: str):
 
 
 def launch(kernel, grid, *args, **constexprs):
-    """``kernel[grid](*args, **constexprs)``, seen by the observers."""
+    """``kernel[grid](*args, **constexprs)``, seen by the observers; what Triton's JIT returns."""
     if OBSERVERS:
         with observed(getattr(kernel, "__name__", None) or str(kernel)):
-            kernel[grid](*args, **constexprs)
-        return
-    kernel[grid](*args, **constexprs)
+            return kernel[grid](*args, **constexprs)
+    return kernel[grid](*args, **constexprs)
 
 
 def _watched(kernel) -> bool:
@@ -68,17 +120,17 @@ def _notify():
         call()
 
 
-def watch(kernels, changed):
+def watch(kernels, changed, set_watched):
     """Call ``changed()`` whenever something Triton's JIT launch consults at each call may change, so that
     the node drops its held variants and launches through the JIT again, as Triton would: a knob set or
     reset (``triton.knobs.runtime.debug``, ``launch_enter_hook``, ``compilation.instrumentation_mode``, any
     attribute of any of Triton's knob groups), a hook added to or removed from one of Triton's hook chains
     (Proton's way), a pre-run hook of one of ``kernels``, or an environment variable the knobs read. Reading
     them at each launch instead is what the node saves; installed once, for every node."""
-    import os
-
     from triton import knobs
 
+    _SETTERS.append(set_watched)
+    set_watched(watched())
     _CHANGED.append(changed)
     if len(_CHANGED) > 1:
         return
@@ -142,7 +194,7 @@ def from_node(kernel, grid, args, constexprs, hold):
     False, one it compares: Triton's JIT launch of it. With ``hold``: the
     variant's launch ABI for the node to hold (:func:`abi`), or None where it
     cannot (a variant Triton launches in a way of its own, or one a hook watches)."""
-    compiled = kernel[grid](*args, **constexprs)
+    compiled = launch(kernel, grid, *args, **constexprs)
     if not hold or compiled is None or _watched(kernel):
         return None
     held = abi(compiled, len(args))

@@ -1,14 +1,15 @@
-"""The Triton path's plans: how each launch spreads a pass over a GPU.
+"""The Triton path's plans, the one home of their arithmetic and constants:
+how each launch spreads a pass over a GPU.
 
 A channel norm's kernel runs on a grid of (row ranges, column chunks): as
 many row programs as the multiprocessors hold at once (``PROGRAMS_PER_SM``,
 whose registers bound each variant's), and more only past ``MAX_ROWS`` rows
 each; a chunk is one group of the released code's group scaling when that is
-on. A per-row kernel's grid is its row ranges. A plan is worked out once per
-input layout and variant, in plain Python (``gpu.py``'s passes under
-Triton's interpreter or a watched launch). The C++ nodes make the same plans
-themselves (``csrc/gpu_passes.h``, from the constants bound here), and the
-tests compare their launches with these.
+on. A per-row kernel's grid is its row ranges. The passes (``csrc/gpu_passes.h``)
+ask for a plan once per kernel and input layout (``channel_for_node``,
+``row_for_node``, ``finish_for_node``) and replay it after; the ops' fake
+implementations (``ops.py``, torch.compile) read the shapes of what a pass
+returns from here too (``parts``).
 """
 
 import functools
@@ -31,9 +32,20 @@ _STAND_IN = None
 
 
 def stand_in(multiprocessors) -> None:
-    """Take CPU tensors as a device with ``multiprocessors`` would (None: as before)."""
+    """Take CPU tensors as a device with ``multiprocessors`` would (None: as before); the passes ask
+    their plans anew."""
     global _STAND_IN
     _STAND_IN = multiprocessors
+    forget()
+
+
+def forget() -> None:
+    """Have the passes ask every plan anew (what one reads changed)."""
+    for call in _FORGET:
+        call()
+
+
+_FORGET = []  # what to call when the plans change: the passes' cache (gpu.bind_node)
 
 
 def stand_in_size():
@@ -140,23 +152,6 @@ def parts(x, groups, kernel, tall):
 TICKET_ROWS, ROW_TICKET = 1, 1
 
 
-_NOTHING = {}
-
-
-def _nothing(device):
-    """A one-element placeholder for the pointer of an input a variant does not read."""
-    if device not in _NOTHING:
-        _NOTHING[device] = torch.zeros(1, device=device)
-    return _NOTHING[device]
-
-
-def _mask_args(mask, device):
-    """(pointer, batch size, sequence length) of a (B, T) padding mask (None: none), rows r = t * B + b."""
-    if mask is None:
-        return _nothing(device), 1, 1
-    return mask, mask.size(0), mask.size(1)
-
-
 def _rows(x):
     """x, (N, C) or (T, B, C), as the kernels read its rows r = t * B + b:
     (x, N, C, (B, row stride of t, row stride of b)). Rows of unit column
@@ -169,64 +164,6 @@ def _rows(x):
     if x.dim() == 3 and not x.is_contiguous():
         return x, N, C, (x.size(1), x.stride(0), x.stride(1))
     return x, N, C, (1, x.stride(0) if x.dim() == 2 else C, 0)
-
-
-_FINISH_BLOCK = 64  # columns per program of the finishing kernels
-SUM_ROWS = 8  # rows of per-program sums a finishing program adds at a time
-
-
-class _Plan:
-    """What a channel pass's launch takes besides its tensors, worked out once
-    per input layout and variant (``_PLANS``): a step then allocates its
-    outputs and launches, with no other host arithmetic."""
-
-    __slots__ = ("rows", "C", "grid", "scalars", "constexprs", "part", "scale", "dots", "nothing", "acc")
-
-
-_PLANS = {}
-#: plans kept at most (of each kind): a layout per batch shape, and batch shapes vary; past this many,
-#: the plans are made anew as the shapes come
-_KEPT_PLANS = 4096
-
-
-def _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs):
-    """The :class:`_Plan` of ``kernel`` over x's rows (``_rows``: unit column
-    stride) with padding ``mask`` (or none); ``sums``: rows of the part."""
-    x, N, C, geometry = _rows(x)
-    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, kernel, tall)
-    acc, wide = _acc(x), block_c < cw
-    m, nb, nt = _mask_args(mask, x.device)
-    plan = _Plan()
-    plan.rows, plan.C, plan.nothing, plan.acc = N, C, _nothing(x.device), acc
-    # with the part, one program more than the rows need: it has no rows, and so writes the part's last row
-    # as zeros, the first of which is the finishing kernel's ticket
-    plan.grid = (progs + int(want_part), chunks)
-    plan.scalars = (N, C, *geometry, nb, nt, per_prog, cw)
-    plan.constexprs = dict(zip(constexprs[::2], constexprs[1::2]), HAS_MASK=mask is not None, GROUPED=groups > 0,
-                           F64=acc == torch.float64, WIDE=wide, BLOCK_N=block_n, BLOCK_C=block_c,
-                           CW=0 if wide else cw, num_warps=WARPS, maxnreg=registers(kernel, acc == torch.float64))
-    plan.part = (progs + 1, sums, C) if want_part else None
-    plan.scale = (N, groups) if groups > 0 else None
-    plan.dots = (N, groups) if wide and want_rows and kernel == "_channel_backward" else None
-    return plan
-
-
-def _planned(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs):
-    """(x with unit column stride, the :class:`_Plan` of the launch over x with
-    padding ``mask`` (None: none), made on its first use); ``constexprs``: the
-    variant's, as a flat (name, value, ...) tuple. Inline tests, no helpers:
-    a step's host calls are counted (measure/host.py)."""
-    strides = x.stride()
-    if strides[-1] != 1:
-        x = x.contiguous()
-        strides = x.stride()
-    key = (kernel, x.shape, strides, x.dtype, x.device, None if mask is None else mask.shape, groups, constexprs)
-    if key in _PLANS:
-        return x, _PLANS[key]
-    if len(_PLANS) > _KEPT_PLANS:
-        _PLANS.clear()
-    plan = _PLANS[key] = _plan(kernel, x, mask, groups, tall, want_rows, want_part, sums, constexprs)
-    return x, plan
 
 
 def _row_layout(x, kernel):
@@ -242,27 +179,46 @@ def _row_layout(x, kernel):
     return block_c, block_n, per_prog, _cdiv(N, per_prog)
 
 
-_ROW_PLANS = {}  # at most _KEPT_PLANS, as _PLANS
+FINISH_BLOCK = 64  # columns per program of the finishing kernels
+SUM_ROWS = 8  # rows of per-program sums a finishing program adds at a time
 
 
-def _row_plan(kernel, x):
-    """(x with unit column stride, its rows N, programs, the launch's integer
-    arguments, its constexprs, the accumulation dtype) of per-row ``kernel`` over the rows of x
-    (``_rows``), worked out once per kernel, layout and dtype: the kernel
-    takes (x, its tensors, N, C, x's row geometry, rows per program, its scalars)."""
-    strides = x.stride()
-    if strides[-1] != 1:
-        x = x.contiguous()
-        strides = x.stride()
-    key = (kernel, x.shape, strides, x.dtype, x.device)
-    if key in _ROW_PLANS:
-        return (x, *_ROW_PLANS[key])
+def channel_for_node(kernel: str, x, mask, groups: int, tall: bool) -> tuple:
+    """The plan of channel ``kernel`` over the rows of x (unit column stride) with padding ``mask`` (None:
+    none) as the passes replay it: (N, C, row programs, column chunks, the launch's integers after its
+    tensors (N, C, x's row geometry, the mask's (B, T), rows per program, the chunk's width), the common
+    constexprs (HAS_MASK, GROUPED, F64, WIDE, BLOCK_N, BLOCK_C, CW, num_warps, maxnreg)). A group wider than
+    ``WIDEST_GROUP`` is one chunk walked in blocks of ``SUB_CHUNK`` columns (``WIDE``), its width given at
+    run time (``CW`` 0), so that one variant serves every wide group."""
     _, N, C, geometry = _rows(x)
-    block_c, block_n, per_prog, progs = _row_layout(x, kernel.__name__)
+    cw, block_c, chunks, block_n, per_prog, progs = _layout(x, groups, kernel, tall)
+    f64, wide = x.dtype == torch.float64, block_c < cw
+    nb, nt = (1, 1) if mask is None else (mask.size(0), mask.size(1))
+    return (N, C, progs, chunks, (N, C, *geometry, nb, nt, per_prog, cw),
+            (mask is not None, groups > 0, f64, wide, block_n, block_c, 0 if wide else cw, WARPS,
+             registers(kernel, f64)))
+
+
+def row_for_node(kernel: str, x) -> tuple:
+    """The plan of per-row ``kernel`` over the rows of x as the passes replay it: (N, C, programs, the
+    launch's integers (N, C, x's row geometry, rows per program), its constexprs (F64, WIDE, BLOCK_N,
+    BLOCK_C, num_warps, maxnreg), whether a backward's last program adds the programs' parameter sums
+    itself (:func:`sums_here`))."""
+    _, N, C, geometry = _rows(x)
+    block_c, block_n, per_prog, progs = _row_layout(x, kernel)
     f64 = x.dtype == torch.float64
-    if len(_ROW_PLANS) > _KEPT_PLANS:
-        _ROW_PLANS.clear()
-    plan = _ROW_PLANS[key] = (N, C, progs, (N, C, *geometry, per_prog), dict(
-        F64=f64, WIDE=block_c < C, BLOCK_N=block_n, BLOCK_C=block_c, num_warps=WARPS,
-        maxnreg=registers(kernel.__name__, f64)), _acc(x))
-    return (x, *plan)
+    return (N, C, progs, (N, C, *geometry, per_prog),
+            (f64, block_c < C, block_n, block_c, WARPS, registers(kernel, f64)), sums_here(progs, per_prog))
+
+
+def sums_here(progs: int, per_prog: int) -> bool:
+    """Whether a row backward's last program adds the programs' parameter sums itself: where those (P x C)
+    are at most what each program moves (3 x its rows x C), so that it does at most twice the mean's
+    work; else a launch of their own does, over channel blocks (``_sum_columns``)."""
+    return progs <= 3 * per_prog
+
+
+def finish_for_node(kernel: str, f64: bool) -> tuple:
+    """A finishing kernel's plan: (columns per program, its constexprs BLOCK_R, BLOCK, num_warps, maxnreg)."""
+    return FINISH_BLOCK, (SUM_ROWS, FINISH_BLOCK, WARPS, registers(kernel, f64))
+

@@ -1,17 +1,21 @@
-// The Triton path's passes in C++: gpu.py's plans and passes, call for call,
-// launching through launch.h. Each pass allocates what it writes and
-// launches; the plan (grid, rows per program, block sizes, the variant's
-// constexprs) is gpu.py's arithmetic (_layout, _plan, _row_layout), with its
-// constants as gpu.py binds them (``bind_gpu``). tests/test_launches.py runs
-// every step both ways under a stand-in driver and compares the launches.
+// The Triton path's passes in C++, the one home of each pass sequence (the
+// contract's forward, finish_stats, backward, finish_backward and the row
+// kinds' two passes), launching through launch.h. Each pass allocates what it
+// writes and launches; its plan (grid, rows per program, block sizes, the
+// variant's constexprs) is plans.py's, the one home of the plan arithmetic and
+// its constants: asked once per input layout (``Plans``) and replayed after.
 namespace gpu {
 
 using launch::Arg;
 
-// the kernels, in bind_gpu's order
+// the kernels, bound by name (``bind``)
 enum KernelId : int {
   CH_FWD, FIN_STATS, CH_BWD, FIN_BWD, SN_FWD, SN_BWD, RMS_FWD, RMS_BWD, DYT_FWD, DYT_BWD, SUM_COLS, KERNELS
 };
+const std::array<const char*, KERNELS> kKernelNames = {
+    "_channel_forward", "_finish_stats", "_channel_backward", "_finish_backward", "_scalenorm_forward",
+    "_scalenorm_backward", "_rmsnorm_forward", "_rmsnorm_backward", "_dyt_forward", "_dyt_backward",
+    "_sum_columns"};
 
 // each kernel's constexprs (and launch options), in the order the passes below give them; true: a bool
 const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
@@ -25,51 +29,96 @@ const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
   };
   static const V rows = {{"F64", true}, {"WIDE", true}, {"BLOCK_N", false}, {"BLOCK_C", false},
                          {"num_warps", false}, {"maxnreg", false}};
+  static const V finish = {{"BLOCK_R", false}, {"BLOCK", false}, {"num_warps", false}, {"maxnreg", false}};
   static const std::array<V, KERNELS> all = {
       with({{"HAS_MEAN", true}, {"INV_RUNNING", true}, {"WANT_Y", true}, {"WANT_STATS", true}, {"CENTER", true}},
            common),
-      V{{"UPDATE", false}, {"HAS_STEPS", true}, {"BLOCK_R", false}, {"BLOCK", false}, {"num_warps", false},
-        {"maxnreg", false}},
+      with({{"UPDATE", false}, {"HAS_STEPS", true}}, finish),
       with({{"HAS_MEAN", true}, {"HAS_A", true}, {"HAS_B", true}, {"CORRECT_PADS", true}, {"WANT_GX", true},
             {"WANT_SUMS", true}}, common),
-      V{{"MODE", false}, {"CENTER", true}, {"HAS_NU", true}, {"BLOCK_R", false}, {"BLOCK", false},
-        {"num_warps", false}, {"maxnreg", false}},
-      rows, rows, rows, with({{"SUM_HERE", true}}, rows), rows, with({{"SUM_HERE", true}}, rows), V{{"TWO", true}, {"BLOCK_R", false}, {"BLOCK", false}, {"num_warps", false},
-                                       {"maxnreg", false}}};
+      with({{"MODE", false}, {"CENTER", true}, {"HAS_NU", true}}, finish),
+      rows, rows, rows, with({{"SUM_HERE", true}}, rows), rows, with({{"SUM_HERE", true}}, rows),
+      with({{"TWO", true}}, finish)};
   return all[kernel];
 }
 
-// gpu.py's constants, as bound
-struct Config {
-  std::array<int64_t, KERNELS> programs_per_sm{};
-  int64_t warps = 4, warp = 32, registers_per_sm = 65536, tile = 1024, row_tile = 2048, widest_group = 1024,
-          widest_row = 2048, sub_chunk = 1024, max_rows = 1024, finish_block = 64, sum_rows = 32;
+// A channel kernel's plan (plans.channel_for_node): the grid, the integer arguments after the tensors, the
+// common constexprs
+struct ChannelPlan {
+  int64_t N, C, progs, chunks;
+  std::array<int64_t, 9> scalars;  // N, C, XB, XST, XSB, nb, nt, per_prog, cw
+  std::vector<int64_t> constexprs;  // HAS_MASK .. maxnreg
 };
 
-Config& config() {
-  static Config c;
-  return c;
+// A per-row kernel's plan (plans.row_for_node)
+struct RowPlan {
+  int64_t N, C, progs;
+  std::array<int64_t, 6> shape;  // N, C, XB, XST, XSB, per_prog
+  std::vector<int64_t> constexprs;  // F64, WIDE, BLOCK_N, BLOCK_C, num_warps, maxnreg
+  at::ScalarType acc;
+  bool sums_here;  // a backward's last program adds the programs' parameter sums itself
+};
+
+// A finishing kernel's plan (plans.finish_for_node): its programs' columns and its constexprs' tail
+struct FinishPlan {
+  int64_t block;  // columns per program
+  std::vector<int64_t> constexprs;  // BLOCK_R, BLOCK, num_warps, maxnreg
+};
+
+// The plans asked of plans.py, each once per key (kernel, the input's layout, dtype and device, what
+// else the plan reads), kept while the layouts come (at most kKeptPlans, then asked anew); emptied when
+// what they read changes (a stand-in's size: ``forget``).
+struct Plans {
+  py::object planner;  // plans.py
+  std::unordered_map<std::string, ChannelPlan> channel;
+  std::unordered_map<std::string, RowPlan> row;
+  std::unordered_map<std::string, FinishPlan> finish;
+  std::mutex lock;
+};
+
+Plans& plans() {
+  static auto* p = new Plans();  // never freed: it holds a Python object
+  return *p;
 }
 
-int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t pow2(int64_t n) { return n <= 1 ? 1 : int64_t(1) << (64 - __builtin_clzll(static_cast<uint64_t>(n - 1))); }
+constexpr size_t kKeptPlans = 4096;
 
-int64_t programs_per_sm(int kernel, bool f64) {
-  const int64_t p = config().programs_per_sm[kernel];
-  return f64 ? std::max<int64_t>(1, p / 2) : p;
+// Every plan asked anew: what plans.py reads changed (a stand-in device's size)
+void forget() {
+  auto& p = plans();
+  std::lock_guard<std::mutex> hold(p.lock);
+  p.channel.clear(), p.row.clear(), p.finish.clear();
 }
 
-// gpu.registers: the registers per thread with which programs_per_sm programs are resident at once
-int64_t registers(int kernel, bool f64) {
-  const Config& c = config();
-  return std::min<int64_t>(255, c.registers_per_sm / (programs_per_sm(kernel, f64) * c.warps * c.warp)) / 8 * 8;
+void key_add(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
+
+std::string layout_key(int kernel, const Tensor& x) {
+  std::string key;
+  key.reserve(128);
+  key_add(key, kernel), key_add(key, static_cast<int64_t>(x.scalar_type()));
+  key_add(key, x.is_cuda() ? x.device().index() : -1), key_add(key, x.dim());
+  for (int64_t d = 0; d < x.dim(); ++d) key_add(key, x.size(d)), key_add(key, x.stride(d));
+  return key;
 }
 
-// gpu._rows: (N, C, B, row stride of t, row stride of b) of x, unit column stride
-std::array<int64_t, 5> rows_of(const Tensor& x) {
-  const int64_t C = x.size(-1), N = x.numel() / C;
-  if (x.dim() == 3 && !x.is_contiguous()) return {N, C, x.size(1), x.stride(0), x.stride(1)};
-  return {N, C, 1, x.dim() == 2 ? x.stride(0) : C, 0};
+template <typename Map, typename Make>
+typename Map::mapped_type planned(Map& map, const std::string& key, Make make) {
+  auto& p = plans();
+  {
+    std::lock_guard<std::mutex> hold(p.lock);
+    auto it = map.find(key);
+    if (it != map.end()) return it->second;
+  }
+  typename Map::mapped_type made;
+  {
+    py::gil_scoped_acquire gil;
+    TORCH_CHECK(p.planner, "powernorm_fairseq: the Triton path's passes are not bound (gpu.bind_node)");
+    made = make(p.planner);
+  }
+  std::lock_guard<std::mutex> hold(p.lock);
+  if (map.size() >= kKeptPlans) map.clear();
+  map.emplace(key, made);  // (a plan another thread made first stays)
+  return made;
 }
 
 bool absent(const Tensor& t) { return !t.defined() || t.numel() == 0; }
@@ -90,30 +139,31 @@ struct Args {
   void f(double v) { list.push_back({Arg::FLOAT, nullptr, 0, 0, v}); }
 };
 
-// gpu._plan of a channel kernel: the grid, the integer arguments after the tensors, the common constexprs
-struct ChannelPlan {
-  int64_t N, C, progs, chunks;
-  std::array<int64_t, 9> scalars;  // N, C, XB, XST, XSB, nb, nt, per_prog, cw
-  std::vector<int64_t> constexprs;  // HAS_MASK .. maxnreg
-};
+ChannelPlan channel_plan(int kernel, const Tensor& x, const Tensor& mask, int64_t groups, bool tall) {
+  const bool has_mask = !absent(mask);
+  std::string key = layout_key(kernel, x);
+  key_add(key, groups), key_add(key, tall), key_add(key, has_mask ? mask.size(0) : -1);
+  key_add(key, has_mask ? mask.size(1) : -1);
+  return planned(plans().channel, key, [&](const py::object& planner) {
+    const auto t = planner.attr("channel_for_node")(kKernelNames[kernel], x, has_mask ? py::cast(mask) : py::none(),
+                                                    groups, tall).cast<py::tuple>();
+    ChannelPlan p{t[0].cast<int64_t>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(), t[3].cast<int64_t>(), {},
+                  t[5].cast<std::vector<int64_t>>()};
+    const auto scalars = t[4].cast<std::vector<int64_t>>();
+    TORCH_CHECK(scalars.size() == p.scalars.size() && p.constexprs.size() == 9, "plans.channel_for_node: ",
+                scalars.size(), " scalars and ", p.constexprs.size(), " constexprs, not 9 and 9");
+    std::copy(scalars.begin(), scalars.end(), p.scalars.begin());
+    return p;
+  });
+}
 
-ChannelPlan channel_plan(int kernel, const Tensor& x, const Tensor& mask, int64_t groups, bool tall,
-                         const launch::Target& to) {
-  const Config& c = config();
-  const auto [N, C, XB, XST, XSB] = rows_of(x);
-  const bool f64 = x.scalar_type() == at::kDouble;
-  const int64_t cw = groups > 0 ? C / groups : std::min<int64_t>(pow2(C), 128);
-  int64_t block_c = pow2(cw);
-  if (block_c > c.widest_group) block_c = c.sub_chunk;
-  const int64_t chunks = cdiv(C, cw);
-  const int64_t block_n = std::max<int64_t>(1, std::min<int64_t>(32, (tall && block_c >= cw ? 2 : 1) * c.tile / block_c));
-  const int64_t programs = programs_per_sm(kernel, f64) * launch::multiprocessors(to);
-  const int64_t progs = std::max(cdiv(programs, chunks), cdiv(N, c.max_rows));
-  const int64_t per_prog = cdiv(cdiv(N, progs), block_n) * block_n;
-  const bool wide = block_c < cw, has_mask = !absent(mask);
-  return {N, C, progs, chunks,
-          {N, C, XB, XST, XSB, has_mask ? mask.size(0) : 1, has_mask ? mask.size(1) : 1, per_prog, cw},
-          {has_mask, groups > 0, f64, wide, block_n, block_c, wide ? 0 : cw, c.warps, registers(kernel, f64)}};
+FinishPlan finish_plan(int kernel, bool f64) {
+  std::string key;
+  key_add(key, kernel), key_add(key, f64);
+  return planned(plans().finish, key, [&](const py::object& planner) {
+    const auto t = planner.attr("finish_for_node")(kKernelNames[kernel], f64).cast<py::tuple>();
+    return FinishPlan{t[0].cast<int64_t>(), t[1].cast<std::vector<int64_t>>()};
+  });
 }
 
 std::vector<int64_t> joined(std::vector<int64_t> head, const std::vector<int64_t>& tail) {
@@ -139,7 +189,7 @@ std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups,
                             bool want_stats, bool center) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const ChannelPlan p = channel_plan(CH_FWD, x, mask, groups, !want_y, to);
+  const ChannelPlan& p = channel_plan(CH_FWD, x, mask, groups, !want_y);
   const auto acc = acc_of(x);
   Tensor y = want_y ? empty(x.sizes(), x) : Tensor();  // x's shape: its rows, contiguous
   Tensor scale = groups > 0 ? empty({p.N, groups}, acc, x) : Tensor();
@@ -159,7 +209,8 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
                                  const Tensor& steps, int64_t update, double momentum, double eps, int64_t warmup) {
   const launch::Target to = launch::target_of(part);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const int64_t P = part.size(0) - 1, C = part.size(2), progs = cdiv(C, config().finish_block);
+  const FinishPlan& f = finish_plan(FIN_STATS, part.scalar_type() == at::kDouble);
+  const int64_t P = part.size(0) - 1, C = part.size(2), progs = (C + f.block - 1) / f.block;
   const auto sd = second_buf.scalar_type();
   Tensor mean = update == 0 ? empty({C}, sd, part) : Tensor();  // Update.BN
   Tensor inv = empty({C}, sd, part), inv_batch = empty({C}, sd, part), n = empty({1}, at::kDouble, part);
@@ -168,8 +219,7 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
   a.ptr(part), a.ptr_or_none(mean_buf), a.ptr(second_buf), a.ptr_or_none(steps), a.ptr_or_none(mean);
   a.ptr(inv), a.ptr(inv_batch), a.ptr(n), a.ptr(scratch), a.ptr(flags), a.ptr(part, P * 3 * C);
   a.i(P), a.i(C), a.f(momentum), a.f(eps), a.i(warmup);
-  launch::run(FIN_STATS, {progs, 1, 1}, a.list, {update, !absent(steps), config().sum_rows, config().finish_block, config().warps,
-               registers(FIN_STATS, part.scalar_type() == at::kDouble)}, to);
+  launch::run(FIN_STATS, {progs, 1, 1}, a.list, joined({update, !absent(steps)}, f.constexprs), to);
   return {mean, inv, inv_batch, n};
 }
 
@@ -180,7 +230,7 @@ std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& 
                              bool want_gx, bool want_sums) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const ChannelPlan p = channel_plan(CH_BWD, x, mask, groups, /*tall=*/false, to);  // its sums pass spills when taller
+  const ChannelPlan& p = channel_plan(CH_BWD, x, mask, groups, /*tall=*/false);  // its sums pass spills when taller
   const auto acc = acc_of(x);
   const bool wide = p.constexprs[3] != 0;
   Tensor gx = want_gx ? empty(x.sizes(), x) : Tensor();
@@ -203,7 +253,8 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
                                     double rate, int64_t kind, bool center, int64_t rows) {
   const launch::Target to = launch::target_of(part);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const int64_t P = part.size(0) - 1, C = part.size(2), progs = cdiv(C, config().finish_block);
+  const FinishPlan& f = finish_plan(FIN_BWD, part.scalar_type() == at::kDouble);
+  const int64_t P = part.size(0) - 1, C = part.size(2), progs = (C + f.block - 1) / f.block;
   const bool has_nu = !absent(nu), exact = kind == 0;  // Mode.EXACT
   const auto sd = has_nu ? nu.scalar_type() : acc_of(part);
   Tensor grad_w = empty(weight.sizes(), weight), grad_b = empty(weight.sizes(), weight);
@@ -213,45 +264,31 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
   a.ptr(part), a.ptr(weight), a.ptr(n), a.ptr_or_none(nu), a.ptr(grad_w), a.ptr(grad_b), a.ptr_or_none(A);
   a.ptr_or_none(B), a.ptr_or_none(scratch), a.ptr(flags), a.ptr(part, P * 5 * C);
   a.i(P), a.i(C), a.f(rate), a.i(rows);
-  launch::run(FIN_BWD, {progs, 1, 1}, a.list, {kind, center, has_nu, config().sum_rows, config().finish_block, config().warps,
-               registers(FIN_BWD, part.scalar_type() == at::kDouble)}, to);
+  launch::run(FIN_BWD, {progs, 1, 1}, a.list, joined({kind, center, has_nu}, f.constexprs), to);
   return {grad_w, grad_b, A, B};
 }
 
-// gpu._row_plan of a per-row kernel
-struct RowPlan {
-  int64_t N, C, progs;
-  std::array<int64_t, 6> shape;  // N, C, XB, XST, XSB, per_prog
-  std::vector<int64_t> constexprs;  // F64, WIDE, BLOCK_N, BLOCK_C, num_warps, maxnreg
-  at::ScalarType acc;
-};
-
-RowPlan row_plan(int kernel, const Tensor& x, const launch::Target& to) {
-  const Config& c = config();
-  const auto [N, C, XB, XST, XSB] = rows_of(x);
-  const bool f64 = x.scalar_type() == at::kDouble;
-  int64_t block_c = pow2(C);
-  if (block_c > c.widest_row) block_c = c.sub_chunk;
-  const int64_t block_n = std::max<int64_t>(1, std::min<int64_t>(32, c.row_tile / block_c));
-  const int64_t programs = programs_per_sm(kernel, f64) * launch::multiprocessors(to);
-  const int64_t progs = std::max<int64_t>(1, std::min(cdiv(N, block_n), std::max(programs, cdiv(N, c.max_rows))));
-  const int64_t per_prog = cdiv(cdiv(N, progs), block_n) * block_n;
-  return {N, C, cdiv(N, per_prog), {N, C, XB, XST, XSB, per_prog},
-          {f64, block_c < C, block_n, block_c, c.warps, registers(kernel, f64)}, acc_of(x)};
+RowPlan row_plan(int kernel, const Tensor& x) {
+  return planned(plans().row, layout_key(kernel, x), [&](const py::object& planner) {
+    const auto t = planner.attr("row_for_node")(kKernelNames[kernel], x).cast<py::tuple>();
+    RowPlan p{t[0].cast<int64_t>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(), {},
+              t[4].cast<std::vector<int64_t>>(), acc_of(x), t[5].cast<bool>()};
+    const auto shape = t[3].cast<std::vector<int64_t>>();
+    TORCH_CHECK(shape.size() == p.shape.size() && p.constexprs.size() == 6, "plans.row_for_node: ", shape.size(),
+                " integers and ", p.constexprs.size(), " constexprs, not 6 and 6");
+    std::copy(shape.begin(), shape.end(), p.shape.begin());
+    return p;
+  });
 }
 
 // gpu._sum_columns_of: out (and out2, from the block after) the sums over ``rows`` rows of part's (rows, C) block
 void sum_columns(const Tensor& part, const Tensor& out, const Tensor& out2, int64_t rows, int64_t C,
                  const launch::Target& to) {
+  const FinishPlan& f = finish_plan(SUM_COLS, part.scalar_type() == at::kDouble);
   Args a{to};
   a.ptr(part), a.ptr(out), a.ptr_or_none(out2), a.i(rows), a.i(C);
-  launch::run(SUM_COLS, {cdiv(C, config().finish_block), 1, 1}, a.list,
-              {!absent(out2), config().sum_rows, config().finish_block, config().warps,
-               registers(SUM_COLS, part.scalar_type() == at::kDouble)}, to);
+  launch::run(SUM_COLS, {(C + f.block - 1) / f.block, 1, 1}, a.list, joined({!absent(out2)}, f.constexprs), to);
 }
-
-// gpu._sums_here: whether a row backward's last program adds the programs' parameter sums itself
-bool sums_here(const RowPlan& p) { return p.progs <= 3 * p.shape[5]; }
 
 // the launch of a row kernel: its tensors, then the plan's integers and any scalar (and SUM_HERE's value)
 void run_rows(int kernel, const RowPlan& p, const launch::Target& to, Args& a, std::optional<double> scalar,
@@ -265,7 +302,7 @@ void run_rows(int kernel, const RowPlan& p, const launch::Target& to, Args& a, s
 std::vector<Tensor> statistic_forward(int kernel, const Tensor& x, const Tensor& param, double eps) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const RowPlan p = row_plan(kernel, x, to);
+  const RowPlan& p = row_plan(kernel, x);
   Tensor y = empty(x.sizes(), x), statistic = empty({p.N + 1}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(param), a.ptr(y), a.ptr(statistic);
@@ -281,7 +318,7 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
                                        const Tensor& scale, double eps) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const RowPlan p = row_plan(SN_BWD, x, to);
+  const RowPlan& p = row_plan(SN_BWD, x);
   Tensor gx = empty(x.sizes(), x), grad_scale = empty(scale.sizes(), scale);
   Tensor part = empty({p.progs}, p.acc, x);
   Args a{to};
@@ -299,12 +336,12 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
                                      const Tensor& weight) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const RowPlan p = row_plan(RMS_BWD, x, to);
+  const RowPlan& p = row_plan(RMS_BWD, x);
   Tensor gx = empty(x.sizes(), x), grad_w = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs, p.C}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(rstd), a.ptr(grad_y), a.ptr(weight), a.ptr(gx), a.ptr(part), a.ptr(grad_w), a.ptr(rstd, p.N);
-  const bool here = sums_here(p);
+  const bool here = p.sums_here;
   run_rows(RMS_BWD, p, to, a, std::nullopt, here);
   if (!here) sum_columns(part, grad_w, Tensor(), p.progs, p.C, to);
   return {gx, grad_w};
@@ -313,7 +350,7 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
 std::vector<Tensor> dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const RowPlan p = row_plan(DYT_FWD, x, to);
+  const RowPlan& p = row_plan(DYT_FWD, x);
   Tensor y = empty(x.sizes(), x), ticket = empty({1}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(alpha), a.ptr(weight), a.ptr(bias), a.ptr(y), a.ptr(ticket);
@@ -325,55 +362,38 @@ std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Te
                                  const Tensor& ticket) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
-  const RowPlan p = row_plan(DYT_BWD, x, to);
+  const RowPlan& p = row_plan(DYT_BWD, x);
   Tensor gx = empty(x.sizes(), x), grad_alpha = empty(alpha.sizes(), alpha);
   Tensor grad_w = empty(weight.sizes(), weight), grad_b = empty(weight.sizes(), weight);
   Tensor part = empty({p.progs * (2 * p.C + 1)}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(grad_y), a.ptr(alpha), a.ptr(weight), a.ptr(gx), a.ptr(grad_alpha), a.ptr(grad_w), a.ptr(grad_b);
   a.ptr(part), a.ptr(ticket);
-  const bool here = sums_here(p);
+  const bool here = p.sums_here;
   run_rows(DYT_BWD, p, to, a, std::nullopt, here);
   if (!here) sum_columns(part, grad_w, grad_b, p.progs, p.C, to);
   return {gx, grad_alpha, grad_w, grad_b};
 }
 
-// Bind gpu.py's kernels (in KernelId's order), its constants and launcher.from_node; checks each
-// kernel's constexprs here against its own parameters.
-void bind(const py::list& kernels, const py::dict& constants, py::object from_node) {
-  TORCH_CHECK(kernels.size() == KERNELS, "bind_gpu: ", KERNELS, " kernels, not ", kernels.size());
-  Config c;
-  for (const auto& item : constants) {
-    const auto name = item.first.cast<std::string>();
-    if (name == "programs_per_sm") {
-      const auto v = item.second.cast<std::vector<int64_t>>();
-      TORCH_CHECK(v.size() == KERNELS, "bind_gpu: programs_per_sm of ", KERNELS, " kernels");
-      std::copy(v.begin(), v.end(), c.programs_per_sm.begin());
-      continue;
-    }
-    const int64_t v = item.second.cast<int64_t>();
-    if (name == "warps") c.warps = v;
-    else if (name == "warp") c.warp = v;
-    else if (name == "registers_per_sm") c.registers_per_sm = v;
-    else if (name == "tile") c.tile = v;
-    else if (name == "row_tile") c.row_tile = v;
-    else if (name == "widest_group") c.widest_group = v;
-    else if (name == "widest_row") c.widest_row = v;
-    else if (name == "sub_chunk") c.sub_chunk = v;
-    else if (name == "sum_rows") c.sum_rows = v;
-    else if (name == "max_rows") c.max_rows = v;
-    else if (name == "finish_block") c.finish_block = v;
-    else TORCH_CHECK(false, "bind_gpu: no constant ", name);
-  }
+// Bind gpu.py's kernels by name ({name: (JIT function, its parameters as (name, is a constexpr,
+// do_not_specialize))}: each of kKernelNames, no other), plans.py as the
+// planner and launcher.from_node; checks each kernel's constexprs here against its own parameters.
+void bind(const py::dict& kernels, py::object planner, py::object from_node) {
+  std::set<std::string> given_names;
+  for (const auto& item : kernels) given_names.insert(item.first.cast<std::string>());
+  for (const char* name : kKernelNames)
+    TORCH_CHECK(given_names.erase(name), "bind_gpu: no kernel ", name, " (gpu.py binds ", KERNELS, " by name)");
+  TORCH_CHECK(given_names.empty(), "bind_gpu: no kernel of the passes is named ", *given_names.begin());
   auto& r = launch::registry();
   std::vector<launch::Kernel> bound;
   for (int i = 0; i < KERNELS; ++i) {
-    py::object k = kernels[i];
-    launch::Kernel kernel{k, k.attr("__name__").cast<std::string>(), {}, constexprs_of(i)};
+    const auto given_kernel = kernels[kKernelNames[i]].cast<py::tuple>();  // (JIT function, its parameters)
+    launch::Kernel kernel{given_kernel[0], kKernelNames[i], {}, constexprs_of(i)};
     std::set<std::string> constexpr_params{"num_warps", "maxnreg"};
-    for (const auto& param : k.attr("params")) {
-      if (param.attr("is_constexpr").cast<bool>()) constexpr_params.insert(param.attr("name").cast<std::string>());
-      else kernel.fixed.push_back(param.attr("do_not_specialize").cast<bool>());
+    for (const auto& param : given_kernel[1]) {  // (name, is a constexpr, do_not_specialize)
+      const auto t = param.cast<py::tuple>();
+      if (t[1].cast<bool>()) constexpr_params.insert(t[0].cast<std::string>());
+      else kernel.fixed.push_back(t[2].cast<bool>());
     }
     std::set<std::string> given{"num_warps", "maxnreg"};  // the launch options, which every kernel takes
     for (const auto& [name, is_bool] : kernel.constexprs) given.insert(name);
@@ -381,8 +401,9 @@ void bind(const py::list& kernels, const py::dict& constants, py::object from_no
                 " other constexprs than the kernel's own");
     bound.push_back(std::move(kernel));
   }
+  forget();
   std::lock_guard<std::mutex> hold(r.lock);
-  config() = c;
+  plans().planner = std::move(planner);
   r.kernels = std::move(bound);
   r.from_node = std::move(from_node);
   r.held.clear();

@@ -1,5 +1,5 @@
 // The norms' compiled module (kernels._C): the CPU kernels of the contract
-// (powernorm_fairseq/norms/kernels/contract.py), the Triton path's plans and
+// (powernorm_fairseq/norms/kernels/contract.py), the Triton path's passes and
 // driver launches, and the training steps as autograd nodes, one file each,
 // included here into one translation unit. The math is documented beside
 // the Python callers in powernorm_fairseq/norms/kernels/functions.py.
@@ -39,7 +39,7 @@ namespace py = pybind11;
 #include "cpu_channel.h"  // the CPU kernels of BN, PN-V and PN
 #include "cpu_rows.h"     // the CPU kernels of ScaleNorm, RMSNorm and DyT
 #include "launch.h"       // the driver launcher of the Triton kernels
-#include "gpu_passes.h"   // the Triton path's plans and passes
+#include "gpu_passes.h"   // the Triton path's passes (their plans: plans.py)
 #include "steps.h"        // the training steps as autograd nodes
 
 #ifndef POWERNORM_SOURCE  // set by setup.py's build: which version of this file the module was built from
@@ -74,13 +74,31 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("rate"), arg("bound_as") = -1);
   m.def("row_step", &row_step, arg("kind"), arg("x"), arg("p0"), arg("p1"), arg("p2"), arg("eps"),
         arg("bound_as") = -1);
-  m.def("bind_passes", &bind_passes, arg("forward"), arg("finish_stats"), arg("backward"), arg("finish_backward"),
-        arg("scalenorm_forward"), arg("scalenorm_backward"), arg("rmsnorm_forward"), arg("rmsnorm_backward"),
-        arg("dyt_forward"), arg("dyt_backward"));
-  m.def("bind_gpu", [](const py::list& kernels, const py::dict& constants, py::object from_node) {
-    gpu::bind(kernels, constants, std::move(from_node));
+  m.def("bind_gpu", [](const py::dict& kernels, py::object planner, py::object from_node) {
+    gpu::bind(kernels, std::move(planner), std::move(from_node));
     return GPU;
-  }, arg("kernels"), arg("constants"), arg("from_node"));
+  }, arg("kernels"), arg("planner"), arg("from_node"));
+  m.def("watch_launches", [](bool on) { launch::registry().watched = on; }, arg("on"));
+  m.def("forget_plans", &gpu::forget);
+  // the Triton path's passes, for the ops (ops.py's triton implementation, gpu.py): absent tensors empty,
+  // absent results None
+  m.def("gpu_forward", &gpu::forward, arg("x"), arg("mask"), arg("groups"), arg("gs_eps"), arg("mean"), arg("inv"),
+        arg("inv_eps"), arg("weight"), arg("bias"), arg("want_y"), arg("want_stats"), arg("center"));
+  m.def("gpu_finish_stats", &gpu::finish_stats, arg("part"), arg("mean_buf"), arg("second_buf"), arg("steps"),
+        arg("update"), arg("momentum"), arg("eps"), arg("warmup"));
+  m.def("gpu_backward", &gpu::backward, arg("x"), arg("mask"), arg("scale"), arg("grad_y"), arg("weight"),
+        arg("mean"), arg("inv_fwd"), arg("inv_bwd"), arg("A"), arg("B"), arg("b_scale"), arg("groups"),
+        arg("correct_pads"), arg("want_gx"), arg("want_sums"));
+  m.def("gpu_finish_backward", &gpu::finish_backward, arg("part"), arg("weight"), arg("n"), arg("nu"), arg("rate"),
+        arg("kind"), arg("center"), arg("rows"));
+  m.def("gpu_scalenorm_forward", &gpu::scalenorm_forward, arg("x"), arg("scale"), arg("eps"));
+  m.def("gpu_scalenorm_backward", &gpu::scalenorm_backward, arg("x"), arg("norms"), arg("grad_y"), arg("scale"),
+        arg("eps"));
+  m.def("gpu_rmsnorm_forward", &gpu::rmsnorm_forward, arg("x"), arg("weight"), arg("eps"));
+  m.def("gpu_rmsnorm_backward", &gpu::rmsnorm_backward, arg("x"), arg("rstd"), arg("grad_y"), arg("weight"));
+  m.def("gpu_dyt_forward", &gpu::dyt_forward, arg("x"), arg("alpha"), arg("weight"), arg("bias"));
+  m.def("gpu_dyt_backward", &gpu::dyt_backward, arg("x"), arg("grad_y"), arg("alpha"), arg("weight"),
+        arg("ticket"));
   m.def("observed", &observed, arg("values"));
   m.def("compare_launches", [](bool on) { launch::registry().compare = on; }, arg("on"));
   m.def("triton_changed", &launch::triton_changed);

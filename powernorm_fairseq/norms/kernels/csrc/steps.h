@@ -1,6 +1,6 @@
 // The training steps as C++ autograd nodes: ChannelStep (BN, PN-V, PN) and
-// RowStep (ScaleNorm, RMSNorm, DyT), on the CPU kernels, the Triton path's
-// C++ passes (gpu_passes.h) or a backend's Python passes bound once.
+// RowStep (ScaleNorm, RMSNorm, DyT), on the CPU kernels or the Triton path's
+// passes (gpu_passes.h).
 namespace {
 
 // An empty tensor standing for an absent one: from the allocator, without a dispatcher round trip
@@ -18,39 +18,17 @@ Tensor shaped(const Tensor& rows, const Tensor& x) { return rows.sizes() == x.si
 // code between the kernels took longer than the kernels of a small layer.)
 // Not under --norm-sync, whose all-reduces run between the calls.
 //
-// The passes are this file's kernels, or another backend's, bound once from
-// Python (``bind_passes``: gpu.py's DIRECT, absent tensors None both ways):
-// the Triton kernels' host code then runs between the same calls, and the
-// step has no autograd code in Python.
+// The passes are this file's CPU kernels (``bound_as`` -1) or the Triton
+// path's (gpu_passes.h, ``GPU``), once bind_gpu has bound its kernels.
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// bound_as of the Triton path's passes in C++ (gpu_passes.h), once bind_gpu has bound its kernels
 constexpr int64_t GPU = -2;
 
-// the bound backends' passes, in bind_passes' order: the four channel passes (ChannelStep's), then each
-// row norm's forward and backward (RowStep's, from ROWS on). Never freed: these are Python objects, and a
-// static's destructor could run after the interpreter is gone.
-constexpr size_t ROWS = 4;
-using Bound = std::array<py::object, ROWS + 6>;
-std::vector<Bound>& bound() {
-  static auto* passes = new std::vector<Bound>();
-  return *passes;
-}
-
-int64_t bind_passes(py::object forward, py::object finish_stats, py::object backward, py::object finish_backward,
-                    py::object scalenorm_forward, py::object scalenorm_backward, py::object rmsnorm_forward,
-                    py::object rmsnorm_backward, py::object dyt_forward, py::object dyt_backward) {
-  bound().push_back({forward, finish_stats, backward, finish_backward, scalenorm_forward, scalenorm_backward,
-                     rmsnorm_forward, rmsnorm_backward, dyt_forward, dyt_backward});
-  return static_cast<int64_t>(bound().size()) - 1;
-}
-
-// -1 (this file's kernels) or an index bind_passes gave
+// -1 (the CPU kernels) or GPU
 void check_bound(int64_t bound_as) {
-  TORCH_CHECK((bound_as >= -1 || (bound_as == GPU && !launch::registry().kernels.empty())) &&
-                  bound_as < static_cast<int64_t>(bound().size()),
-              "no passes bound as ", bound_as);
+  TORCH_CHECK(bound_as == -1 || (bound_as == GPU && !launch::registry().kernels.empty()), "no passes bound as ",
+              bound_as);
 }
 
 // the C++ passes' results, absent ones (undefined) as `none`
@@ -60,17 +38,7 @@ std::vector<Tensor> filled(std::vector<Tensor> results, const Tensor& none) {
   return results;
 }
 
-// an absent tensor (empty here) as the bound passes take it, None
-py::object given(const Tensor& t) { return t.numel() ? py::cast(t) : py::none(); }
-
-// the bound passes' results, None as `none`
-std::vector<Tensor> taken(const py::handle& results, const Tensor& none) {
-  std::vector<Tensor> out;
-  for (const auto& r : results) out.push_back(r.is_none() ? none : r.cast<Tensor>());
-  return out;
-}
-
-// The contract's four channel passes, this file's (-1) or bound ones (their index).
+// The contract's four channel passes, the CPU kernels' or the Triton path's.
 struct Passes {
   int64_t bound_as;
   Tensor none;
@@ -81,11 +49,7 @@ struct Passes {
     if (bound_as == GPU)
       return filled(gpu::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats,
                                  center), none);
-    if (bound_as < 0)
-      return ::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center);
-    py::gil_scoped_acquire gil;
-    return taken(bound()[bound_as][0](x, given(mask), groups, gs_eps, given(mean), given(inv), inv_eps,
-                                      given(weight), given(bias), want_y, want_stats, center), none);
+    return ::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center);
   }
 
   std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
@@ -93,10 +57,7 @@ struct Passes {
                                    int64_t warmup) const {
     if (bound_as == GPU)
       return filled(gpu::finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup), none);
-    if (bound_as < 0) return ::finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
-    py::gil_scoped_acquire gil;
-    return taken(bound()[bound_as][1](part, given(mean_buf), second_buf, given(steps), update, momentum, eps,
-                                      warmup), none);
+    return ::finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
   }
 
   std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& grad_y,
@@ -106,21 +67,14 @@ struct Passes {
     if (bound_as == GPU)
       return filled(gpu::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
                                   correct_pads, want_gx, want_sums), none);
-    if (bound_as < 0)
-      return ::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
-                        correct_pads, want_gx, want_sums);
-    py::gil_scoped_acquire gil;
-    return taken(bound()[bound_as][2](x, given(mask), given(scale), grad_y, weight, given(mean), inv_fwd,
-                                      given(inv_bwd), given(A), given(B), b_scale, groups, correct_pads, want_gx,
-                                      want_sums), none);
+    return ::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
+                      want_gx, want_sums);
   }
 
   std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n, const Tensor& nu,
                                       double rate, int64_t kind, bool center, int64_t rows) const {
     if (bound_as == GPU) return filled(gpu::finish_backward(part, weight, n, nu, rate, kind, center, rows), none);
-    if (bound_as < 0) return ::finish_backward(part, weight, n, nu, rate, kind, center, rows);
-    py::gil_scoped_acquire gil;
-    return taken(bound()[bound_as][3](part, weight, n, given(nu), rate, kind, center, rows), none);
+    return ::finish_backward(part, weight, n, nu, rate, kind, center, rows);
   }
 };
 
@@ -229,8 +183,7 @@ variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, c
 
 // The per-row and per-entry norms (ScaleNorm, RMSNorm, DyT) as one autograd
 // node each way, as ChannelStep is for the channel norms: the contract's two
-// calls of functions.py's FusedScaleNorm, FusedRMSNorm and FusedDyT, on this
-// file's kernels or a bound backend's (``bind_passes``).
+// calls of functions.py's FusedRowNorm, on the CPU kernels or the Triton path's.
 enum RowKind : int64_t { SCALENORM = 0, RMSNORM = 1, DYT = 2 };
 
 // {y, the statistic the backward reads}: ScaleNorm's p = (g), RMSNorm's (weight), DyT's (alpha, weight, bias)
@@ -240,11 +193,6 @@ std::vector<Tensor> row_forward(int64_t kind, const Tensor& x, const Tensor& p0,
     return kind == SCALENORM ? gpu::scalenorm_forward(x, p0, eps)
            : kind == RMSNORM ? gpu::rmsnorm_forward(x, p0, eps)
                              : gpu::dyt_forward(x, p0, p1, p2);
-  if (bound_as >= 0) {
-    py::gil_scoped_acquire gil;
-    const py::object& f = bound()[bound_as][ROWS + 2 * kind];
-    return taken(kind == DYT ? f(x, p0, p1, p2) : f(x, p0, eps), Tensor());
-  }
   return kind == SCALENORM ? scalenorm_forward(x, p0, eps)
          : kind == RMSNORM ? rmsnorm_forward(x, p0, eps)
                            : dyt_forward(x, p0, p1, p2);
@@ -257,13 +205,6 @@ std::vector<Tensor> row_backward(int64_t kind, const Tensor& x, const Tensor& st
     return kind == SCALENORM ? gpu::scalenorm_backward(x, stat, gy, p0, eps)
            : kind == RMSNORM ? gpu::rmsnorm_backward(x, stat, gy, p0)
                              : gpu::dyt_backward(x, gy, p0, p1, stat);
-  if (bound_as >= 0) {
-    py::gil_scoped_acquire gil;
-    const py::object& f = bound()[bound_as][ROWS + 2 * kind + 1];
-    return taken(kind == SCALENORM ? f(x, stat, gy, p0, eps)
-                 : kind == RMSNORM ? f(x, stat, gy, p0)
-                                   : f(x, gy, p0, p1, stat), Tensor());
-  }
   return kind == SCALENORM ? scalenorm_backward(x, stat, gy, p0, eps)
          : kind == RMSNORM ? rmsnorm_backward(x, stat, gy, p0)
                            : dyt_backward(x, gy, p0, p1, stat);
