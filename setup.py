@@ -24,7 +24,7 @@ def cpu_kernels():
         print("setup.py: torch is not importable here (pip's build isolation?): the CPU kernels will "
               "be built on first use; install with --no-build-isolation to build them now", file=sys.stderr)
         return {}, []
-    digest = hashlib.sha256()  # of every file of the source, as cpu.source_digest reads it
+    digest = hashlib.sha256()  # of every file of the source, as compiled.source_digest reads it
     for name in sorted(os.listdir(CSRC)):
         digest.update(name.encode() + b"\0" + open(os.path.join(CSRC, name), "rb").read())
     source = digest.hexdigest()[:12]

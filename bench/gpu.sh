@@ -45,8 +45,8 @@ trap collect EXIT
 step 240 setup bash .gpu/setup.sh
 . .gpu/env.sh
 export TRITON_INTERPRET=0
-# the C++ autograd nodes that drive the Triton passes (kernels/cpu.py builds them here, once: about a minute)
-step 120 build python -c "from powernorm_fairseq.norms.kernels import cpu; assert cpu.load(), cpu.failure"
+# the C++ autograd nodes that drive the Triton passes (kernels/compiled.py builds them here, once: about a minute)
+step 120 build python -c "from powernorm_fairseq.norms.kernels import compiled; assert compiled.load(), compiled.failure"
 step 120 tests python -m pytest -q -p no:cacheprovider tests/test_kernels.py -k cuda
 step 150 layers python bench/run.py --device cuda --sections layers
 step 90 device python bench/run.py --device cuda --sections device

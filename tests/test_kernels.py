@@ -425,8 +425,8 @@ def test_pn_step_counter_is_read_again_after_a_load(backend):
 JIT = {**os.environ, "POWERNORM_JIT": "1"}
 #: an unoptimised build: these tests are of the build's lock and directory, not its code (-O3: 45 s, -O0: 14 s)
 QUICK_CFLAGS = ["-O0", "-fopenmp"]
-QUICK = f"from powernorm_fairseq.norms.kernels import cpu\ncpu.JIT_CFLAGS = {QUICK_CFLAGS!r}\n"
-LOAD = QUICK + "assert cpu.available(), cpu.failure\nprint('loaded')\n"
+QUICK = f"from powernorm_fairseq.norms.kernels import compiled, cpu\ncompiled.JIT_CFLAGS = {QUICK_CFLAGS!r}\n"
+LOAD = QUICK + "assert cpu.available(), compiled.failure\nprint('loaded')\n"
 
 
 @pytest.mark.slow
@@ -434,9 +434,9 @@ def test_the_kernels_pip_install_built_load_without_a_build(tmp_path):
     """setup.py builds the kernels (kernels._C) at install: a run uses them and builds nothing."""
     fresh = tmp_path / "torch_extensions"
     run = ("import torch\nfrom powernorm_fairseq.norms import build_norm, kernels\n"
-           "from powernorm_fairseq.norms.kernels import cpu\n"
+           "from powernorm_fairseq.norms.kernels import compiled\n"
            "build_norm('pn', 8).train()(torch.randn(3, 2, 8)).sum().backward()\n"
-           "print(kernels.describe(torch.randn(1)), cpu.load().__name__)\n")
+           "print(kernels.describe(torch.randn(1)), compiled.load().__name__)\n")
     proc = _python(run, timeout=120, TORCH_EXTENSIONS_DIR=str(fresh))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["cpu", "powernorm_fairseq.norms.kernels._C"]
@@ -453,9 +453,9 @@ def test_a_fresh_pip_install_runs_on_the_kernels_it_built(tmp_path):
     assert install.returncode == 0, install.stderr[-3000:]
     assert list((target / "powernorm_fairseq" / "norms" / "kernels").glob("_C*.so"))
     run = ("import torch, powernorm_fairseq\nfrom powernorm_fairseq.norms import build_norm\n"
-           "from powernorm_fairseq.norms.kernels import cpu\n"
+           "from powernorm_fairseq.norms.kernels import compiled\n"
            "build_norm('bn', 8).train()(torch.randn(3, 2, 8)).sum().backward()\n"
-           "print(powernorm_fairseq.__file__, cpu.load().__name__)\n")
+           "print(powernorm_fairseq.__file__, compiled.load().__name__)\n")
     proc = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(target), "TORCH_EXTENSIONS_DIR": str(fresh)})
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -466,28 +466,28 @@ def test_a_fresh_pip_install_runs_on_the_kernels_it_built(tmp_path):
 
 @pytest.mark.fast
 def test_installed_kernels_of_another_source_are_not_used(monkeypatch, caplog):
-    from powernorm_fairseq.norms.kernels import cpu
+    from powernorm_fairseq.norms.kernels import compiled
 
     backend_or_fail("cpu")
-    assert cpu.installed() is not None  # scripts/setup.sh built them
-    monkeypatch.setattr(cpu, "source_digest", lambda: "srcanother")
+    assert compiled.installed() is not None  # scripts/setup.sh built them
+    monkeypatch.setattr(compiled, "source_digest", lambda: "srcanother")
     with caplog.at_level("INFO"):
-        assert cpu.installed() is None
+        assert compiled.installed() is None
     assert "built from another csrc/" in caplog.text
     monkeypatch.undo()
     monkeypatch.setenv("POWERNORM_JIT", "1")  # asks for a build for this machine
-    assert cpu.installed() is None
+    assert compiled.installed() is None
 
 
 def fresh_build_directory(root, monkeypatch):
     """(a JIT environment with its extensions directory under ``root``, the
     kernels' build directory there, made), for this process and its children,
     whose builds are unoptimised (their code strings start with QUICK)."""
-    from powernorm_fairseq.norms.kernels import cpu
+    from powernorm_fairseq.norms.kernels import compiled
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
-    monkeypatch.setattr(cpu, "JIT_CFLAGS", QUICK_CFLAGS)
-    build = cpu.build_directory()
+    monkeypatch.setattr(compiled, "JIT_CFLAGS", QUICK_CFLAGS)
+    build = compiled.build_directory()
     build.mkdir(parents=True)
     return {**JIT, "TORCH_EXTENSIONS_DIR": str(root)}, build
 
@@ -586,24 +586,24 @@ def test_every_backend_keeps_the_contract():
     import re
     import types
 
-    from powernorm_fairseq.norms.kernels import contract, cpu, plain
+    from powernorm_fairseq.norms.kernels import compiled, contract, plain
 
     backend_or_fail("cpu")
-    contract.check(cpu.load(), "compiled cpu")
+    contract.check(compiled.load(), "compiled cpu")
     contract.check(gpu, "triton")
     contract.check(plain, "plain")
-    source = (Path(cpu.__file__).parent / "csrc" / "cpu_channel.h").read_text()
+    source = (Path(compiled.__file__).parent / "csrc" / "cpu_channel.h").read_text()
     for enum in (contract.Update, contract.Mode):
         body = re.search(rf"enum {enum.__name__} : int64_t {{(.*?)}};", source).group(1)
         names = {n.strip(): int(v) for n, v in (item.split("=") for item in body.split(","))}
         assert names == {("REFERENCE_RUN" if m.name == "REFERENCE" and enum is contract.Update else m.name): m.value
                          for m in enum}
-    typed = types.SimpleNamespace(**{name: getattr(cpu.load(), name) for name in contract.CONTRACT})
-    typed.finish_stats = type("Compiled", (), {"__doc__": cpu.load().finish_stats.__doc__.replace(
+    typed = types.SimpleNamespace(**{name: getattr(compiled.load(), name) for name in contract.CONTRACT})
+    typed.finish_stats = type("Compiled", (), {"__doc__": compiled.load().finish_stats.__doc__.replace(
         "update: typing.SupportsInt | typing.SupportsIndex", "update: str").replace("update: int", "update: str")})()
     with pytest.raises(TypeError, match=r"the typed kernels' finish_stats takes types .*'str'.* the contract"):
         contract.check(typed, "typed")
-    assert contract.argument_names(cpu.load().backward) == contract.CONTRACT["backward"]
+    assert contract.argument_names(compiled.load().backward) == contract.CONTRACT["backward"]
     drifted = types.SimpleNamespace(**{name: getattr(plain, name) for name in contract.CONTRACT})
     drifted.backward = lambda x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, B, A, b_scale, groups, \
         correct_pads, want_gx, want_sums: None  # A and B swapped

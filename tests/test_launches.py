@@ -128,8 +128,8 @@ def test_torch_compile_traces_every_norm_without_a_graph_break(kind, backend, mo
         for options in ({}, {"warmup_updates": 5}) if kind == "pn" else ({},):
             norm = build_norm(kind, C, **options).train(training)
             torch._dynamo.reset()
-            monkeypatch.setattr(kernels.cpu, "_module", None)
-            monkeypatch.setattr(kernels.cpu, "NODE", None)
+            monkeypatch.setattr(kernels.compiled, "_module", None)
+            monkeypatch.setattr(kernels.compiled, "NODE", None)
             with kernels.use(backend):
                 explained = torch._dynamo.explain(norm)(x, pad)
             assert explained.graph_break_count == 0, (training, options, explained.break_reasons)
@@ -284,7 +284,7 @@ def test_the_ops_are_called_directly_only_where_nothing_observes_them(test):
     function mode, the profiler, functorch, the JIT tracer, a tensor subclass."""
     if test == "compiled":
         backend_or_fail("cpu")
-        observed = lambda values: kernels.cpu.load().observed(tuple(values))  # noqa: E731
+        observed = lambda values: kernels.compiled.load().observed(tuple(values))  # noqa: E731
     else:
         observed = ops.observed
     x = torch.ones(2)
@@ -394,10 +394,10 @@ os.environ["TRITON_INTERPRET"] = "0"
 import torch
 from powernorm_fairseq.measure import launches, standin
 from powernorm_fairseq.norms import build_norm, kernels
-from powernorm_fairseq.norms.kernels import cpu, launcher
+from powernorm_fairseq.norms.kernels import compiled, launcher
 
 standin.activate()
-node = cpu.load()
+node = compiled.load()
 
 
 def recorded(run):
@@ -528,9 +528,9 @@ def test_a_grid_beyond_a_32_bit_int_is_refused_as_triton_s_launcher_refuses_it()
     """Every launch of the nodes (held or through the JIT) checks its grid first (csrc/launch.h's
     ``check_grid``); Triton's launcher parses each dimension as a C int. No step of a size that fits in
     memory reaches it (a channel grid's programs size a buffer each), so it is called here directly."""
-    from powernorm_fairseq.norms.kernels import cpu
+    from powernorm_fairseq.norms.kernels import compiled
 
-    node = backend_or_fail("cpu") and cpu.load()
+    node = backend_or_fail("cpu") and compiled.load()
     node.check_grid("k", (2 ** 31 - 1, 65535, 1))
     for grid in ((2 ** 31, 1, 1), (1, 2 ** 32 + 1, 1), (1, 1, -1)):
         with pytest.raises(RuntimeError, match=r"powernorm_fairseq: k: grid dimension \d is -?\d+, beyond a 32-bit "
@@ -568,10 +568,10 @@ os.environ["TRITON_INTERPRET"] = "0"
 import torch
 from powernorm_fairseq.measure import standin
 from powernorm_fairseq.norms import build_norm, kernels
-from powernorm_fairseq.norms.kernels import cpu, gpu
+from powernorm_fairseq.norms.kernels import compiled, gpu
 
 lib = standin.activate()
-node = cpu.load()
+node = compiled.load()
 from triton import knobs
 
 g = torch.Generator().manual_seed(0)

@@ -505,8 +505,8 @@ def test_a_model_archive_loads_and_is_left_in_place(toy_data, trained, tmp_path)
 #: reads in the plugin's source whose function neither calls check_regular_file nor asks is_file(), with why
 #: the file cannot be a user's FIFO, directory or device
 READS_ELSEWHERE_CHECKED = {
-    ("powernorm_fairseq/norms/kernels/cpu.py", "source_digest"): "the package's own C++ source",
-    ("powernorm_fairseq/norms/kernels/cpu.py", "installed"): "/proc/cpuinfo",
+    ("powernorm_fairseq/norms/kernels/compiled.py", "source_digest"): "the package's own C++ source",
+    ("powernorm_fairseq/norms/kernels/compiled.py", "installed"): "/proc/cpuinfo",
     ("powernorm_fairseq/patches/savedir.py", "saved_updates"):
         "called by newest_complete on each checkpoint after check_regular_file",
 }

@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from . import cpu, gpu, plain
+from . import compiled, cpu, gpu, plain
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def check_environment() -> None:
     """Refuse, before a run starts, what the environment asks for and cannot
     get (``POWERNORM_BACKEND``, ``POWERNORM_BUILD_WAIT``): ValueError, one line."""
     name = forced()
-    cpu.build_wait()
+    compiled.build_wait()
     if name == "triton" and not gpu.available():
         raise ValueError(f"POWERNORM_BACKEND=triton: the triton kernels are unavailable ({_why(gpu)})")
     if name == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
@@ -131,7 +131,7 @@ def describe(x: torch.Tensor) -> str:
 
 
 def _why(k) -> str:
-    return getattr(k, "failure", None) or "not installed"
+    return k.failure_reason() or "not installed"
 
 
 def _say(what: str, warn: bool = False):

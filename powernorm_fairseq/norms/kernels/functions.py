@@ -38,7 +38,7 @@ from .. import sync as sync_mod
 from .. import clock as clocks
 from ..stats import GROUP_EPS, update_nu, upcast
 from . import ops  # registers torch.ops.powernorm
-from . import cpu, select
+from . import compiled, select
 from .contract import SCHEMAS, Mode, Update
 
 P = ops.CALLS
@@ -106,7 +106,7 @@ def _eager(values):
     must see the ops); else None, the graph route."""
     if torch.compiler.is_compiling():
         return None
-    node = cpu.NODE if cpu.NODE is not None else cpu.load()
+    node = compiled.NODE if compiled.NODE is not None else compiled.load()
     return node if node is not None and not node.observed(values) else None
 
 

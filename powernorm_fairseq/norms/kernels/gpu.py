@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from . import contract, launcher
+from . import compiled, contract, launcher
 from .contract import Mode, Update
 from .launcher import OBSERVERS, observed  # noqa: F401 (the measuring tools' hooks)
 from .plans import (MAX_ROWS, PROGRAMS_PER_SM, REGISTERS_PER_SM, ROW_TICKET, SUB_CHUNK, TICKET_ROWS,  # noqa: F401
@@ -43,11 +43,17 @@ def available() -> bool:
     if triton is None:
         return False
     if _NODE is None and _node() is None:
-        from . import cpu
-
-        failure = f"the compiled module is unavailable ({cpu.failure or 'not built'})"
+        failure = f"the compiled module is unavailable ({compiled.failure or 'not built'})"
         return False
     return True
+
+
+# a constant to torch.compile: traced, the load runs at once (it reads files), as cpu.available
+available._dynamo_marked_constant = True
+
+
+def failure_reason():
+    return failure
 
 
 def takes(x: torch.Tensor) -> bool:
@@ -57,9 +63,7 @@ def takes(x: torch.Tensor) -> bool:
 def _node():
     """The compiled module, its Triton passes bound (once), or None without one."""
     if _NODE is None:
-        from . import cpu
-
-        node = cpu.NODE if cpu.NODE is not None else cpu.load()
+        node = compiled.NODE if compiled.NODE is not None else compiled.load()
         if node is not None:
             bind_node(node)
     return _NODE
@@ -74,7 +78,7 @@ def bind_node(node):
     from . import plans
 
     bound = node.bind_gpu({name: (k, _parameters(k)) for name, k in KERNELS.items()}, plans, launcher.from_node)
-    launcher.watch(list(KERNELS.values()), node.triton_changed, node.watch_launches)
+    launcher.watch(list(KERNELS.values()), node.triton_changed, node.watch_launches, interpreting())
     plans._FORGET.append(node.forget_plans)
     _NODE = node
     globals()["_BOUND_AS"] = bound

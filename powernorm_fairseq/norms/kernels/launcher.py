@@ -28,35 +28,34 @@ import re
 _SETTERS = []  # what to tell whether the launches are watched: each compiled module's switch
 
 
-class _Said(list):
-    """A list that says when it changes (:func:`_sync`)."""
+def _telling(doc, call):
+    """A list class whose every change calls ``call()`` after it."""
+    def telling(original):
+        def changed(self, *args, **kwargs):
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                call()
+        return changed
 
+    listed = type("_Telling", (list,), {"__doc__": doc})
+    for name in ("append", "extend", "insert", "remove", "pop", "clear", "__setitem__", "__delitem__", "__iadd__"):
+        setattr(listed, name, telling(getattr(list, name)))
+    return listed
 
-def _said(original):
-    def changed(self, *args, **kwargs):
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _sync()
-    return changed
-
-
-for _name in ("append", "extend", "insert", "remove", "pop", "clear", "__setitem__", "__delitem__", "__iadd__"):
-    setattr(_Said, _name, _said(getattr(list, _name)))
 
 #: what watches the launches: callables ``observer(kernel_name)``, each a
 #: context manager entered around the launch; empty unless a measuring tool
 #: (``powernorm_fairseq.measure.launches``) adds one
-OBSERVERS = _Said()
+OBSERVERS = _telling("The launch observers, which say when they change.", lambda: _sync())()
 _HOLD = os.environ.get("POWERNORM_HOLD", "1").strip() != "0"
 _RECORDERS = [0]
+_INTERPRETING = [False]  # whether Triton's interpreter runs the kernels (watch's ``interpreting``)
 
 
 def watched() -> bool:
     """Whether every launch goes through Triton's JIT (none held)."""
-    from .plans import interpreting
-
-    return interpreting() or bool(OBSERVERS) or not _HOLD or _RECORDERS[0] > 0
+    return _INTERPRETING[0] or bool(OBSERVERS) or not _HOLD or _RECORDERS[0] > 0
 
 
 def _sync():
@@ -120,15 +119,18 @@ def _notify():
         call()
 
 
-def watch(kernels, changed, set_watched):
+def watch(kernels, changed, set_watched, interpreting=False):
     """Call ``changed()`` whenever something Triton's JIT launch consults at each call may change, so that
     the node drops its held variants and launches through the JIT again, as Triton would: a knob set or
     reset (``triton.knobs.runtime.debug``, ``launch_enter_hook``, ``compilation.instrumentation_mode``, any
     attribute of any of Triton's knob groups), a hook added to or removed from one of Triton's hook chains
     (Proton's way), a pre-run hook of one of ``kernels``, or an environment variable the knobs read. Reading
-    them at each launch instead is what the node saves; installed once, for every node."""
+    them at each launch instead is what the node saves; installed once, for every node. ``set_watched``:
+    the node's switch of :func:`watched` launches, told now and at each change; ``interpreting``: whether
+    Triton's interpreter runs the kernels (every launch watched)."""
     from triton import knobs
 
+    _INTERPRETING[0] = _INTERPRETING[0] or interpreting
     _SETTERS.append(set_watched)
     set_watched(watched())
     _CHANGED.append(changed)
@@ -165,22 +167,7 @@ def watch(kernels, changed, set_watched):
         kernel.pre_run_hooks = _Hooks(kernel.pre_run_hooks)
 
 
-class _Hooks(list):
-    """A kernel's pre-run hooks, which say when they change (:func:`watch`)."""
-
-
-def _mutator(original):
-    def mutate(self, *args, **kwargs):
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _notify()
-
-    return mutate
-
-
-for _name in ("append", "extend", "insert", "remove", "pop", "clear", "__setitem__", "__delitem__", "__iadd__"):
-    setattr(_Hooks, _name, _mutator(getattr(list, _name)))
+_Hooks = _telling("A kernel's pre-run hooks, which say when they change (:func:`watch`).", lambda: _notify())
 
 #: the largest dynamic shared memory a launch takes without an attribute of its own (Triton's launcher
 #: adds one past it): a variant that needs more is launched by Triton's JIT every time
