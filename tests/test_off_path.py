@@ -454,6 +454,46 @@ def test_the_eager_and_the_graph_route_give_the_same_step(backend, kind, options
         assert all(torch.equal(u, v) for u, v in zip(a, b)), (kind, step)
 
 
+# 11d: a module's step configuration (made once) follows every change of what it holds
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn"])
+def test_the_step_configuration_follows_each_change_of_the_module(backend, kind):
+    """A setting set, a running buffer replaced, a state dict loaded, the module cast and moved back: the
+    next step equals a fresh module's with the same settings and state, on the eager and the graph route."""
+    backend_or_fail(backend)
+    options = {"warmup_updates": 1} if kind == "pn" else {}
+    buffer = {"bn": "running_var", "pn-v": "running_psi2", "pn": "running_psi2"}[kind]
+
+    def fresh(norm):
+        other = build_norm(kind, C, **options).double().train()
+        other.load_state_dict(norm.state_dict())
+        other.eps = norm.eps
+        return other
+
+    def set_eps(norm):
+        norm.eps = 1e-2
+
+    def replace_buffer(norm):
+        setattr(norm, buffer, getattr(norm, buffer) * 2 + 0.5)
+
+    def load(norm):
+        other = build_norm(kind, C, **options).double().train()
+        run(other, backend, [data(7), data(8)])
+        norm.load_state_dict(other.state_dict())
+
+    def cast(norm):
+        norm.float().double()
+
+    norm = build_norm(kind, C, **options).double().train()
+    run(norm, backend, [data(0)])  # its configuration made
+    for i, change in enumerate((set_eps, replace_buffer, load, cast), 1):
+        change(norm)
+        want = run(fresh(norm), backend, [data(i)])
+        got = run(norm, backend, [data(i)])
+        for u, v in zip(got[0], want[0]):
+            torch.testing.assert_close(u, v, rtol=0, atol=0, msg=f"{kind} after {change.__name__}")
+
+
 # 11c: torch's convention: a norm's output takes in-place ops, with the gradient of their out-of-place form
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind, options", FUSED, ids=FUSED_IDS)

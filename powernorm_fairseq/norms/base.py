@@ -124,6 +124,39 @@ class Norm(nn.Module):
                            "statistics of the whole batch, later tokens included (a leak of the future that "
                            "generation does not have); --norm-causal uses running statistics instead", kind)
 
+    # The step configuration of the fused norms (kernels/functions.py's ChannelConfig), made once and
+    # dropped whenever what it holds may have changed: a setting or a buffer set, a buffer registered,
+    # the module moved or cast (_apply), a state dict loaded.
+    _SCRATCH = frozenset(("_config", "_given", "_last", "training", "pad_mask", "mask_batch_first", "diagnostics"))
+
+    def step_config(self):
+        """This module's step configuration (``make_step_config``), made on the first step after a change."""
+        config = self.__dict__.get("_config")
+        if config is None:
+            config = self.__dict__["_config"] = self.make_step_config()
+        return config
+
+    def make_step_config(self):
+        raise NotImplementedError
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        if name not in Norm._SCRATCH:
+            self.__dict__.pop("_config", None)
+
+    def __getstate__(self):  # a copy or a pickle makes its own configuration (it holds this one's buffers)
+        state = dict(super().__getstate__())
+        state.pop("_config", None)
+        return state
+
+    def register_buffer(self, name, tensor, persistent=True):
+        super().register_buffer(name, tensor, persistent)
+        self.__dict__.pop("_config", None)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self.__dict__.pop("_config", None)
+
     def _apply(self, fn, recurse=True):
         # Running statistics stay float32 when the model is cast to float16
         # or bfloat16 (fairseq's --fp16 / --bf16 call .half() / .to(bfloat16)):
@@ -137,6 +170,7 @@ class Norm(nn.Module):
             buf = self._buffers[name]
             if buf.dtype in (torch.float16, torch.bfloat16):
                 self._buffers[name] = buf.to(dtype)
+        self.__dict__.pop("_config", None)
         return self
 
 

@@ -73,21 +73,25 @@ class BatchStatNorm(Norm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         if not self.training:
             return self._with_running(x).to(x.dtype)
-        mean_buf, second_buf = self.kernel_buffers()
-        given, mode, replay = (None, None), Mode.EXACT, recomputing()
+        config = self.__dict__.get("_config") or self.step_config()
+        given, mode, replay = None, Mode.EXACT, recomputing()
         if self.causal:
             mode = Mode.FIXED
             given = self._given if replay else (
-                mean_buf.clone() if self.center else None, plain.running_scale(second_buf, self.eps))
+                config.mean_buf.clone() if self.center else None, plain.running_scale(config.second_buf, self.eps))
             self._given = None if replay else given
         else:
             self.warn_leak("bn" if self.center else "pn-v")
         params = self._parameters  # not nn.Module's __getattr__, a call each (measure/host.py)
-        y, _ = fused.channel_norm(x, pad_mask, params["weight"], params["bias"], update=self.update, mode=mode,
-                                  center=self.center, groups=self.groups if self.layer_scale else 0,
-                                  momentum=self.momentum, eps=self.eps, sync=self.sync, mean_buf=mean_buf,
-                                  second_buf=second_buf, given_mean=given[0], given_inv=given[1], replay=replay)
+        y, _ = fused.channel_norm(x, pad_mask, params["weight"], params["bias"], config, self.update, mode, given,
+                                  replay)
         return y
+
+    def make_step_config(self):
+        mean_buf, second_buf = self.kernel_buffers()
+        return fused.ChannelConfig(center=self.center, groups=self.groups if self.layer_scale else 0,
+                                   momentum=self.momentum, eps=self.eps, sync=self.sync, mean_buf=mean_buf,
+                                   second_buf=second_buf)
 
     def _normalized(self, xf: Tensor, mean: Optional[Tensor], second: Tensor) -> Tensor:
         """gamma * (xf - mean) / sqrt(var + eps) + beta (Eq. 3's forward; no

@@ -167,6 +167,13 @@ class PowerNorm(Norm):
                         prefix, "paper" if saved == 1.0 else "reference", self.backward)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def make_step_config(self):
+        bufs = self._buffers
+        return fused.ChannelConfig(center=False, groups=self.groups if self.layer_scale else 0,
+                                   momentum=1.0 - self.alpha_fwd, eps=self.eps, sync=self.sync,
+                                   second_buf=bufs["running_psi2"], steps=bufs["num_steps"], nu=bufs["running_nu"],
+                                   warmup=self.warmup_updates, rate=1.0 - self.alpha_bwd, clock=self._clock.key)
+
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         """Eval: the running psi^2, no update. Training: one fused step
         (``kernels/functions.py``), with PN-V's statistics and exact gradient
@@ -187,13 +194,10 @@ class PowerNorm(Norm):
                 self.warn_leak("pn (in its warmup)")
         else:
             update, mode = Update.PN, Mode.PAPER
-        params, bufs = self._parameters, self._buffers  # not nn.Module's __getattr__, a call each
-        y, inv = fused.channel_norm(x, pad_mask, params["weight"], params["bias"], update=update, mode=mode,
-                                    center=False, groups=self.groups if self.layer_scale else 0,
-                                    momentum=1.0 - self.alpha_fwd, eps=self.eps, sync=self.sync,
-                                    second_buf=bufs["running_psi2"], steps=bufs["num_steps"], nu=bufs["running_nu"],
-                                    given_inv=given, warmup=self.warmup_updates, rate=1.0 - self.alpha_bwd,
-                                    clock=self._clock.key if warm else -1, replay=replay)  # past warmup: no count
+        params = self._parameters  # not nn.Module's __getattr__, a call each
+        config = self.__dict__.get("_config") or self.step_config()
+        y, inv = fused.channel_norm(x, pad_mask, params["weight"], params["bias"], config, update, mode,
+                                    None if given is None else (None, given), replay)
         if not replay:  # what a recomputation of this forward must use again (a plain attribute, set without a call)
             self.__dict__["_last"] = (warm, inv if given is not None or update in RUNNING_SCALE else None)
         return y

@@ -60,15 +60,58 @@ class Step(NamedTuple):
     clock: int = -1  # the key of PN's warmup clock, advanced once the step is committed (norms/clock.py)
 
 
-def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mode, center: bool, groups: int,
-                 momentum: float, eps: float, sync: str, second_buf: Tensor, mean_buf=None, steps=None, nu=None,
-                 given_mean=None, given_inv=None, warmup: int = 0, rate: float = 0.0, clock: int = -1,
-                 replay: bool = False):
-    """One training step of BN, PN-V or PN over x (T, B, C) on the backend
-    :func:`kernels.select` gives it: (y in x's dtype, the inv it normalised
-    with). ``replay``: activation checkpointing's recomputation, which gives
-    the first forward's output again (with its ``given_*`` statistics) and
-    updates copies of the running statistics.
+#: the updates of PN's warmup, whose steps advance its host clock (norms/clock.py)
+_WARM = (Update.PN_WARM, Update.REFERENCE_WARM)
+
+
+class ChannelConfig:
+    """A BN, PN-V or PN module's step configuration: its constants and its
+    running buffers (absent ones None), made once per module and made again
+    when its buffers, settings or device change (``base.Norm`` drops it), and
+    the compiled node's own copy of it per backend (``StepConfig``), made on
+    the first eager step there. ``clock``: the key of PN's warmup clock
+    (norms/clock.py), -1 for none."""
+
+    __slots__ = ("center", "groups", "momentum", "eps", "sync", "warmup", "rate", "clock", "mean_buf",
+                 "second_buf", "steps", "nu", "_node")
+
+    def __init__(self, *, center, groups, momentum, eps, sync, second_buf, mean_buf=None, steps=None, nu=None,
+                 warmup=0, rate=0.0, clock=-1):
+        self.center, self.groups, self.momentum, self.eps, self.sync = center, groups, momentum, eps, sync
+        self.warmup, self.rate, self.clock = warmup, rate, clock
+        self.mean_buf, self.second_buf, self.steps, self.nu = mean_buf, second_buf, steps, nu
+        self._node = {}
+
+    def replayed(self) -> "ChannelConfig":
+        """Activation checkpointing's recomputation: copies of the running statistics, no clock."""
+        def clone(t):
+            return None if t is None else t.clone()
+
+        return ChannelConfig(center=self.center, groups=self.groups, momentum=self.momentum, eps=self.eps,
+                             sync=self.sync, second_buf=clone(self.second_buf), mean_buf=clone(self.mean_buf),
+                             steps=clone(self.steps), nu=self.nu, warmup=self.warmup, rate=self.rate)
+
+    def on(self, node, bound_as):
+        """The node's StepConfig of this configuration on the passes ``bound_as``."""
+        made = self._node.get(bound_as)
+        if made is None:
+            made = self._node[bound_as] = node.StepConfig(
+                self.mean_buf, self.second_buf, self.steps, self.nu, GROUP_EPS, self.groups, self.center,
+                self.momentum, self.eps, self.warmup, self.rate, bound_as)
+        return made
+
+
+def channel_norm(x: Tensor, pad_mask, weight, bias, config: ChannelConfig, update: Update, mode: Mode,
+                 given=None, replay: bool = False):
+    """One training step of BN, PN-V or PN over x (T, B, C) with the
+    module's ``config`` on the backend :func:`kernels.select` gives it: (y in
+    x's dtype, the inv it normalised with). ``update`` and ``mode``: the
+    running statistics' update and the backward of this step (PN's phase);
+    ``given``: (mean or None, inv) the forward normalises with instead of the
+    batch's (the causal mode's running statistics, a recomputation's first
+    scale). ``replay``: activation checkpointing's recomputation, which gives
+    the first forward's output again and updates copies of the running
+    statistics.
 
     Two routes, the same passes in the same order. Eager, where nothing
     observes the call (``ops.observed``) and no workers synchronise: one C++
@@ -82,18 +125,23 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, *, update: Update, mode: Mod
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
     if replay:
-        mean_buf, second_buf, steps = (None if t is None else t.clone() for t in (mean_buf, second_buf, steps))
-    sync, clock = sync if sync != "none" and sync_mod.active(sync) else "none", -1 if replay else clock
-    tensors = (xk, pad_mask, weight, bias, mean_buf, second_buf, steps, nu, given_mean, given_inv)
+        config = config.replayed()
+    sync = config.sync if config.sync != "none" and sync_mod.active(config.sync) else "none"
+    given_mean, given_inv = (None, None) if given is None else given
+    tensors = (xk, pad_mask, weight, bias, config.mean_buf, config.second_buf, config.steps, config.nu, given_mean,
+               given_inv)
     node = _eager(tensors) if sync == "none" and k.NAME != "plain" else None
+    clock = config.clock if update in _WARM else -1
     if node is not None:  # one C++ autograd node (ChannelStep) around the backend's passes
-        y, inv = node.channel_step(*tensors, GROUP_EPS, groups, center, update, mode, momentum, eps, warmup, rate,
-                                   _BOUND[k] if k in _BOUND else _bind(k, node))  # absent tensors as None
-        clocks.advance(clock, steps)  # as the finish_stats op does (ops.py)
+        y, inv = node.channel_step(xk, pad_mask, weight, bias, config.on(node, _BOUND[k] if k in _BOUND else
+                                                                          _bind(k, node)),
+                                   update, mode, given_mean, given_inv)  # absent tensors as None
+        clocks.advance(clock, config.steps)  # as the finish_stats op does (ops.py)
         return (y if y.dtype == x.dtype else y.to(x.dtype)), inv
     x2 = rows(xk)
     mask = None if pad_mask is None else pad_mask.contiguous()
-    step = Step(k.NAME, groups, center, update, mode, momentum, eps, warmup, rate, sync, clock)
+    step = Step(k.NAME, config.groups, config.center, update, mode, config.momentum, config.eps, config.warmup,
+                config.rate, sync, clock)
     # absent tensors as distinct empty ones (dynamo takes no input twice)
     y, inv = FusedChannelNorm.apply(x2, weight, bias, _none(x2, mask, torch.bool),
                                     *(_none(x2, t) for t in tensors[4:]), step)

@@ -68,10 +68,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rmsnorm_backward", &rmsnorm_backward, arg("x"), arg("rstd"), arg("grad_y"), arg("weight"));
   m.def("dyt_forward", &dyt_forward, arg("x"), arg("alpha"), arg("weight"), arg("bias"));
   m.def("dyt_backward", &dyt_backward, arg("x"), arg("grad_y"), arg("alpha"), arg("weight"), arg("ticket"));
-  m.def("channel_step", &channel_step, arg("x"), arg("mask"), arg("weight"), arg("bias"), arg("mean_buf"),
-        arg("second_buf"), arg("steps"), arg("nu"), arg("given_mean"), arg("given_inv"), arg("gs_eps"),
-        arg("groups"), arg("center"), arg("update"), arg("mode"), arg("momentum"), arg("eps"), arg("warmup"),
-        arg("rate"), arg("bound_as") = -1);
+  py::class_<StepConfig>(m, "StepConfig")
+      .def(py::init([](std::optional<Tensor> mean_buf, Tensor second_buf, std::optional<Tensor> steps,
+                       std::optional<Tensor> nu, double gs_eps, int64_t groups, bool center, double momentum,
+                       double eps, int64_t warmup, double rate, int64_t bound_as) {
+             check_bound(bound_as);
+             const auto held = [](const std::optional<Tensor>& t) { return t ? *t : Tensor(); };
+             return StepConfig{held(mean_buf), std::move(second_buf), held(steps), held(nu), gs_eps, momentum,
+                               eps, rate, groups, warmup, bound_as, center};
+           }),
+           arg("mean_buf"), arg("second_buf"), arg("steps"), arg("nu"), arg("gs_eps"), arg("groups"), arg("center"),
+           arg("momentum"), arg("eps"), arg("warmup"), arg("rate"), arg("bound_as"));
+  m.def("channel_step", &channel_step, arg("x"), arg("mask"), arg("weight"), arg("bias"), arg("config"),
+        arg("update"), arg("mode"), arg("given_mean"), arg("given_inv"));
   m.def("row_step", &row_step, arg("kind"), arg("x"), arg("p0"), arg("p1"), arg("p2"), arg("eps"),
         arg("bound_as") = -1);
   m.def("bind_gpu", [](const py::dict& kernels, py::object planner, py::object from_node) {

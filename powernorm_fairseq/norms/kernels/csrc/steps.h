@@ -158,25 +158,33 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
   }
 };
 
-// Absent tensors come as None (one empty tensor stands for them here): making
-// them in Python cost more than this call's host code. x is taken at any
-// strides, its channels made adjacent here where they are not (functions.py's
-// rows), and the mask made contiguous: each is a call less in Python.
-// ``bound_as``: the passes, this file's (-1) or a bound backend's.
+// A norm module's step configuration, made once (functions.py's ChannelConfig: again when the module's
+// buffers, settings or device change): its running buffers (absent ones empty), its constants and the
+// passes it runs on.
+struct StepConfig {
+  Tensor mean_buf, second_buf, steps, nu;
+  double gs_eps, momentum, eps, rate;
+  int64_t groups, warmup, bound_as;
+  bool center;
+};
+
+// One training step of a module with ``config``: x, its padding mask, the parameters, and what changes
+// from step to step (the update and backward mode of PN's phase, statistics given by the caller). Absent
+// tensors come as None (one empty tensor stands for them here): making them in Python cost more than
+// this call's host code. x is taken at any strides, its channels made adjacent here where they are not
+// (functions.py's rows), and the mask made contiguous: each is a call less in Python.
 variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, const Tensor& weight,
-                           const Tensor& bias, const std::optional<Tensor>& mean_buf, const Tensor& second_buf,
-                           const std::optional<Tensor>& steps, const std::optional<Tensor>& nu,
-                           const std::optional<Tensor>& given_mean, const std::optional<Tensor>& given_inv,
-                           double gs_eps, int64_t groups, bool center, int64_t update, int64_t mode, double momentum,
-                           double eps, int64_t warmup, double rate, int64_t bound_as) {
+                           const Tensor& bias, const StepConfig& c, int64_t update, int64_t mode,
+                           const std::optional<Tensor>& given_mean, const std::optional<Tensor>& given_inv) {
   TORCH_CHECK(mode >= EXACT && mode <= FIXED, "unknown mode ", mode, " (contract.py's Mode: 0 to 3)");
-  check_bound(bound_as);
+  check_bound(c.bound_as);
   const Tensor empty = nothing_like(x);
   const auto or_empty = [&](const std::optional<Tensor>& t) { return t ? *t : empty; };
+  const auto given = [&](const Tensor& t) { return t.defined() ? t : empty; };
   auto out = ChannelStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), mask ? dense(*mask) : empty, weight,
-                                bias, or_empty(mean_buf), second_buf, or_empty(steps), or_empty(nu),
-                                or_empty(given_mean), or_empty(given_inv), gs_eps, groups, center, update, mode,
-                                momentum, eps, warmup, rate, bound_as);
+                                bias, given(c.mean_buf), c.second_buf, given(c.steps), given(c.nu),
+                                or_empty(given_mean), or_empty(given_inv), c.gs_eps, c.groups, c.center, update,
+                                mode, c.momentum, c.eps, c.warmup, c.rate, c.bound_as);
   out[0] = shaped(out[0], x);  // where a view: one autograd records, not one made inside the node
   return out;
 }
