@@ -12,7 +12,7 @@ a fresh one::
 
 A variant *spills* when ptxas reports spill stores. A main kernel *fits*
 when its registers allow the programs per multiprocessor that ``gpu.py``'s
-grid launches (``gpu.PROGRAMS_PER_SM``) to be resident at once.
+grid launches (``plans.PROGRAMS_PER_SM``) to be resident at once.
 """
 
 import contextlib
@@ -230,7 +230,7 @@ def build(variants, workers=None):
         row = described[key]
         row.update(registers=regs, spill_bytes=spilled, stack_bytes=stack, warps=warps, shared_bytes=shared,
                    resident_warps=resident_warps(regs, warps, shared), layout=laid, ptx_sizes=sizes)
-        if row["kernel"] in gpu.PROGRAMS_PER_SM:  # how many programs fit at once, and how many the grid has
+        if row["kernel"] in gpu.KERNELS:  # how many programs fit at once, and how many the grid has
             row["resident_per_sm"] = REGISTERS_PER_SM // (_allocated(regs) * WARP * warps)
             row["launched_per_sm"] = gpu.programs_per_sm(row["kernel"], bool(row["constexprs"].get("F64")))
     return [described[key] for key in keys]

@@ -73,7 +73,7 @@ class BatchStatNorm(Norm):
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         if not self.training:
             return self._with_running(x).to(x.dtype)
-        config = self.__dict__.get("_config") or self.step_config()
+        config = self.__dict__["_config"] if "_config" in self.__dict__ else self.step_config()
         given, mode, replay = None, Mode.EXACT, recomputing()
         if self.causal:
             mode = Mode.FIXED

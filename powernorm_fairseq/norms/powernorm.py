@@ -195,7 +195,7 @@ class PowerNorm(Norm):
         else:
             update, mode = Update.PN, Mode.PAPER
         params = self._parameters  # not nn.Module's __getattr__, a call each
-        config = self.__dict__.get("_config") or self.step_config()
+        config = self.__dict__["_config"] if "_config" in self.__dict__ else self.step_config()
         y, inv = fused.channel_norm(x, pad_mask, params["weight"], params["bias"], config, update, mode,
                                     None if given is None else (None, given), replay)
         if not replay:  # what a recomputation of this forward must use again (a plain attribute, set without a call)

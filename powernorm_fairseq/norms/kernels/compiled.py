@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "csrc" / "norms.cpp"  # the one translation unit: it includes csrc's other files
 #: the compiler's flags for a build on first use: one for this machine's CPU (-fno-trapping-math, as in
-#: setup.py's build: DyT's tanh vectorizes; values are the same, only FP exception flags are not kept)
+#: setup.py's build: a tanh vectorizes; values are the same, only FP exception flags are not kept)
 JIT_CFLAGS = ["-O3", "-fno-trapping-math", "-march=native", "-fopenmp"]
 def build_wait() -> int:
     """How long a process waits for another one's build of the kernels

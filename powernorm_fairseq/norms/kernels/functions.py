@@ -73,14 +73,14 @@ class ChannelConfig:
     (norms/clock.py), -1 for none."""
 
     __slots__ = ("center", "groups", "momentum", "eps", "sync", "warmup", "rate", "clock", "mean_buf",
-                 "second_buf", "steps", "nu", "_node")
+                 "second_buf", "steps", "nu", "made", "made_as")
 
     def __init__(self, *, center, groups, momentum, eps, sync, second_buf, mean_buf=None, steps=None, nu=None,
                  warmup=0, rate=0.0, clock=-1):
         self.center, self.groups, self.momentum, self.eps, self.sync = center, groups, momentum, eps, sync
         self.warmup, self.rate, self.clock = warmup, rate, clock
         self.mean_buf, self.second_buf, self.steps, self.nu = mean_buf, second_buf, steps, nu
-        self._node = {}
+        self.made, self.made_as = None, None  # the node's StepConfig, and the passes it names
 
     def replayed(self) -> "ChannelConfig":
         """Activation checkpointing's recomputation: copies of the running statistics, no clock."""
@@ -92,13 +92,12 @@ class ChannelConfig:
                              steps=clone(self.steps), nu=self.nu, warmup=self.warmup, rate=self.rate)
 
     def on(self, node, bound_as):
-        """The node's StepConfig of this configuration on the passes ``bound_as``."""
-        made = self._node.get(bound_as)
-        if made is None:
-            made = self._node[bound_as] = node.StepConfig(
-                self.mean_buf, self.second_buf, self.steps, self.nu, GROUP_EPS, self.groups, self.center,
-                self.momentum, self.eps, self.warmup, self.rate, bound_as)
-        return made
+        """The node's StepConfig of this configuration on the passes ``bound_as`` (made once; a step reads
+        ``made`` without a call)."""
+        self.made = node.StepConfig(self.mean_buf, self.second_buf, self.steps, self.nu, GROUP_EPS, self.groups,
+                                    self.center, self.momentum, self.eps, self.warmup, self.rate, bound_as)
+        self.made_as = bound_as
+        return self.made
 
 
 def channel_norm(x: Tensor, pad_mask, weight, bias, config: ChannelConfig, update: Update, mode: Mode,
@@ -133,9 +132,9 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, config: ChannelConfig, updat
     node = _eager(tensors) if sync == "none" and k.NAME != "plain" else None
     clock = config.clock if update in _WARM else -1
     if node is not None:  # one C++ autograd node (ChannelStep) around the backend's passes
-        y, inv = node.channel_step(xk, pad_mask, weight, bias, config.on(node, _BOUND[k] if k in _BOUND else
-                                                                          _bind(k, node)),
-                                   update, mode, given_mean, given_inv)  # absent tensors as None
+        bound = _BOUND[k] if k in _BOUND else _bind(k, node)
+        made = config.made if config.made_as == bound else config.on(node, bound)
+        y, inv = node.channel_step(xk, pad_mask, weight, bias, made, update, mode, given_mean, given_inv)
         clocks.advance(clock, config.steps)  # as the finish_stats op does (ops.py)
         return (y if y.dtype == x.dtype else y.to(x.dtype)), inv
     x2 = rows(xk)
