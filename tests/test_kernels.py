@@ -7,6 +7,7 @@ as it was launched for an H100 (sm_90), which needs no GPU.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -300,6 +301,46 @@ def test_a_backend_that_cannot_run_fails_in_one_line(env, message):
     proc = _python("import torch\nfrom powernorm_fairseq.norms import build_norm\n"
                    "build_norm('bn', 8).train()(torch.randn(3, 2, 8))\n", **env)
     assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr[-2000:]
+
+
+def test_the_triton_backend_needs_the_compiled_module(monkeypatch, caplog):
+    """The Triton path's passes live in the compiled module: without it (no compiler) the norms take the
+    plain path with a warning that names why, and a forced triton backend is refused in one line."""
+    from powernorm_fairseq.norms.kernels import compiled
+
+    backend_or_fail("triton")
+    monkeypatch.setattr(compiled, "load", lambda: None)
+    monkeypatch.setattr(compiled, "NODE", None)
+    monkeypatch.setattr(compiled, "failure", "RuntimeError: no C++ compiler")
+    monkeypatch.setattr(gpu, "_NODE", None)
+    monkeypatch.setattr(gpu, "failure", None)
+    monkeypatch.setattr(kernels, "_CHOSEN", {})
+    monkeypatch.setattr(kernels, "_said", set())
+    x = torch.randn(3, 2, 8)
+    why = "the compiled module is unavailable (RuntimeError: no C++ compiler)"
+    with kernels.use("triton"), pytest.raises(RuntimeError, match=rf"^POWERNORM_BACKEND=triton: the triton "
+                                                                    rf"kernels are unavailable \({re.escape(why)}\)$"):
+        build_norm("pn", 8).train()(x)
+    assert not gpu.available() and gpu.failure_reason() == why
+
+
+def test_the_kernels_are_bound_by_name_and_each_missing_or_unknown_one_refused():
+    """bind_gpu takes the kernels by name: a missing or an unknown name is one line, and the binding
+    in force is left as it was."""
+    from powernorm_fairseq.norms.kernels import compiled, launcher
+
+    backend_or_fail("triton")
+    node = compiled.load()
+    given = {name: (k, gpu._parameters(k)) for name, k in gpu.KERNELS.items()}
+    missing = dict(given)
+    del missing["_dyt_backward"]
+    with pytest.raises(RuntimeError, match=r"bind_gpu: no kernel _dyt_backward \(gpu.py binds 11 by name\)"):
+        node.bind_gpu(missing, plans, launcher.from_node)
+    with pytest.raises(RuntimeError, match=r"bind_gpu: no kernel of the passes is named _extra"):
+        node.bind_gpu({**given, "_extra": given["_sum_columns"]}, plans, launcher.from_node)
+    y = build_norm("rmsnorm", 8).train()
+    with kernels.use("triton"):
+        y(torch.randn(3, 2, 8)).sum().backward()  # the binding in force still launches
 
 
 def sweep_kinds(C, groups=(2, 4, 5, 8)):
