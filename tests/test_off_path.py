@@ -492,6 +492,13 @@ def test_the_step_configuration_follows_each_change_of_the_module(backend, kind)
         got = run(norm, backend, [data(i)])
         for u, v in zip(got[0], want[0]):
             torch.testing.assert_close(u, v, rtol=0, atol=0, msg=f"{kind} after {change.__name__}")
+    # torch.func.functional_call swaps the entries of _buffers: the step updates the buffer it was given
+    own, given = getattr(norm, buffer).clone(), getattr(norm, buffer) * 3
+    before = given.clone()
+    x, pad, _ = data(9)
+    with kernels.use(backend):
+        torch.func.functional_call(norm, {buffer: given}, (x, pad))
+    assert torch.equal(getattr(norm, buffer), own) and not torch.equal(given, before), kind
 
 
 # 11c: torch's convention: a norm's output takes in-place ops, with the gradient of their out-of-place form

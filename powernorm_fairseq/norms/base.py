@@ -126,12 +126,14 @@ class Norm(nn.Module):
 
     # The step configuration of the fused norms (kernels/functions.py's ChannelConfig), made once and
     # dropped whenever what it holds may have changed: a setting or a buffer set, a buffer registered,
-    # the module moved or cast (_apply), a state dict loaded.
+    # the module moved or cast (_apply), a state dict loaded; a step makes it anew where a running buffer
+    # is not the one it holds (an entry of _buffers replaced, as torch.func.functional_call does).
     _SCRATCH = frozenset(("_config", "_given", "_last", "training", "pad_mask", "mask_batch_first", "diagnostics"))
 
-    def step_config(self):
-        """This module's step configuration (``make_step_config``), made on the first step after a change."""
-        config = self.__dict__.get("_config")
+    def step_config(self, fresh=False):
+        """This module's step configuration (``make_step_config``), made on the first step after a change
+        (``fresh``: now)."""
+        config = None if fresh else self.__dict__.get("_config")
         if config is None:
             config = self.__dict__["_config"] = self.make_step_config()
         return config
