@@ -1,5 +1,6 @@
-"""The Triton kernels of the channel-statistics norms (BN, PN-V, PN), and the
-helpers every kernel shares; their plans are in ``plans.py``, their host code in ``gpu.py``.
+"""The Triton kernels of the channel-statistics norms (BN, PN-V, PN); the
+helpers every kernel shares are in ``gpu_helpers.py``, their plans in ``plans.py``, their passes
+in ``csrc/gpu_passes.h``.
 
 Rows are tokens (N = T * B), columns channels (C). Each program of a channel
 kernel walks its rows once: it reads x (and dy), writes y (or dx), and keeps
@@ -19,12 +20,12 @@ fairseq's (B, T) padding mask.
 """
 
 from .contract import Mode, Update
+from .gpu_helpers import triton
 
-try:
-    import triton
+if triton is not None:
     import triton.language as tl
-except ImportError:  # the plain path or the CPU kernels serve instead
-    triton = None
+
+    from .gpu_helpers import _cast, _f, _inv_rms, _last_to_arrive, _row_tile
 
 # Integer arguments that change with every batch (row counts, per-program
 # rows) are not specialised on (value 1, multiple of 16): each new value would
@@ -37,35 +38,6 @@ if triton is not None:
 
 
     @triton.jit
-    def _f(v, F64: tl.constexpr):
-        """``v`` in the accumulation dtype."""
-        if F64:
-            return v.to(tl.float64)
-        else:
-            return v.to(tl.float32)
-
-    @triton.jit
-    def _row_tile(X, XB, XST, XSB, first, N, C, cols, cmask, BLOCK_N: tl.constexpr, F64: tl.constexpr):
-        """Rows first .. first + BLOCK_N of ``X`` at columns ``cols``: (rows,
-        their mask, the tile's mask, its offsets in a contiguous (N, C) tensor,
-        the tile in the accumulation dtype, 0 outside). Row r = t * XB + b of X
-        starts at t * XST + b * XSB (_rows: a (T, B, C) view read where it lies)."""
-        rows = first + tl.arange(0, BLOCK_N)
-        rmask = rows < N
-        m2 = rmask[:, None] & cmask[None, :]
-        at = rows[:, None].to(tl.int64) * C + cols[None, :]
-        xrow = (rows // XB).to(tl.int64) * XST + (rows % XB).to(tl.int64) * XSB
-        return rows, rmask, m2, at, _f(tl.load(X + xrow[:, None] + cols[None, :], mask=m2, other=0.0), F64)
-
-    @triton.jit
-    def _cast(v, PTR):
-        """float64 ``v`` in the dtype of what ``PTR`` points to (half by way of float32)."""
-        if PTR.dtype.element_ty == tl.float64:
-            return v
-        else:
-            return v.to(tl.float32).to(PTR.dtype.element_ty)
-
-    @triton.jit
     def _keep(MASK, rows, rmask, nb, nt, HAS_MASK: tl.constexpr, F64: tl.constexpr):
         """1 at the real rows, 0 at padding and past the end: row r = t * B + b
         is token t of sentence b, padding where the (B, T) mask says so."""
@@ -74,20 +46,6 @@ if triton is not None:
             pad = tl.load(MASK + (rows % nb).to(tl.int64) * nt + rows // nb, mask=rmask, other=1)
             keep = tl.where(pad != 0, 0.0, keep)
         return keep
-
-    @triton.jit
-    def _last_to_arrive(TICKET):
-        """Whether this program is the grid's last to get here, counted in the
-        launch's own ticket (a float the pass before set to 0; counts stay
-        exact); the last one sets it back to 0, for a second backward of the
-        same graph. Everything a program stored before is visible to the last
-        one (acquire-release)."""
-        total = tl.num_programs(0) * tl.num_programs(1)
-        arrived = tl.atomic_add(TICKET, 1.0, sem="acq_rel")
-        last = arrived == total - 1
-        if last:
-            tl.store(TICKET, 0.0)
-        return last
 
     @triton.jit
     def _part_rows(PART, p0, P, stride, cols, cm, BLOCK_R: tl.constexpr):
@@ -112,11 +70,6 @@ if triton is not None:
     def _at_group(P, rows, chunk):
         """Where rows' values for group ``chunk`` lie in a per-row, per-group (N, groups) buffer."""
         return P + rows.to(tl.int64) * tl.num_programs(1) + chunk
-
-    @triton.jit
-    def _inv_rms(sum_sq, n, eps):
-        """1 / sqrt(mean(x^2) + eps) from a sum of n squares: RMSNorm's and the group scaling's factor."""
-        return 1.0 / tl.sqrt(sum_sq / n + eps)
 
     @triton.jit
     def _group_scales(X, XB, XST, XSB, SCALE, start, per_prog, N, C, chunk, gs_eps, width,

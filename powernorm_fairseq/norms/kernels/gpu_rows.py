@@ -4,12 +4,12 @@ to arrive (counted in a ticket one element past the forward's per-row
 statistic, set to 0 by its first program) adds the programs' parameter sums.
 """
 
-from .gpu_channel import triton
+from .gpu_helpers import triton
 
 if triton is not None:
     import triton.language as tl
 
-    from .gpu_channel import _cast, _f, _inv_rms, _last_to_arrive, _row_tile
+    from .gpu_helpers import _cast, _f, _inv_rms, _last_to_arrive, _row_tile
 
     # The per-row kernels hold a row tile in registers; with WIDE, a row wider
     # than that (gpu.WIDEST_ROW) is walked twice in blocks of columns: once for
