@@ -4,7 +4,7 @@
 ``--seeds`` rule, one ``--`` split, one console error handler, the layout of
 OUT, and the SLURM algorithm both run (:class:`Jobs`).
 
-OUT's layout (:class:`Out`): ``jobs.json`` (the job ids on the cluster),
+OUT's layout (``layout.Out``): ``jobs.json`` (the job ids on the cluster),
 ``slurm/`` (submitit's scripts, pickles and logs), and each command's own
 work: the study's ``cells/<name>/``, a table's ``runs/<row>-seed<N>/``.
 """
@@ -14,12 +14,12 @@ import logging
 import signal
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 from ..common.errors import PowerNormConfigError
 from ..common.files import end_cleanly_on_sigterm
 from ..common.flags import at_least
 from . import slurm
+from .layout import Out
 
 MAX_SEED = 2 ** 32 - 1  # numpy's and fairseq's seeds are 32-bit
 
@@ -148,17 +148,6 @@ def run(p, args, body, errors, kept):
         raise
     except (*errors, slurm.SlurmError, PowerNormConfigError) as err:
         p.error(str(err))
-
-
-class Out:
-    """The layout of a launcher's OUT."""
-
-    def __init__(self, out):
-        self.root = Path(out)
-        self.slurm = self.root / "slurm"  # submitit's scripts, pickles and logs
-        self.jobs = self.root / "jobs.json"  # the job ids on the cluster
-        self.cells = self.root / "cells"  # the study's cells
-        self.runs = self.root / "runs"  # a table's runs
 
 
 class Jobs:

@@ -26,6 +26,7 @@ import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from ..common.files import atomic_path
+from .layout import Out
 
 #: what a launcher needs of SLURM's client on this machine
 TOOLS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
@@ -234,7 +235,7 @@ def _job_ids(value):
 def read_jobs(out, steps):
     """``OUT/jobs.json``: {name: job id} (``steps`` False: the study's), or {name: {step: job id}}
     (``steps`` True: a table's); {} before the first submission. Another shape is one line."""
-    path = Path(out, "jobs.json")
+    path = Out(out).jobs
     if not path.exists():
         return {}
     try:
@@ -250,7 +251,7 @@ def read_jobs(out, steps):
 
 
 def write_jobs(out, jobs):
-    with atomic_path(Path(out, "jobs.json")) as tmp:
+    with atomic_path(Out(out).jobs) as tmp:
         Path(tmp).write_text(json.dumps(jobs, indent=1))
 
 

@@ -25,6 +25,7 @@ import submitit
 from ...common.files import end_cleanly_on_sigterm, last_line
 from .. import slurm
 from ..launcher import Jobs, resources
+from ..layout import Out
 from . import runs
 from .runs import directory, name, scored, trained
 
@@ -127,7 +128,7 @@ def score_job(args, row, seed, after=None):
 def dry_run(args, todo):
     """Every job's script and command, and the fairseq-train command of each training's workers (its
     batch, update frequency and distributed flags), submitting nothing."""
-    folder = Path(args.out, "slurm")
+    folder = Out(args.out).slurm
     world, per_task = shape(args)
     flags, _ = worker({"world": world, "gpus_per_task": per_task, "tasks_per_node": args.tasks_per_node,
                        "gpus_per_node": args.gpus_per_node},

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..layout import Out
 from ...common.files import atomic_path, check_regular_file, last_line, tail
 from .rows import ROOT, score_of
 
@@ -36,7 +37,7 @@ def name(row, seed):
 
 
 def directory(args, row, seed):
-    return Path(args.out, "runs", name(row, seed))
+    return Out(args.out).run(name(row, seed))
 
 
 def train_command(args, row, seed, gpus, world=None):

@@ -12,6 +12,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ...common.files import atomic_path
+from ..layout import Out
 from .grid import LOSS, METRIC, StudyError, train_argv
 from .out import read_probe, read_result, record_settings, wants_landscape
 from .probe import initial_probe, measure_landscape
@@ -50,7 +51,7 @@ def run_cell(args, cell, verbose=False):
     ``result.json``. Returns None when another process holds the cell."""
     import torch
 
-    root = Path(args.out, "cells", cell["name"])
+    root = Out(args.out).cell(cell["name"])
     root.mkdir(parents=True, exist_ok=True)
     held = FileLock(root / ".lock", preserve_lock_file=True)
     try:

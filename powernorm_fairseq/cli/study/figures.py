@@ -2,6 +2,7 @@
 
 import re
 from pathlib import Path
+from ..layout import Out
 from .cell import read_log
 from .grid import LOSS, series
 from .out import read_probe
@@ -50,7 +51,7 @@ def figures(args, grid, results):
         if c["seed"] != args.seeds[0]:
             continue
         ax = axes[rows.index((c["depth"], c["width"], c["init"]))][lrs.index(c["lr"])]
-        records = read_log(Path(args.out, "cells", c["name"], "train.log"))
+        records = read_log(Path(Out(args.out).cell(c["name"]), "train.log"))
         train_points = [(0, r["initial_loss"])] + [(x["num_updates"], x[key]) for x in records["train_inner"]
                                                    if key in x and "num_updates" in x]
         valid_points = [(x["num_updates"], x[key]) for x in records["valid"] if key in x and "num_updates" in x]

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from ...common.flags import ArgumentParser, at_least, fraction, positive
+from ..layout import Out
 from .cell import parse
 from .grid import (DEFAULTS, TASKS, WIDTHS, StudyError, cells, check_data, check_names, check_width, constant_loss,
                    train_argv, width)
@@ -132,7 +133,7 @@ def check_fairseq_args(args):
                 continue
             seen.add(kind)
             try:
-                parsed = parse(train_argv(args, cell, args.out / "cells" / cell["name"]))
+                parsed = parse(train_argv(args, cell, Out(args.out).cell(cell["name"])))
                 # the model's own refusals, before any cell trains, over the sides the model has
                 check_args(parsed, tuple(ARCH_MODEL_REGISTRY[parsed.arch].NORM_FLAGS))
             except _FairseqUsage as err:

@@ -5,6 +5,7 @@ import math
 import tempfile
 from pathlib import Path
 
+from ..layout import Out
 from ...common.files import atomic_path
 
 
@@ -37,7 +38,7 @@ def settings(args):
 
 def trained_any(out):
     """Whether a cell of OUT holds what training made: a checkpoint or a result."""
-    return any(Path(out, "cells").glob("*/checkpoint*.pt")) or any(Path(out, "cells").glob("*/result.json"))
+    return any(Out(out).cells.glob("*/checkpoint*.pt")) or any(Out(out).cells.glob("*/result.json"))
 
 
 def same_settings(args, p):
@@ -57,7 +58,7 @@ def same_settings(args, p):
         k = differ[0]
         p.error(f"--out {args.out} holds a study run with {k.replace('_', '-')} {theirs.get(k)!r}, not "
                 f"{mine.get(k)!r}: rerun it with its settings, or give another --out")
-    for probe in Path(args.out, "cells").glob("*/init.json"):
+    for probe in Out(args.out).cells.glob("*/init.json"):
         probe.unlink()
     path.unlink()
 
@@ -75,7 +76,7 @@ def finished(args, members):
     """{name: result} of the finished cells among ``members``, each result.json read once."""
     done = {}
     for cell in members:
-        result = read_result(Path(args.out, "cells", cell["name"]))
+        result = read_result(Out(args.out).cell(cell["name"]))
         if result is not None and not wants_landscape(args, result):
             done[cell["name"]] = result
     return done
@@ -99,7 +100,7 @@ def read_result(root):
 
 def read_probe(args, cell):
     """A cell's init.json, or None when it is missing or unreadable."""
-    probe = _record(Path(args.out, "cells", cell["name"], "init.json"), "grad_norms")
+    probe = _record(Path(Out(args.out).cell(cell["name"]), "init.json"), "grad_norms")
     return probe if probe is None or isinstance(probe["grad_norms"], dict) else None
 
 

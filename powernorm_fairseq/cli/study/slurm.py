@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ...common.errors import PowerNormConfigError
 from ...common.files import atomic_path, end_cleanly_on_sigterm, tail
+from ..layout import Out
 from .. import slurm
 from ..launcher import Jobs, quiet, resources
 from .cell import add_seconds, run_cell
@@ -28,10 +29,10 @@ class Cell(slurm.Resumable):
     (``scancel``) ends the cell: a rerun resubmits it."""
 
     def __call__(self, args, cell):
-        self.started(Path(args.out, "cells", cell["name"], "checkpoint_last.pt"), args.timeout_min)
+        self.started(Path(Out(args.out).cell(cell["name"]), "checkpoint_last.pt"), args.timeout_min)
         end_cleanly_on_sigterm()  # scancel's SIGTERM ends the cell now (submitit would let it run to SIGKILL)
         quiet(args.verbose)
-        failure = Path(args.out, "cells", cell["name"], FAILURE)
+        failure = Path(Out(args.out).cell(cell["name"]), FAILURE)
         failure.unlink(missing_ok=True)
         try:
             result = run_cell(args, cell, args.verbose)
@@ -49,7 +50,7 @@ class Cell(slurm.Resumable):
     def checkpoint(self, args, cell):
         if not self.requeue(f"cell {cell['name']}"):
             return None
-        add_seconds(Path(args.out, "cells", cell["name"]), self.seconds())  # result.json counts all jobs
+        add_seconds(Out(args.out).cell(cell["name"]), self.seconds())  # result.json counts all jobs
         return super().checkpoint(args, cell)
 
 
@@ -95,7 +96,7 @@ def _why(args, cell, job_id):
     never submitit's pickle, which this process does not load), whether a
     rerun can help, and its log."""
     jobs = Jobs(args.out, steps=False, prog="norm-study")
-    record = tail(Path(args.out, "cells", cell["name"], FAILURE)).splitlines()
+    record = tail(Path(Out(args.out).cell(cell["name"]), FAILURE)).splitlines()
     kind, last = (record[0], record[-1]) if len(record) >= 2 else ("error", jobs.cause(job_id))
     again = "a rerun fails the same way until what it names is fixed" if kind == "input" \
         else "the same command resubmits it"
