@@ -124,18 +124,23 @@ class Norm(nn.Module):
                            "statistics of the whole batch, later tokens included (a leak of the future that "
                            "generation does not have); --norm-causal uses running statistics instead", kind)
 
-    # The step configuration of the fused norms (kernels/functions.py's ChannelConfig), made once and
-    # dropped whenever what it holds may have changed: a setting or a buffer set, a buffer registered,
-    # the module moved or cast (_apply), a state dict loaded; a step makes it anew where a running buffer
-    # is not the one it holds (an entry of _buffers replaced, as torch.func.functional_call does).
-    _SCRATCH = frozenset(("_config", "_given", "_last", "training", "pad_mask", "mask_batch_first", "diagnostics"))
+    #: attributes a step or a wrapper sets that change no setting (``__setattr__`` keeps the configuration)
+    _SCRATCH = frozenset(("_given", "training", "pad_mask", "mask_batch_first"))
 
-    def step_config(self, fresh=False):
-        """This module's step configuration (``make_step_config``), made on the first step after a change
-        (``fresh``: now)."""
-        config = None if fresh else self.__dict__.get("_config")
-        if config is None:
-            config = self.__dict__["_config"] = self.make_step_config()
+    def step_config(self):
+        """The fused norms' step configuration (kernels/functions.py's ChannelConfig, ``make_step_config``),
+        made once and made again where a setting was set since (``__setattr__`` drops it) or a buffer is
+        not one it holds: replaced by ``.to()`` or a cast, a load with ``assign``, a buffer registered,
+        torch.func.functional_call's swap of an entry of ``_buffers``."""
+        config, bufs = self.__dict__.get("_config"), self._buffers
+        if config is not None and len(bufs) == len(config.held):
+            for now, held in zip(bufs.values(), config.held):
+                if now is not held:
+                    break
+            else:
+                return config
+        config = self.__dict__["_config"] = self.make_step_config()
+        config.held = tuple(bufs.values())
         return config
 
     def make_step_config(self):
@@ -151,14 +156,6 @@ class Norm(nn.Module):
         state.pop("_config", None)
         return state
 
-    def register_buffer(self, name, tensor, persistent=True):
-        super().register_buffer(name, tensor, persistent)
-        self.__dict__.pop("_config", None)
-
-    def _load_from_state_dict(self, *args, **kwargs):
-        super()._load_from_state_dict(*args, **kwargs)
-        self.__dict__.pop("_config", None)
-
     def _apply(self, fn, recurse=True):
         # Running statistics stay float32 when the model is cast to float16
         # or bfloat16 (fairseq's --fp16 / --bf16 call .half() / .to(bfloat16)):
@@ -172,7 +169,6 @@ class Norm(nn.Module):
             buf = self._buffers[name]
             if buf.dtype in (torch.float16, torch.bfloat16):
                 self._buffers[name] = buf.to(dtype)
-        self.__dict__.pop("_config", None)
         return self
 
 

@@ -194,11 +194,7 @@ class PowerNorm(Norm):
                 self.warn_leak("pn (in its warmup)")
         else:
             update, mode = Update.PN, Mode.PAPER
-        params, bufs = self._parameters, self._buffers  # not nn.Module's __getattr__, a call each
-        config = self.__dict__["_config"] if "_config" in self.__dict__ else None
-        if config is None or config.second_buf is not bufs["running_psi2"] or config.nu is not bufs["running_nu"] \
-                or config.steps is not bufs["num_steps"]:  # (torch.func.functional_call swaps _buffers' entries)
-            config = self.step_config(fresh=True)
+        params, config = self._parameters, self.step_config()  # not nn.Module's __getattr__, a call each
         y, inv = fused.channel_norm(x, pad_mask, params["weight"], params["bias"], config, update, mode,
                                     None if given is None else (None, given), replay)
         if not replay:  # what a recomputation of this forward must use again (a plain attribute, set without a call)

@@ -67,13 +67,13 @@ _WARM = (Update.PN_WARM, Update.REFERENCE_WARM)
 class ChannelConfig:
     """A BN, PN-V or PN module's step configuration: its constants and its
     running buffers (absent ones None), made once per module and made again
-    when its buffers, settings or device change (``base.Norm`` drops it), and
+    when its buffers, settings or device change (``base.Norm.step_config``), and
     the compiled node's own copy of it per backend (``StepConfig``), made on
     the first eager step there. ``clock``: the key of PN's warmup clock
     (norms/clock.py), -1 for none."""
 
     __slots__ = ("center", "groups", "momentum", "eps", "sync", "warmup", "rate", "clock", "mean_buf",
-                 "second_buf", "steps", "nu", "made", "made_as")
+                 "second_buf", "steps", "nu", "made", "made_as", "held")
 
     def __init__(self, *, center, groups, momentum, eps, sync, second_buf, mean_buf=None, steps=None, nu=None,
                  warmup=0, rate=0.0, clock=-1):
@@ -81,6 +81,7 @@ class ChannelConfig:
         self.warmup, self.rate, self.clock = warmup, rate, clock
         self.mean_buf, self.second_buf, self.steps, self.nu = mean_buf, second_buf, steps, nu
         self.made, self.made_as = None, None  # the node's StepConfig, and the passes it names
+        self.held = ()  # every buffer of the module when this was made (base.Norm.step_config)
 
     def replayed(self) -> "ChannelConfig":
         """Activation checkpointing's recomputation: copies of the running statistics, no clock."""

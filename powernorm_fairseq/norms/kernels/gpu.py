@@ -18,12 +18,12 @@ import sys
 
 import torch
 
-from . import compiled, contract, launcher
+from . import compiled, contract, launcher, plans
 from .contract import Mode, Update
 from .launcher import OBSERVERS, observed  # noqa: F401 (the measuring tools' hooks)
 from .plans import (MAX_ROWS, PROGRAMS_PER_SM, REGISTERS_PER_SM, ROW_TICKET, SUB_CHUNK, TICKET_ROWS,  # noqa: F401
-                    TILE, ROW_TILE, WARP, WARPS, WIDEST_GROUP, WIDEST_ROW, interpreting, parts, programs_per_sm,
-                    registers, stand_in, stand_in_size)
+                    TILE, ROW_TILE, WARP, WARPS, WIDEST_GROUP, WIDEST_ROW, _acc, interpreting, parts,
+                    programs_per_sm, registers, stand_in, stand_in_size)
 from .gpu_channel import _channel_backward, _channel_forward, _finish_backward, _finish_stats, triton  # noqa: F401
 from .gpu_rows import (_dyt_backward, _dyt_forward, _rmsnorm_backward, _rmsnorm_forward, _scalenorm_backward,
                        _scalenorm_forward, _sum_columns)
@@ -36,6 +36,7 @@ KERNELS = {k.__name__: k for k in (_channel_forward, _finish_stats, _channel_bac
                                    _dyt_forward, _dyt_backward, _sum_columns)} if triton is not None else {}
 failure = None if triton is not None else "triton is not installed"
 _NODE = None  # the compiled module whose passes are bound (bind_node)
+_BOUND_AS = None  # the value eager steps name them by
 
 
 def available() -> bool:
@@ -72,20 +73,15 @@ def _node():
 def bind_node(node):
     """Bind the kernels (by name), ``plans.py`` as the passes' planner and Triton's JIT launch into the
     compiled module's passes, once; the value eager steps name them by (``bound_as``)."""
-    global _NODE
+    global _NODE, _BOUND_AS
     if _NODE is node:
         return _BOUND_AS
-    from . import plans
-
-    bound = node.bind_gpu({name: (k, _parameters(k)) for name, k in KERNELS.items()}, plans, launcher.from_node)
+    _BOUND_AS = node.bind_gpu({name: (k, _parameters(k)) for name, k in KERNELS.items()}, plans,
+                              launcher.from_node)
     launcher.watch(list(KERNELS.values()), node.triton_changed, node.watch_launches, interpreting())
     plans._FORGET.append(node.forget_plans)
     _NODE = node
-    globals()["_BOUND_AS"] = bound
-    return bound
-
-
-_BOUND_AS = None
+    return _BOUND_AS
 
 
 def _parameters(kernel) -> list:
@@ -102,10 +98,6 @@ def _parameters(kernel) -> list:
 def _empty(t, like, dtype=None):
     """An absent result (None) as the contract's empty tensor."""
     return like.new_empty(0, dtype=dtype) if t is None else t
-
-
-def _acc(x):
-    return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
 def _rows(t, x):
