@@ -110,7 +110,7 @@ def test_the_counter_counts_a_kernel_as_one_launch_and_sees_through_the_ops():
     backend_or_fail("triton")
     x = torch.randn(5, 8)
     with kernels.use("triton"), launches.counting() as seen:
-        torch.ops.powernorm.scalenorm_forward("triton", x, torch.tensor(2.0), 1e-5)
+        torch.ops.powernorm.row_forward("triton", "scalenorm", x, [torch.tensor(2.0)], 1e-5)
     assert seen.launches == ["triton:_scalenorm_forward"]
 
 
@@ -215,6 +215,7 @@ def test_every_custom_op_passes_opcheck(backend):
     (Under Triton's interpreter it takes two minutes; the Triton kernels'
     outputs are held to the plain path's in test_kernels.py.)"""
     from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
 
     backend_or_fail(backend)
     calls = {}
@@ -223,7 +224,7 @@ def test_every_custom_op_passes_opcheck(backend):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func.namespace == "powernorm" and func._schema.name not in calls:
                 copy = lambda a: a.clone() if isinstance(a, torch.Tensor) else a  # noqa: E731
-                calls[func._schema.name] = (func, tuple(map(copy, args)), kwargs or {})
+                calls[func._schema.name] = (func, tree_map(copy, tuple(args)), kwargs or {})
             return func(*args, **(kwargs or {}))
 
     x, pad, grad = data()
@@ -643,8 +644,7 @@ with kernels.use("triton"):
     out["debug_same"] = same_as_triton()
     knobs.runtime.debug = False
     # Triton's in-memory caches dropped: nothing launched through an unloaded module
-    for kernel in (gpu._channel_forward, gpu._finish_stats, gpu._channel_backward, gpu._finish_backward,
-                   gpu._sum_columns):
+    for kernel in gpu.KERNELS.values():
         kernel.device_caches.clear()
     gc.collect()
     out["after_drop"] = len(recorded())

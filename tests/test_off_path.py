@@ -269,7 +269,7 @@ def test_double_backward_raises_on_every_backend(backend, kind, options):
     x, pad, _ = data(6)
     norm = build_norm(kind, C, **options).double().train()
     xr = x.requires_grad_(True)
-    with kernels.use(backend), pytest.raises(RuntimeError, match=r"^\S.* have no second derivative here"):
+    with kernels.use(backend), pytest.raises(RuntimeError, match=r"^\S.* ha(ve|s) no second derivative here"):
         torch.autograd.grad(norm(xr, pad).pow(2).sum(), xr, create_graph=True)
 
 

@@ -28,7 +28,9 @@ from pathlib import Path
 
 import torch
 
-from ..norms.kernels import gpu, launcher
+from ..norms.kernels import gpu, gpu_rows, launcher
+
+_ROW_KERNELS = {k.__name__ for k in gpu_rows.KERNELS} if gpu.triton is not None else set()
 
 REGISTERS_PER_SM, WARP = gpu.REGISTERS_PER_SM, gpu.WARP
 
@@ -95,9 +97,9 @@ def activation_tensors(variant) -> int:
         return 1 + int(c["WANT_Y"])
     if name == "_channel_backward":
         return 2 + int(c["WANT_GX"])
-    if name in ("_scalenorm_forward", "_rmsnorm_forward", "_dyt_forward"):
+    if name in _ROW_KERNELS and name.endswith("_forward"):  # a row kind's: read x, write y
         return 2
-    if name in ("_scalenorm_backward", "_rmsnorm_backward", "_dyt_backward"):
+    if name in _ROW_KERNELS and name.endswith("_backward"):  # read x and dy, write dx
         return 3
     return 0  # the finishing kernels read per-program sums, not activations
 
@@ -124,7 +126,7 @@ def balance(variant) -> float:
     N, C, per_prog = n["N"], n["C"], n["per_prog"]
     width = n.get("cw", C) if name.startswith("_channel") else C
     mean = N * C / programs  # elements a program moves, on average
-    extra = programs if name in ("_scalenorm_backward", "_dyt_backward") else 0  # the last one's scalar sums
+    extra = programs if name in gpu_rows.SCALAR_SUMS else 0  # the last one's scalar sums
     return (min(per_prog, N) * width + extra) / mean
 
 
@@ -161,7 +163,7 @@ def _compile(job):
     from triton.compiler import ASTSource
 
     name, signature, constexprs, attrs, options, given = job
-    fn = getattr(gpu, name)
+    fn = gpu.KERNELS[name]
     log = io.StringIO()  # ptxas's own -v report, as triton prints it (build sets dump_ptxas_log)
     with contextlib.redirect_stdout(log):
         kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
@@ -195,7 +197,7 @@ def build(variants, workers=None):
     backend = make_backend(TARGET())
     keys, jobs, described = [], {}, {}
     for v in variants:  # triton's own specialisation of each launch, as on the GPU
-        fn = getattr(gpu, v["kernel"])
+        fn = gpu.KERNELS[v["kernel"]]
         binder = create_function_from_signature(fn.signature, fn.params, backend)
         bound, specialization, options = binder(*[_argument(d) for d in v["args"]], **v["constexprs"])
         options, signature, constexprs, attrs = fn._pack_args(backend, v["constexprs"], bound, specialization,
@@ -213,7 +215,7 @@ def build(variants, workers=None):
 
     # each compile's report, kept by content (the kernel's source and its callees', the specialisation,
     # triton's version): a variant is compiled once per machine, not on every run
-    kept = {key: KEPT / (hashlib.sha256(f"{getattr(gpu, jobs[key][0]).cache_key}{key}{triton.__version__}".encode())
+    kept = {key: KEPT / (hashlib.sha256(f"{gpu.KERNELS[jobs[key][0]].cache_key}{key}{triton.__version__}".encode())
                          .hexdigest()[:24] + ".json") for key in jobs}
     reports = {key: json.loads(kept[key].read_text()) for key in jobs if kept[key].is_file()}
     todo = [key for key in jobs if key not in reports]

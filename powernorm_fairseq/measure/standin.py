@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..common.flags import ArgumentParser
+from ..norms.kernels.contract import ROW_KINDS
 from ..norms.kernels.launcher import ptx_params
 
 SOURCE = Path(__file__).with_name("standin_cuda.c")
@@ -160,7 +161,8 @@ def measure(kinds, rounds: int = 20, reps: int = 40, shapes=SHAPES) -> list:
 
 def main(argv=None):
     p = ArgumentParser(prog="python -m powernorm_fairseq.measure.standin", description=__doc__.split("\n")[0])
-    p.add_argument("--kinds", nargs="+", default=["pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt"])
+    p.add_argument("--kinds", nargs="+", default=["pn", "bn", "pn-v", *ROW_KINDS],
+                   help="the norms to measure (default: each with kernels of its own)")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--reps", type=int, default=40)
     args = p.parse_args(argv)

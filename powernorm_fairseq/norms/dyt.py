@@ -13,7 +13,42 @@ import torch
 from torch import Tensor, nn
 
 from .base import Norm
-from .kernels.functions import DYT, row_norm
+from .kernels.contract import RowKind, row_kind
+from .kernels.functions import row_norm
+from .kernels.plain import _acc, _into, _rows
+
+
+def _forward(x, alpha, weight, bias, eps):
+    """Eq. 1 per entry: (y, no statistic)."""
+    xa = x.to(_acc(x))
+    y, out = _into(x)
+    torch.addcmul(bias.to(xa), torch.tanh(alpha.to(xa) * xa), weight.to(xa), out=out)
+    return y, xa.new_empty(0)
+
+
+def _backward(x, ticket, grad_y, alpha, weight, bias, eps):
+    """dL/dx = alpha d, d = dy w (1 - t^2), t = tanh(alpha x); dL/dalpha = sum d x, dL/dw = sum dy t, dL/db = sum dy."""
+    _, rows = _rows(x)
+    xa, gy = x.to(_acc(x)), grad_y.view(x.shape).to(_acc(x))
+    t = torch.tanh(alpha.to(xa) * xa)
+    g = gy * weight.to(xa) * (1 - t * t)  # dL/d(alpha x)
+    gx, out = _into(x)
+    torch.mul(g, alpha.to(xa), out=out)
+    return [gx, (g.double() * xa.double()).sum().to(alpha.dtype), (gy.double() * t.double()).sum(rows).to(weight.dtype),
+            gy.double().sum(rows).to(weight.dtype)]
+
+
+def _twice(x, grad_y, alpha, weight, bias):
+    """DyT's gradients in PyTorch ops, which autograd differentiates again: t = tanh(alpha x), y = w t + b."""
+    grad_y = grad_y.view_as(x)  # y's rows in x's shape
+    t = torch.tanh(alpha * x)
+    d = grad_y * weight * (1 - t * t)
+    rows = tuple(range(x.dim() - 1))
+    return [d * alpha, (d * x).sum(), (grad_y * t).sum(rows), grad_y.sum(rows)]
+
+
+#: the kind's description: the kernels' (csrc/cpu_rows.h, gpu_rows.py) by name, these passes the plain backend's
+DYT = row_kind(RowKind("dyt", ("alpha", "weight", "bias"), False, _forward, _backward, _twice))
 
 
 class DyT(Norm):

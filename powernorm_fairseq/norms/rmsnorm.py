@@ -14,7 +14,34 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import Norm
-from .kernels.functions import RMSNORM, row_norm
+from .kernels.contract import RowKind, row_kind
+from .kernels.functions import row_norm
+from .kernels.plain import _acc, _into, _rows
+
+
+def _forward(x, weight, eps):
+    """Eq. 4 per row: (y, 1 / rms)."""
+    N, _ = _rows(x)
+    xa = x.to(_acc(x))
+    rstd = torch.rsqrt(xa.pow(2).mean(-1) + eps)
+    y, out = _into(x)
+    torch.mul(xa * rstd.unsqueeze(-1), weight.to(xa), out=out)
+    return y, rstd.reshape(N)
+
+
+def _backward(x, rstd, grad_y, weight, eps):
+    """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r."""
+    _, rows = _rows(x)
+    xa, gy, rstd = x.to(_acc(x)), grad_y.view(x.shape).to(_acc(x)), rstd.view(x.shape[:-1])
+    xr = xa * rstd.unsqueeze(-1)
+    g = gy * weight.to(xa)
+    gx, out = _into(x)
+    torch.mul(rstd.unsqueeze(-1), g - xr * (g * xr).mean(-1, keepdim=True), out=out)
+    return [gx, (gy.double() * xr.double()).sum(rows).to(weight.dtype)]
+
+
+#: the kind's description: the kernels' (csrc/cpu_rows.h, gpu_rows.py) by name, these passes the plain backend's
+RMSNORM = row_kind(RowKind("rmsnorm", ("weight",), True, _forward, _backward))
 
 
 class RMSNorm(Norm):

@@ -14,6 +14,7 @@ as a PyTorch op, and ops take and give tensors.
 
 import re
 from enum import IntEnum
+from typing import Callable, NamedTuple, Optional
 
 
 class _Enumeration(IntEnum):
@@ -59,6 +60,35 @@ class Mode(_Enumeration):
     FIXED = 3
 
 
+class RowKind(NamedTuple):
+    """A per-row or per-entry kind as every backend takes it, the one
+    description each kind's module gives (:func:`row_kind`): its ``name``
+    (the compiled module's row kinds, csrc/cpu_rows.h, by name), its
+    parameters' names in order (the backward reads at most the first two),
+    whether its statistic has one value per row, its two passes in PyTorch
+    ops (the plain backend's: ``forward(x, *params, eps)`` -> (y, statistic),
+    ``backward(x, statistic, grad_y, *params, eps)`` -> [dL/dx, one gradient
+    per parameter]) and the gradients of a backward that builds a graph
+    (``twice(x, grad_y, *params)``; None: first derivatives only)."""
+
+    name: str
+    params: tuple
+    per_row: bool
+    forward: Callable
+    backward: Callable
+    twice: Optional[Callable] = None
+
+
+#: name -> RowKind: the per-row and per-entry kinds, each registered by its module
+ROW_KINDS = {}
+
+
+def row_kind(kind: RowKind) -> RowKind:
+    """Register ``kind`` by its name and return it."""
+    ROW_KINDS[kind.name] = kind
+    return kind
+
+
 #: name -> (arguments, results), in the schema language of PyTorch's ops; ``Tensor(a!)`` is updated in place
 SCHEMAS = {
     # y = (xs - mean) * inv * weight + bias over the rows, xs the row after the
@@ -90,19 +120,12 @@ SCHEMAS = {
     # A or empty, B or empty).
     "finish_backward": ("Tensor part, Tensor weight, Tensor n, Tensor(a!) nu, float rate, int kind, bool center, "
                         "SymInt rows", 4),
-    # ScaleNorm: y = scale * x / max(||x||, eps) per row; returns (y, norms)
-    "scalenorm_forward": ("Tensor x, Tensor scale, float eps", 2),
-    # returns (dL/dx, dL/dscale)
-    "scalenorm_backward": ("Tensor x, Tensor norms, Tensor grad_y, Tensor scale, float eps", 2),
-    # RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight per row; returns (y, 1 / rms)
-    "rmsnorm_forward": ("Tensor x, Tensor weight, float eps", 2),
-    # returns (dL/dx, dL/dweight)
-    "rmsnorm_backward": ("Tensor x, Tensor rstd, Tensor grad_y, Tensor weight", 2),
-    # DyT: y = weight * tanh(alpha * x) + bias per entry, alpha one value; returns (y, the backward's arrival
-    # ticket: one value set to 0 on the GPU, empty elsewhere)
-    "dyt_forward": ("Tensor x, Tensor alpha, Tensor weight, Tensor bias", 2),
-    # returns (dL/dx, dL/dalpha, dL/dweight, dL/dbias)
-    "dyt_backward": ("Tensor x, Tensor grad_y, Tensor alpha, Tensor weight, Tensor ticket", 4),
+    # a per-row or per-entry kind (a RowKind, by name) over the rows with its parameters (in the order its
+    # descriptor names them): returns (y, the statistic its backward reads: one value per row and the GPU
+    # kernels' arrival ticket past them, or the ticket alone where it has none per row)
+    "row_forward": ("str kind, Tensor x, Tensor[] params, float eps", 2),
+    # returns [dL/dx, one gradient per parameter]
+    "row_backward": ("str kind, Tensor x, Tensor stat, Tensor grad_y, Tensor[] params, float eps", "Tensor[]"),
 }
 #: name -> its argument names, in order: what every backend's function takes
 CONTRACT = {name: tuple(arg.split()[-1] for arg in args.split(", ")) for name, (args, _) in SCHEMAS.items()}
@@ -111,7 +134,8 @@ CONTRACT = {name: tuple(arg.split()[-1] for arg in args.split(", ")) for name, (
 def schema(name: str, before: str = "", after: str = "") -> str:
     """The op schema of entry point ``name``, with arguments ``before`` and ``after`` its own."""
     args, results = SCHEMAS[name]
-    return f"({before}{args}{after}) -> ({', '.join(['Tensor'] * results)})"
+    return f"({before}{args}{after}) -> " + (results if isinstance(results, str) else
+                                            f"({', '.join(['Tensor'] * results)})")
 
 
 def argument_names(function) -> tuple:
@@ -133,9 +157,10 @@ def _pybind_arguments(function) -> tuple:
 
 def _schema_type(pybind: str) -> str:
     """The schema's name of a type as pybind11 writes it ("torch.Tensor",
-    "int", or "typing.SupportsInt | typing.SupportsIndex" in newer releases)."""
-    for word, name in (("Tensor", "Tensor"), ("bool", "bool"), ("Int", "int"), ("int", "int"), ("Float", "float"),
-                       ("float", "float")):
+    "int", or "typing.SupportsInt | typing.SupportsIndex" in newer releases;
+    "list[torch.Tensor]", or "collections.abc.Sequence[torch.Tensor]")."""
+    for word, name in (("list[", "Tensor[]"), ("Sequence[", "Tensor[]"), ("Tensor", "Tensor"), ("str", "str"),
+                       ("bool", "bool"), ("Int", "int"), ("int", "int"), ("Float", "float"), ("float", "float")):
         if word in pybind:
             return name
     return pybind

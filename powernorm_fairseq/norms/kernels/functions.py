@@ -39,7 +39,7 @@ from .. import clock as clocks
 from ..stats import GROUP_EPS, update_nu, upcast
 from . import ops  # registers torch.ops.powernorm
 from . import compiled, select
-from .contract import SCHEMAS, Mode, Update
+from .contract import Mode, Update
 
 P = ops.CALLS
 
@@ -270,7 +270,8 @@ def first_derivative_only(kinds: str, grad_y: Tensor):
     """The fused backwards compute no graph of their own: a backward asked for
     one (``create_graph=True`` through this norm) is refused, on every backend."""
     if torch.is_grad_enabled() and grad_y.requires_grad:
-        raise RuntimeError(f"{kinds} have no second derivative here (a backward with create_graph=True went "
+        verb = "have" if " and " in kinds else "has"
+        raise RuntimeError(f"{kinds} {verb} no second derivative here (a backward with create_graph=True went "
                            "through one): use ln, layernorm-simple or none for double backward")
 
 
@@ -366,45 +367,11 @@ def _as(y: Tensor, x: Tensor) -> Tensor:
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
-class RowKind(NamedTuple):
-    """A per-row or per-entry kind as every backend takes it: its ``name`` (the
-    contract's ``<name>_forward`` and ``<name>_backward``, csrc/steps.h's RowKind
-    by ``index``), its parameters and the statistic its backward reads by the
-    contract's argument names, and the gradients of a backward that builds a
-    graph, in PyTorch ops (None: first derivatives only)."""
-
-    name: str
-    index: int
-    params: tuple
-    stat: str
-    double: object = None
+_ROW_INDEX = {}  # a row kind's name -> its index in the compiled module (csrc/cpu_rows.h's kRowKinds)
 
 
-def _dyt_double(x, grad_y, alpha, weight, bias):
-    """DyT's gradients in PyTorch ops, which autograd differentiates again: t = tanh(alpha x), y = w t + b."""
-    grad_y = grad_y.view_as(x)  # y's rows in x's shape
-    t = torch.tanh(alpha * x)
-    d = grad_y * weight * (1 - t * t)
-    rows = tuple(range(x.dim() - 1))
-    return d * alpha, (d * x).sum(), (grad_y * t).sum(rows), grad_y.sum(rows)
-
-
-SCALENORM = RowKind("scalenorm", 0, ("scale",), "norms")
-RMSNORM = RowKind("rmsnorm", 1, ("weight",), "rstd")
-DYT = RowKind("dyt", 2, ("alpha", "weight", "bias"), "ticket", _dyt_double)
-#: the contract's arguments of each row pass, by name (contract.SCHEMAS)
-_ARGUMENTS = {name: tuple(arg.split()[1] for arg in SCHEMAS[name][0].split(", "))
-              for kind in (SCALENORM, RMSNORM, DYT) for name in (f"{kind.name}_forward", f"{kind.name}_backward")}
-
-
-def _row_call(backend, name, given):
-    """The contract's pass ``name`` with the arguments it takes from ``given``, on ``backend`` (a name:
-    through its op)."""
-    return getattr(P, name)(impl=backend, **{a: given[a] for a in _ARGUMENTS[name]})
-
-
-def row_norm(kind: RowKind, x: Tensor, params: tuple, eps=None) -> Tensor:
-    """Per-row or per-entry ``kind`` over the rows of x (T, B, C) with its
+def row_norm(kind, x: Tensor, params: tuple, eps=None) -> Tensor:
+    """Per-row or per-entry ``kind`` (a contract.RowKind) over the rows of x (T, B, C) with its
     ``params``, on the backend that takes x, in a dtype that backend reads; y
     in x's dtype. The eager route: one C++ autograd node (RowStep) around the
     backend's passes; the graph route: :class:`FusedRowNorm`, each pass through its op."""
@@ -414,25 +381,24 @@ def row_norm(kind: RowKind, x: Tensor, params: tuple, eps=None) -> Tensor:
     if node is not None:
         p = params + (None, None)
         bound = _BOUND[k] if k in _BOUND else _bind(k, node)
-        y = node.row_step(kind.index, xk, p[0], p[1], p[2], 0.0 if eps is None else eps, bound)
+        index = _ROW_INDEX[kind.name] if kind.name in _ROW_INDEX else _ROW_INDEX.setdefault(
+            kind.name, node.row_kind_index(kind.name))
+        y = node.row_step(index, xk, p[0], p[1], p[2], 0.0 if eps is None else eps, bound)
     else:
         xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere
-        p = params + (None,) * (3 - len(params))
-        y = FusedRowNorm.apply(xk, *p, (kind, eps, k.NAME)).view(xk.shape)  # (N, C) rows, viewed outside
+        y = FusedRowNorm.apply(xk, (kind, eps, k.NAME), *params).view(xk.shape)  # (N, C) rows, viewed outside
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class FusedRowNorm(torch.autograd.Function):
-    """ScaleNorm, RMSNorm or DyT (``how``: (its :class:`RowKind`, eps, the
-    backend's name)) in one pass each way, each through its op; up to three
-    parameters (None past the kind's own)."""
+    """A per-row or per-entry kind (``how``: (its contract.RowKind, eps, the
+    backend's name)) in one pass each way, each through its op."""
 
     @staticmethod
-    def forward(ctx, x, p0, p1, p2, how):
+    def forward(ctx, x, how, *params):
         kind, eps, backend = how
-        given = dict(zip(kind.params, (p0, p1, p2)), x=x, eps=eps)
-        y, stat = _row_call(backend, f"{kind.name}_forward", given)
-        ctx.save_for_backward(x, stat, p0, p1, p2)
+        y, stat = P.row_forward(impl=backend, kind=kind.name, x=x, params=list(params), eps=_eps(eps))
+        ctx.save_for_backward(x, stat, *params)
         ctx.how = how
         return y  # (N, C), as FusedChannelNorm's
 
@@ -440,11 +406,16 @@ class FusedRowNorm(torch.autograd.Function):
     def backward(ctx, grad_y):
         kind, eps, backend = ctx.how
         x, stat, *params = ctx.saved_tensors
-        nones = (None,) * (3 - len(kind.params)) + (None,)  # the absent parameters' and ``how``'s
         if grad_y.requires_grad and torch.is_grad_enabled():  # a backward that builds a graph
-            if kind.double is None:
+            if kind.twice is None:
                 first_derivative_only(kind.name, grad_y)
-            return (*kind.double(x, grad_y, *params[:len(kind.params)]), *nones)
-        given = dict(zip(kind.params, params), x=x, eps=eps, grad_y=grad_y.contiguous(), **{kind.stat: stat})
-        grad_x, *grads = _row_call(backend, f"{kind.name}_backward", given)
-        return (grad_x.view_as(x), *grads, *nones)
+            grad_x, *grads = kind.twice(x, grad_y, *params)
+            return (grad_x, None, *grads)
+        grad_x, *grads = P.row_backward(impl=backend, kind=kind.name, x=x, stat=stat, grad_y=grad_y.contiguous(),
+                                        params=params, eps=_eps(eps))
+        return (grad_x.view_as(x), None, *grads)
+
+
+def _eps(eps) -> float:
+    """A kind's eps as the contract takes it (0 for one without)."""
+    return 0.0 if eps is None else eps

@@ -1,5 +1,5 @@
 """The GPU backend: Triton kernels of the channel-statistics norms (BN, PN-V,
-PN), ScaleNorm, RMSNorm and DyT, with the interface of the CPU backend
+PN) and the per-row and per-entry kinds, with the interface of the CPU backend
 (``cpu.py``). Each idea in one home: the kernels (``gpu_channel.py``,
 ``gpu_rows.py``), their plans and the plans' constants (``plans.py``), the
 passes that allocate and launch (``csrc/gpu_passes.h``, in the compiled
@@ -24,16 +24,13 @@ from .launcher import OBSERVERS, observed  # noqa: F401 (the measuring tools' ho
 from .plans import (MAX_ROWS, PROGRAMS_PER_SM, REGISTERS_PER_SM, ROW_TICKET, SUB_CHUNK, TICKET_ROWS,  # noqa: F401
                     TILE, ROW_TILE, WARP, WARPS, WIDEST_GROUP, WIDEST_ROW, _acc, interpreting, parts,
                     programs_per_sm, registers, stand_in, stand_in_size)
-from .gpu_channel import _channel_backward, _channel_forward, _finish_backward, _finish_stats, triton  # noqa: F401
-from .gpu_rows import (_dyt_backward, _dyt_forward, _rmsnorm_backward, _rmsnorm_forward, _scalenorm_backward,
-                       _scalenorm_forward, _sum_columns)
+from . import gpu_channel, gpu_rows
+from .gpu_helpers import triton
 
 NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: the kernels the passes launch, by name (csrc/gpu_passes.h's kKernelNames)
-KERNELS = {k.__name__: k for k in (_channel_forward, _finish_stats, _channel_backward, _finish_backward,
-                                   _scalenorm_forward, _scalenorm_backward, _rmsnorm_forward, _rmsnorm_backward,
-                                   _dyt_forward, _dyt_backward, _sum_columns)} if triton is not None else {}
+KERNELS = {k.__name__: k for k in gpu_channel.KERNELS + gpu_rows.KERNELS} if triton is not None else {}
 failure = None if triton is not None else "triton is not installed"
 _NODE = None  # the compiled module whose passes are bound (bind_node)
 _BOUND_AS = None  # the value eager steps name them by
@@ -149,43 +146,18 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     return grad_w, grad_b, _empty(A, part, sd), _empty(B, part, sd)
 
 
-def scalenorm_forward(x, scale, eps):
-    """y = g x / max(||x||, eps) per row; returns (y, the clamped norms (N,) and the backward's ticket)."""
-    y, norms = (_NODE or _node()).gpu_scalenorm_forward(x, scale, eps)
-    return _rows(y, x), norms
+def row_forward(kind, x, params, eps):
+    """A per-row or per-entry kind's forward (contract.RowKind): (y, the statistic its backward reads and
+    the backward's arrival ticket past it)."""
+    y, stat = (_NODE or _node()).gpu_row_forward(kind, x, params, eps)
+    return _rows(y, x), stat
 
 
-def scalenorm_backward(x, norms, grad_y, scale, eps):
-    """dL/dx = g / n (dy - x <dy, x> / n^2) (g / eps dy where clamped) and dL/dg
-    = sum <dy, x> / n, summed by the last program in a fixed order."""
-    gx, grad_scale = (_NODE or _node()).gpu_scalenorm_backward(x, norms, grad_y, scale, eps)
-    return _rows(gx, x), grad_scale
-
-
-def rmsnorm_forward(x, weight, eps):
-    """y = x / sqrt(mean(x^2) + eps) * w per row; returns (y, 1 / rms (N,) and the backward's ticket)."""
-    y, rstd = (_NODE or _node()).gpu_rmsnorm_forward(x, weight, eps)
-    return _rows(y, x), rstd
-
-
-def rmsnorm_backward(x, rstd, grad_y, weight):
-    """dL/dx = r (g - x r^2 mean(g x)), g = dy * w; dL/dw = sum dy x r, the
-    programs' sums added in a fixed order (by the last program, or ``_sum_columns``: plans.row_for_node)."""
-    gx, grad_w = (_NODE or _node()).gpu_rmsnorm_backward(x, rstd, grad_y, weight)
-    return _rows(gx, x), grad_w
-
-
-def dyt_forward(x, alpha, weight, bias):
-    """y = w tanh(alpha x) + b per entry; returns (y, the backward's arrival ticket, set to 0)."""
-    y, ticket = (_NODE or _node()).gpu_dyt_forward(x, alpha, weight, bias)
-    return _rows(y, x), ticket
-
-
-def dyt_backward(x, grad_y, alpha, weight, ticket):
-    """dL/dx = alpha d, d = dy w (1 - t^2), t = tanh(alpha x); dL/dalpha, dL/dw and dL/db summed by the
-    last program in a fixed order."""
-    gx, grad_alpha, grad_w, grad_b = (_NODE or _node()).gpu_dyt_backward(x, grad_y, alpha, weight, ticket)
-    return _rows(gx, x), grad_alpha, grad_w, grad_b
+def row_backward(kind, x, stat, grad_y, params, eps):
+    """[dL/dx, one gradient per parameter], the parameters' sums added in a fixed order (by the last
+    program, or ``_sum_columns``: plans.row_for_node)."""
+    gx, *grads = (_NODE or _node()).gpu_row_backward(kind, x, stat, grad_y, params, eps)
+    return [_rows(gx, x), *grads]
 
 
 contract.check(sys.modules[__name__], "triton")

@@ -55,6 +55,17 @@ if triton is not None:
                 (rows < P)[:, None] & cm[None, :])
 
     @triton.jit
+    def _column_block(C, BLOCK: tl.constexpr):
+        """A finishing program's block of columns, their mask, and float64 zeros of its size."""
+        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        return cols, cols < C, tl.zeros([BLOCK], dtype=tl.float64)
+
+    @triton.jit
+    def _part_sum(base, m, k, C):
+        """The programs' rows of a part's k-th block of C columns, added in float64."""
+        return tl.sum(tl.load(base + k * C, mask=m, other=0.0).to(tl.float64), axis=0)
+
+    @triton.jit
     def _all_set(FLAGS, n):
         ok = tl.load(FLAGS) != 0
         for i in range(1, n):
@@ -72,20 +83,29 @@ if triton is not None:
         return P + rows.to(tl.int64) * tl.num_programs(1) + chunk
 
     @triton.jit
+    def _row_block(first, N, F64: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Rows first .. first + BLOCK_N, their mask, and zeros of their size in the accumulation dtype."""
+        rows = first + tl.arange(0, BLOCK_N)
+        return rows, rows < N, _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
+
+    @triton.jit
     def _group_scales(X, XB, XST, XSB, SCALE, start, per_prog, N, C, chunk, gs_eps, width,
                       F64: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         """SCALE[row, chunk] = 1 / sqrt(mean(x^2) + eps) over the chunk's ``width`` columns, block by block."""
         offs = tl.arange(0, BLOCK_C)
         for r0 in range(0, per_prog, BLOCK_N):
-            rows = start + r0 + tl.arange(0, BLOCK_N)
-            rmask = rows < N
-            ss = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
+            rows, rmask, ss = _row_block(start + r0, N, F64, BLOCK_N)
             for s0 in range(0, width, BLOCK_C):
-                cols = chunk * width + s0 + offs
-                x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, (s0 + offs < width) & (cols < C), BLOCK_N,
-                              F64)[4]
+                cols, cmask = _chunk_cols(chunk, width, s0, offs, C)
+                x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cmask, BLOCK_N, F64)[4]
                 ss += tl.sum(x * x, axis=1)
             tl.store(_at_group(SCALE, rows, chunk), _inv_rms(ss, width, gs_eps), mask=rmask)
+
+    @triton.jit
+    def _chunk_cols(chunk, width, s0, offs, C):
+        """Block s0 of the chunk's columns and their mask (inside the chunk and the tensor)."""
+        cols = chunk * width + s0 + offs
+        return cols, (s0 + offs < width) & (cols < C)
 
     @triton.jit
     def _group_scale(SCALE, rows, rmask, x, chunk, gs_eps, F64: tl.constexpr, WIDE: tl.constexpr,
@@ -103,19 +123,14 @@ if triton is not None:
                          GROUPED: tl.constexpr, WANT_Y: tl.constexpr, WANT_STATS: tl.constexpr,
                          CENTER: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
-        pid_n = tl.program_id(0)
-        chunk = tl.program_id(1)
+        pid_n, chunk = tl.program_id(0), tl.program_id(1)
         offs = tl.arange(0, BLOCK_C)
         start = pid_n * per_prog
-        if WIDE:  # the chunk's width: run-time for a wide group, else the constexpr (_layout)
-            width = cw
-        else:
-            width = CW
+        width = cw if WIDE else CW  # the chunk's width: run-time for a wide group, else the constexpr (_layout)
         if WIDE:
             _group_scales(X, XB, XST, XSB, SCALE, start, per_prog, N, C, chunk, gs_eps, width, F64, BLOCK_N, BLOCK_C)
         for s0 in range(0, width, BLOCK_C):  # one block unless WIDE
-            cols = chunk * width + s0 + offs
-            cmask = (s0 + offs < width) & (cols < C)
+            cols, cmask = _chunk_cols(chunk, width, s0, offs, C)
             zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
             mul = zero
             add = zero
@@ -175,9 +190,7 @@ if triton is not None:
                       UPDATE: tl.constexpr, HAS_STEPS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
         """UPDATE: an Update (contract.py). The programs' rows of the part are
         added BLOCK_R at a time, in a fixed order: the same result every run."""
-        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        cm = cols < C
-        z = tl.zeros([BLOCK], dtype=tl.float64)
+        cols, cm, z = _column_block(C, BLOCK)
         n = z
         s1 = z
         s2 = z
@@ -186,7 +199,7 @@ if triton is not None:
             cnt = tl.load(base, mask=m, other=0.0).to(tl.float64)
             n += tl.sum(cnt, axis=0)
             s1 += tl.sum(cnt * tl.load(base + C, mask=m, other=0.0).to(tl.float64), axis=0)
-            s2 += tl.sum(tl.load(base + 2 * C, mask=m, other=0.0).to(tl.float64), axis=0)
+            s2 += _part_sum(base, m, 2, C)
         ns = tl.maximum(n, 1.0)
         mean = s1 / ns
         if UPDATE == BN:  # Chan et al.'s pairwise formula: each program's M2 plus its mean's spread
@@ -299,22 +312,15 @@ if triton is not None:
                           HAS_B: tl.constexpr, GROUPED: tl.constexpr, CORRECT_PADS: tl.constexpr,
                           WANT_GX: tl.constexpr, WANT_SUMS: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, CW: tl.constexpr):
-        pid_n = tl.program_id(0)
-        chunk = tl.program_id(1)
+        pid_n, chunk = tl.program_id(0), tl.program_id(1)
         offs = tl.arange(0, BLOCK_C)
         start = pid_n * per_prog
-        if WIDE:  # the chunk's width: run-time for a wide group, else the constexpr (_layout)
-            width = cw
-        else:
-            width = CW
+        width = cw if WIDE else CW  # the chunk's width: run-time for a wide group, else the constexpr (_layout)
         if WIDE and WANT_GX:  # first pass: each row's mean(dxs * xs) over its group, block by block
             for r0 in range(0, per_prog, BLOCK_N):
-                rows = start + r0 + tl.arange(0, BLOCK_N)
-                rmask = rows < N
-                dot = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
+                rows, rmask, dot = _row_block(start + r0, N, F64, BLOCK_N)
                 for s0 in range(0, width, BLOCK_C):
-                    cols = chunk * width + s0 + offs
-                    cmask = (s0 + offs < width) & (cols < C)
+                    cols, cmask = _chunk_cols(chunk, width, s0, offs, C)
                     invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale,
                                                                    HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64, BLOCK_C)
                     _, _, m2, at, xs, xh, gy, keep, r = _backward_tile(
@@ -323,8 +329,7 @@ if triton is not None:
                     dot += tl.sum(_gxs(gy, w, keep, rmask, a, b, xh, invb, CORRECT_PADS, F64) * xs, axis=1)
                 tl.store(_at_group(DOTS, rows, chunk), dot / width, mask=rmask)
         for s0 in range(0, width, BLOCK_C):  # one block unless WIDE
-            cols = chunk * width + s0 + offs
-            cmask = (s0 + offs < width) & (cols < C)
+            cols, cmask = _chunk_cols(chunk, width, s0, offs, C)
             invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale,
                                                            HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64, BLOCK_C)
             zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
@@ -369,9 +374,7 @@ if triton is not None:
         """MODE: a Mode (contract.py): EXACT, the exact gradient's A and B (Eq. 3
         / Eq. 6); REFERENCE, the released code's nu update; else Algorithm 2's.
         The part's rows are added as _finish_stats adds them."""
-        cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        cm = cols < C
-        z = tl.zeros([BLOCK], dtype=tl.float64)
+        cols, cm, z = _column_block(C, BLOCK)
         s0 = z
         s1 = z
         s2 = z
@@ -379,11 +382,11 @@ if triton is not None:
         s4 = z
         for p0 in range(0, P, BLOCK_R):
             base, m = _part_rows(PART, p0, P, 5 * C, cols, cm, BLOCK_R)
-            s0 += tl.sum(tl.load(base, mask=m, other=0.0).to(tl.float64), axis=0)
-            s1 += tl.sum(tl.load(base + C, mask=m, other=0.0).to(tl.float64), axis=0)
-            s2 += tl.sum(tl.load(base + 2 * C, mask=m, other=0.0).to(tl.float64), axis=0)
-            s3 += tl.sum(tl.load(base + 3 * C, mask=m, other=0.0).to(tl.float64), axis=0)
-            s4 += tl.sum(tl.load(base + 4 * C, mask=m, other=0.0).to(tl.float64), axis=0)
+            s0 += _part_sum(base, m, 0, C)
+            s1 += _part_sum(base, m, 1, C)
+            s2 += _part_sum(base, m, 2, C)
+            s3 += _part_sum(base, m, 3, C)
+            s4 += _part_sum(base, m, 4, C)
         w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float64)
         tl.store(GW + cols, _cast(s0, GW), mask=cm)
         tl.store(GB + cols, _cast(s1, GB), mask=cm)
@@ -413,3 +416,6 @@ if triton is not None:
                         for c0 in range(0, C, BLOCK):
                             cc = c0 + tl.arange(0, BLOCK)
                             tl.store(NU + cc, tl.load(SCRATCH + cc, mask=cc < C), mask=cc < C)
+
+    #: the kernels the passes launch (gpu.py binds them by name)
+    KERNELS = (_channel_forward, _finish_stats, _channel_backward, _finish_backward)

@@ -42,13 +42,20 @@ if triton is not None:
                 acc += tl.load(PART + p * C + cc, mask=cc < C, other=0.0).to(tl.float64)
             tl.store(OUT + cc, _cast(acc, OUT), mask=cc < C)
 
-    @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _scalenorm_forward(X, S, Y, NORMS, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    @triton.jit
+    def _scaled_rows(X, P, Y, STAT, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, RMS: tl.constexpr):
+        """Each row scaled by a statistic of its own, kept in STAT (its element N is the backward's
+        arrival ticket, set to 0 by program 0): ScaleNorm's y = g x / max(||x||, eps) (Nguyen &
+        Salazar, 2019, Eq. 8; STAT the norms) or, with RMS, RMSNorm's y = w x r, r = 1 / sqrt(mean(x^2)
+        + eps) (Zhang & Sennrich, 2019, Eq. 4; STAT the r)."""
         cols = tl.arange(0, BLOCK_C)
-        g = _f(tl.load(S), F64)
-        if tl.program_id(0) == 0:  # the backward's arrival ticket, past the N norms
-            tl.store(NORMS + N, 0.0)
+        if RMS:
+            p = _f(tl.load(P + cols, mask=cols < C, other=0.0), F64)
+        else:
+            p = _f(tl.load(P), F64)
+        if tl.program_id(0) == 0:
+            tl.store(STAT + N, 0.0)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows = start + r0 + tl.arange(0, BLOCK_N)
@@ -57,13 +64,27 @@ if triton is not None:
             else:
                 _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
                 ss = tl.sum(x * x, axis=1)
-            norm = tl.maximum(tl.sqrt(ss), eps)
-            tl.store(NORMS + rows, norm, mask=rows < N)
+            if RMS:
+                stat = _inv_rms(ss, C, eps)
+            else:
+                stat = tl.maximum(tl.sqrt(ss), eps)
+            tl.store(STAT + rows, stat, mask=rows < N)
             for c0 in range(0, C if WIDE else 1, BLOCK_C):
                 if WIDE:
                     _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, c0 + cols, c0 + cols < C,
                                                 BLOCK_N, F64)
-                tl.store(Y + at, (x * (g / norm)[:, None]).to(Y.dtype.element_ty), mask=m2)
+                    if RMS:
+                        p = _f(tl.load(P + c0 + cols, mask=c0 + cols < C, other=0.0), F64)
+                if RMS:
+                    y = x * stat[:, None] * p[None, :]
+                else:
+                    y = x * (p / stat)[:, None]
+                tl.store(Y + at, y.to(Y.dtype.element_ty), mask=m2)
+
+    @triton.jit(do_not_specialize=["N", "per_prog"])
+    def _scalenorm_forward(X, S, Y, NORMS, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        _scaled_rows(X, S, Y, NORMS, N, C, XB, XST, XSB, per_prog, eps, F64, WIDE, BLOCK_N, BLOCK_C, False)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
     def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, TICKET, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr,
@@ -98,26 +119,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["N", "per_prog"])
     def _rmsnorm_forward(X, W, Y, RSTD, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-        cols = tl.arange(0, BLOCK_C)
-        w = _f(tl.load(W + cols, mask=cols < C, other=0.0), F64)
-        if tl.program_id(0) == 0:  # the backward's arrival ticket, past the N statistics
-            tl.store(RSTD + N, 0.0)
-        start = tl.program_id(0) * per_prog
-        for r0 in range(0, per_prog, BLOCK_N):
-            rows = start + r0 + tl.arange(0, BLOCK_N)
-            if WIDE:
-                ss = _row_sum(X, XB, XST, XSB, X, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False, True)
-            else:
-                _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
-                ss = tl.sum(x * x, axis=1)
-            r = _inv_rms(ss, C, eps)
-            tl.store(RSTD + rows, r, mask=rows < N)
-            for c0 in range(0, C if WIDE else 1, BLOCK_C):
-                if WIDE:
-                    _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, c0 + cols, c0 + cols < C,
-                                                BLOCK_N, F64)
-                    w = _f(tl.load(W + c0 + cols, mask=c0 + cols < C, other=0.0), F64)
-                tl.store(Y + at, (x * r[:, None] * w[None, :]).to(Y.dtype.element_ty), mask=m2)
+        _scaled_rows(X, W, Y, RSTD, N, C, XB, XST, XSB, per_prog, eps, F64, WIDE, BLOCK_N, BLOCK_C, True)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
     def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
@@ -264,3 +266,9 @@ if triton is not None:
         tl.store(OUT + cols, _cast(acc, OUT), mask=cm)
         if TWO:
             tl.store(OUT2 + cols, _cast(acc2, OUT2), mask=cm)
+
+    #: the kernels the passes launch (gpu.py binds them by name); the backwards whose last program adds
+    #: scalar parameters' sums (measure/sm90.py's model of the bytes each program moves)
+    KERNELS = (_scalenorm_forward, _scalenorm_backward, _rmsnorm_forward, _rmsnorm_backward, _dyt_forward,
+               _dyt_backward, _sum_columns)
+    SCALAR_SUMS = ("_scalenorm_backward", "_dyt_backward")

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from .. import clock
+from . import contract
 from .contract import CONTRACT, Mode, Update, schema
 
 IMPLEMENTATIONS = {}  # name -> the op's Python implementation (measure/launches.py sees through the op)
@@ -81,31 +82,17 @@ def _fake_finish_backward(k, part, weight, nu, kind, center, **_):
             part.new_empty(C if exact and center else 0, dtype=sd), part.new_empty(C if exact else 0, dtype=sd))
 
 
-def _fake_rows(k, x, **_):
-    return _rows(x), x.new_empty(x.numel() // x.size(-1) + k.ROW_TICKET, dtype=_stat(x))
+def _fake_row_forward(k, kind, x, **_):
+    per_row = x.numel() // x.size(-1) if contract.ROW_KINDS[kind].per_row else 0
+    return _rows(x), x.new_empty(per_row + k.ROW_TICKET, dtype=_stat(x))
 
 
-def _fake_scalenorm_backward(k, x, scale, **_):
-    return _rows(x), torch.empty_like(scale)
-
-
-def _fake_rmsnorm_backward(k, x, weight, **_):
-    return _rows(x), torch.empty_like(weight)
-
-
-def _fake_dyt_forward(k, x, **_):
-    return _rows(x), x.new_empty(k.ROW_TICKET, dtype=_stat(x))
-
-
-def _fake_dyt_backward(k, x, alpha, weight, **_):
-    return _rows(x), torch.empty_like(alpha), torch.empty_like(weight), torch.empty_like(weight)
+def _fake_row_backward(k, x, params, **_):
+    return [_rows(x), *(torch.empty_like(p) for p in params)]
 
 
 _FAKES = dict(forward=_fake_forward, finish_stats=_fake_finish_stats, backward=_fake_backward,
-              finish_backward=_fake_finish_backward, scalenorm_forward=_fake_rows,
-              scalenorm_backward=_fake_scalenorm_backward, rmsnorm_forward=_fake_rows,
-              rmsnorm_backward=_fake_rmsnorm_backward, dyt_forward=_fake_dyt_forward,
-              dyt_backward=_fake_dyt_backward)
+              finish_backward=_fake_finish_backward, row_forward=_fake_row_forward, row_backward=_fake_row_backward)
 
 
 def _define(name: str):
@@ -116,8 +103,11 @@ def _define(name: str):
     names = CONTRACT[name]
     steps = names.index("steps") if name == "finish_stats" else None  # and the clock after the contract's
 
+    listed = isinstance(contract.SCHEMAS[name][1], str)  # Tensor[]: a list, as the op returns it
+
     def run(impl, *args):  # the dispatcher passes every argument in the schema's order
-        out = tuple(getattr(backend(impl), name)(*args[:len(names)]))
+        out = getattr(backend(impl), name)(*args[:len(names)])
+        out = list(out) if listed else tuple(out)
         if steps is not None:
             clock.advance(args[-1], args[steps])
         return out
@@ -147,7 +137,14 @@ def observed(values) -> bool:
     return (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
             or torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()
             or torch._C._is_tracing() or torch._C._autograd._profiler_enabled()  # torch.jit.is_tracing's own test
-            or not _PLAIN_TYPES.issuperset(map(type, values)))
+            or not _plain(values))
+
+
+def _plain(values) -> bool:
+    """Whether every value is of a plain type, or a list of them (a row kind's parameters)."""
+    return _PLAIN_TYPES.issuperset(map(type, values)) or all(
+        type(v) in _PLAIN_TYPES or (type(v) in (list, tuple) and _PLAIN_TYPES.issuperset(map(type, v)))
+        for v in values)
 
 
 def _caller(name: str, run, order: tuple):

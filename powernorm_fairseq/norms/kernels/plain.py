@@ -202,59 +202,13 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     return s[0].to(weight.dtype), s[1].to(weight.dtype), A, B
 
 
-def scalenorm_forward(x, scale, eps):
-    N, _ = _rows(x)
-    xa = x.to(_acc(x))
-    norms = torch.linalg.vector_norm(xa, dim=-1).clamp(min=eps)
-    y, out = _into(x)
-    torch.mul(xa, (scale.to(xa) / norms).unsqueeze(-1), out=out)
-    return y, norms.reshape(N)
+def row_forward(kind, x, params, eps):
+    """A per-row or per-entry kind's forward: its descriptor's PyTorch ops (contract.RowKind)."""
+    return tuple(contract.ROW_KINDS[kind].forward(x, *params, eps))
 
 
-def scalenorm_backward(x, norms, grad_y, scale, eps):
-    xa, gy, norms = x.to(_acc(x)), grad_y.view(x.shape).to(_acc(x)), norms.view(x.shape[:-1])
-    dot = (gy * xa).sum(-1)
-    k = torch.where(norms > eps, dot / (norms * norms), torch.zeros_like(dot))
-    gx, out = _into(x)
-    torch.mul((scale.to(xa) / norms).unsqueeze(-1), gy - xa * k.unsqueeze(-1), out=out)
-    return gx, (dot.double() / norms).sum().to(scale.dtype)
-
-
-def rmsnorm_forward(x, weight, eps):
-    N, _ = _rows(x)
-    xa = x.to(_acc(x))
-    rstd = torch.rsqrt(xa.pow(2).mean(-1) + eps)
-    y, out = _into(x)
-    torch.mul(xa * rstd.unsqueeze(-1), weight.to(xa), out=out)
-    return y, rstd.reshape(N)
-
-
-def rmsnorm_backward(x, rstd, grad_y, weight):
-    _, rows = _rows(x)
-    xa, gy, rstd = x.to(_acc(x)), grad_y.view(x.shape).to(_acc(x)), rstd.view(x.shape[:-1])
-    xr = xa * rstd.unsqueeze(-1)
-    g = gy * weight.to(xa)
-    gx, out = _into(x)
-    torch.mul(rstd.unsqueeze(-1), g - xr * (g * xr).mean(-1, keepdim=True), out=out)
-    return gx, (gy.double() * xr.double()).sum(rows).to(weight.dtype)
-
-
-def dyt_forward(x, alpha, weight, bias):
-    xa = x.to(_acc(x))
-    y, out = _into(x)
-    torch.addcmul(bias.to(xa), torch.tanh(alpha.to(xa) * xa), weight.to(xa), out=out)
-    return y, xa.new_empty(0)
-
-
-def dyt_backward(x, grad_y, alpha, weight, ticket):
-    _, rows = _rows(x)
-    xa, gy = x.to(_acc(x)), grad_y.view(x.shape).to(_acc(x))
-    t = torch.tanh(alpha.to(xa) * xa)
-    g = gy * weight.to(xa) * (1 - t * t)  # dL/d(alpha x)
-    gx, out = _into(x)
-    torch.mul(g, alpha.to(xa), out=out)
-    return (gx, (g.double() * xa.double()).sum().to(alpha.dtype), (gy.double() * t.double()).sum(rows).to(weight.dtype),
-            gy.double().sum(rows).to(weight.dtype))
+def row_backward(kind, x, stat, grad_y, params, eps):
+    return list(contract.ROW_KINDS[kind].backward(x, stat, grad_y, *params, eps))
 
 
 contract.check(sys.modules[__name__], "plain")

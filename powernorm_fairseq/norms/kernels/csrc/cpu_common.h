@@ -196,4 +196,46 @@ void check_rows(const Tensor& x) {
               "x must be (N, C) or (T, B, C) rows with unit column stride");
 }
 
+// A per-row or per-entry kind's parameters, in its descriptor's order (contract.RowKind, in the kind's
+// module), undefined past its own
+using RowParams = std::array<Tensor, 3>;
+
+// A per-row or per-entry kind's passes, found by its name: {y, the statistic its backward reads}, and
+// {dL/dx, one gradient per parameter}; the GPU's (gpu_passes.h) are found by the CPU's names
+struct RowKind {
+  const char* name;
+  std::vector<Tensor> (*forward)(const Tensor& x, const RowParams& p, double eps);
+  std::vector<Tensor> (*backward)(const Tensor& x, const Tensor& stat, const Tensor& grad_y, const RowParams& p,
+                                  double eps);
+  // the gradients in ATen ops, which autograd differentiates again (nullptr: first derivatives only)
+  std::vector<Tensor> (*twice)(const Tensor& x, const Tensor& grad_y, const RowParams& p);
+};
+
+template <size_t K>
+const RowKind* find_row_kind(const std::array<RowKind, K>& kinds, const std::string& name) {
+  for (const RowKind& k : kinds)
+    if (name == k.name) return &k;
+  return nullptr;
+}
+
+// The row kind `name` of `kinds`, or one line naming the kinds there are
+template <size_t K>
+const RowKind& row_kind(const std::array<RowKind, K>& kinds, const std::string& name) {
+  const RowKind* k = find_row_kind(kinds, name);
+  if (k == nullptr) {
+    std::string known;
+    for (const RowKind& each : kinds) known += (known.empty() ? "" : ", ") + std::string(each.name);
+    TORCH_CHECK(false, "unknown row kind ", name, " (the compiled module's: ", known, ")");
+  }
+  return *k;
+}
+
+// A list of parameters as a kind's passes take them
+RowParams row_params(const std::vector<Tensor>& params) {
+  TORCH_CHECK(params.size() <= 3, "a row kind takes at most 3 parameters, got ", params.size());
+  RowParams p;
+  for (size_t i = 0; i < params.size(); ++i) p[i] = params[i];
+  return p;
+}
+
 }  // namespace

@@ -86,8 +86,9 @@ std::vector<A> scalar_weight(const Tensor& scale, int64_t C) {
   return std::vector<A>(C, A(doubles(scale)[0]));
 }
 
-std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
+std::vector<Tensor> scalenorm_forward(const Tensor& x, const RowParams& p, double eps) {  // p: g
   check_rows(x);
+  const Tensor& scale = p[0];
   std::vector<Tensor> out;
   DISPATCH(x, "scalenorm_forward", [&] {
     using A = at::opmath_type<scalar_t>;
@@ -97,8 +98,9 @@ std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, doub
 }
 
 std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& grad_y,
-                                       const Tensor& scale, double eps) {
+                                       const RowParams& p, double eps) {
   check_rows(x);
+  const Tensor& scale = p[0];
   std::vector<Tensor> out;
   DISPATCH(x, "scalenorm_backward", [&] {
     using A = at::opmath_type<scalar_t>;
@@ -108,8 +110,9 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
   return out;
 }
 
-std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps) {
+std::vector<Tensor> rmsnorm_forward(const Tensor& x, const RowParams& p, double eps) {  // p: w
   check_rows(x);
+  const Tensor& weight = p[0];
   std::vector<Tensor> out;
   DISPATCH(x, "rmsnorm_forward", [&] {
     out = rows_forward<scalar_t>(x, channels<at::opmath_type<scalar_t>>(weight, x.size(-1)), eps, false);
@@ -118,8 +121,9 @@ std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, doubl
 }
 
 std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& grad_y,
-                                     const Tensor& weight) {
+                                     const RowParams& p, double) {
   check_rows(x);
+  const Tensor& weight = p[0];
   std::vector<Tensor> out;
   DISPATCH(x, "rmsnorm_backward", [&] {
     out = rows_backward<scalar_t>(x, rstd, grad_y.contiguous(), channels<at::opmath_type<scalar_t>>(weight, x.size(-1)),
@@ -214,22 +218,37 @@ std::vector<Tensor> dyt_backward_impl(const Tensor& x, const Tensor& gy, const T
           from({s.begin() + C, s.begin() + 2 * C}, weight.scalar_type())};
 }
 
-std::vector<Tensor> dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
+std::vector<Tensor> dyt_forward(const Tensor& x, const RowParams& p, double) {  // p: alpha, w, b
   check_rows(x);
+  const Tensor &alpha = p[0], &weight = p[1], &bias = p[2];
   TORCH_CHECK(alpha.numel() == 1, "alpha: one value");
   std::vector<Tensor> out;
   DISPATCH(x, "dyt_forward", [&] { out = dyt_forward_impl<scalar_t>(x, alpha, weight, bias); });
   return out;
 }
 
-std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Tensor& alpha, const Tensor& weight,
-                                 const Tensor& ticket) {
+std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor&, const Tensor& grad_y, const RowParams& p,
+                                 double) {
   check_rows(x);
+  const Tensor &alpha = p[0], &weight = p[1];
   TORCH_CHECK(alpha.numel() == 1, "alpha: one value");
   std::vector<Tensor> out;
   DISPATCH(x, "dyt_backward", [&] { out = dyt_backward_impl<scalar_t>(x, grad_y.contiguous(), alpha, weight); });
   return out;
 }
 
+
+// DyT's gradients in ATen ops, which autograd differentiates again: t = tanh(alpha x), y = w t + b
+std::vector<Tensor> dyt_twice(const Tensor& x, const Tensor& grad_y, const RowParams& p) {
+  const Tensor g = grad_y.view(x.sizes()), t = at::tanh(p[0] * x), d = g * p[1] * (1 - t * t);  // y's rows as x
+  std::vector<int64_t> rows(x.dim() - 1);
+  std::iota(rows.begin(), rows.end(), 0);
+  return {d * p[0], (d * x).sum(), (g * t).sum(rows), g.sum(rows)};
+}
+
+// The per-row and per-entry kinds by name (their descriptors: contract.RowKind in each kind's module)
+const std::array<RowKind, 3> kRowKinds = {{{"scalenorm", scalenorm_forward, scalenorm_backward, nullptr},
+                                           {"rmsnorm", rmsnorm_forward, rmsnorm_backward, nullptr},
+                                           {"dyt", dyt_forward, dyt_backward, dyt_twice}}};
 
 }  // namespace

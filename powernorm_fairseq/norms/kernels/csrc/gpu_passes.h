@@ -310,12 +310,13 @@ std::vector<Tensor> statistic_forward(int kernel, const Tensor& x, const Tensor&
   return {y, statistic};
 }
 
-std::vector<Tensor> scalenorm_forward(const Tensor& x, const Tensor& scale, double eps) {
-  return statistic_forward(SN_FWD, x, scale, eps);
+std::vector<Tensor> scalenorm_forward(const Tensor& x, const RowParams& p, double eps) {
+  return statistic_forward(SN_FWD, x, p[0], eps);
 }
 
 std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& grad_y,
-                                       const Tensor& scale, double eps) {
+                                       const RowParams& params, double eps) {
+  const Tensor& scale = params[0];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan& p = row_plan(SN_BWD, x);
@@ -328,12 +329,13 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
   return {gx, grad_scale};
 }
 
-std::vector<Tensor> rmsnorm_forward(const Tensor& x, const Tensor& weight, double eps) {
-  return statistic_forward(RMS_FWD, x, weight, eps);
+std::vector<Tensor> rmsnorm_forward(const Tensor& x, const RowParams& p, double eps) {
+  return statistic_forward(RMS_FWD, x, p[0], eps);
 }
 
 std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& grad_y,
-                                     const Tensor& weight) {
+                                     const RowParams& params, double) {
+  const Tensor& weight = params[0];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan& p = row_plan(RMS_BWD, x);
@@ -347,7 +349,8 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
   return {gx, grad_w};
 }
 
-std::vector<Tensor> dyt_forward(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
+std::vector<Tensor> dyt_forward(const Tensor& x, const RowParams& params, double) {
+  const Tensor &alpha = params[0], &weight = params[1], &bias = params[2];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan& p = row_plan(DYT_FWD, x);
@@ -358,8 +361,9 @@ std::vector<Tensor> dyt_forward(const Tensor& x, const Tensor& alpha, const Tens
   return {y, ticket};
 }
 
-std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Tensor& alpha, const Tensor& weight,
-                                 const Tensor& ticket) {
+std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& ticket, const Tensor& grad_y, const RowParams& params,
+                                 double) {
+  const Tensor &alpha = params[0], &weight = params[1];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan& p = row_plan(DYT_BWD, x);
@@ -374,6 +378,13 @@ std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& grad_y, const Te
   if (!here) sum_columns(part, grad_w, grad_b, p.progs, p.C, to);
   return {gx, grad_alpha, grad_w, grad_b};
 }
+
+// The per-row and per-entry kinds' passes, found by the CPU kinds' names (cpu_rows.h) when bound
+const std::array<RowKind, 3> kRowKinds = {{{"scalenorm", scalenorm_forward, scalenorm_backward, nullptr},
+                                           {"rmsnorm", rmsnorm_forward, rmsnorm_backward, nullptr},
+                                           {"dyt", dyt_forward, dyt_backward, nullptr}}};
+// kRowKinds' entry for each of ::kRowKinds, by name
+std::array<const RowKind*, ::kRowKinds.size()> rows_by_index{};
 
 // Bind gpu.py's kernels by name ({name: (JIT function, its parameters as (name, is a constexpr,
 // do_not_specialize))}: each of kKernelNames, no other), plans.py as the
@@ -400,6 +411,10 @@ void bind(const py::dict& kernels, py::object planner, py::object from_node) {
     TORCH_CHECK(given == constexpr_params, "bind_gpu: the node gives ", kernel.name,
                 " other constexprs than the kernel's own");
     bound.push_back(std::move(kernel));
+  }
+  for (size_t i = 0; i < ::kRowKinds.size(); ++i) {
+    rows_by_index[i] = find_row_kind(kRowKinds, ::kRowKinds[i].name);
+    TORCH_CHECK(rows_by_index[i] != nullptr, "bind_gpu: no GPU passes of row kind ", ::kRowKinds[i].name);
   }
   forget();
   std::lock_guard<std::mutex> hold(r.lock);

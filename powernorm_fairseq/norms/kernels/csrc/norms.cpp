@@ -37,7 +37,7 @@ namespace py = pybind11;
 
 #include "cpu_common.h"   // the CPU kernels' shared parts
 #include "cpu_channel.h"  // the CPU kernels of BN, PN-V and PN
-#include "cpu_rows.h"     // the CPU kernels of ScaleNorm, RMSNorm and DyT
+#include "cpu_rows.h"     // the CPU kernels of the per-row and per-entry kinds
 #include "launch.h"       // the driver launcher of the Triton kernels
 #include "gpu_passes.h"   // the Triton path's passes (their plans: plans.py)
 #include "steps.h"        // the training steps as autograd nodes
@@ -61,13 +61,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("want_gx"), arg("want_sums"));
   m.def("finish_backward", &finish_backward, arg("part"), arg("weight"), arg("n"), arg("nu"), arg("rate"),
         arg("kind"), arg("center"), arg("rows"));
-  m.def("scalenorm_forward", &scalenorm_forward, arg("x"), arg("scale"), arg("eps"));
-  m.def("scalenorm_backward", &scalenorm_backward, arg("x"), arg("norms"), arg("grad_y"), arg("scale"),
-        arg("eps"));
-  m.def("rmsnorm_forward", &rmsnorm_forward, arg("x"), arg("weight"), arg("eps"));
-  m.def("rmsnorm_backward", &rmsnorm_backward, arg("x"), arg("rstd"), arg("grad_y"), arg("weight"));
-  m.def("dyt_forward", &dyt_forward, arg("x"), arg("alpha"), arg("weight"), arg("bias"));
-  m.def("dyt_backward", &dyt_backward, arg("x"), arg("grad_y"), arg("alpha"), arg("weight"), arg("ticket"));
+  // the per-row and per-entry kinds by name (cpu_rows.h's kRowKinds; their descriptors: contract.RowKind)
+  m.def("row_forward", [](const std::string& kind, const Tensor& x, const std::vector<Tensor>& params,
+                          double eps) { return row_kind(kRowKinds, kind).forward(x, row_params(params), eps); },
+        arg("kind"), arg("x"), arg("params"), arg("eps"));
+  m.def("row_backward", [](const std::string& kind, const Tensor& x, const Tensor& stat, const Tensor& grad_y,
+                           const std::vector<Tensor>& params, double eps) {
+    return row_kind(kRowKinds, kind).backward(x, stat, grad_y, row_params(params), eps);
+  }, arg("kind"), arg("x"), arg("stat"), arg("grad_y"), arg("params"), arg("eps"));
+  m.def("row_kind_index", [](const std::string& kind) { return &row_kind(kRowKinds, kind) - kRowKinds.data(); },
+        arg("kind"));
   py::class_<StepConfig>(m, "StepConfig")
       .def(py::init([](std::optional<Tensor> mean_buf, Tensor second_buf, std::optional<Tensor> steps,
                        std::optional<Tensor> nu, double gs_eps, int64_t groups, bool center, double momentum,
@@ -100,14 +103,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("correct_pads"), arg("want_gx"), arg("want_sums"));
   m.def("gpu_finish_backward", &gpu::finish_backward, arg("part"), arg("weight"), arg("n"), arg("nu"), arg("rate"),
         arg("kind"), arg("center"), arg("rows"));
-  m.def("gpu_scalenorm_forward", &gpu::scalenorm_forward, arg("x"), arg("scale"), arg("eps"));
-  m.def("gpu_scalenorm_backward", &gpu::scalenorm_backward, arg("x"), arg("norms"), arg("grad_y"), arg("scale"),
-        arg("eps"));
-  m.def("gpu_rmsnorm_forward", &gpu::rmsnorm_forward, arg("x"), arg("weight"), arg("eps"));
-  m.def("gpu_rmsnorm_backward", &gpu::rmsnorm_backward, arg("x"), arg("rstd"), arg("grad_y"), arg("weight"));
-  m.def("gpu_dyt_forward", &gpu::dyt_forward, arg("x"), arg("alpha"), arg("weight"), arg("bias"));
-  m.def("gpu_dyt_backward", &gpu::dyt_backward, arg("x"), arg("grad_y"), arg("alpha"), arg("weight"),
-        arg("ticket"));
+  m.def("gpu_row_forward", [](const std::string& kind, const Tensor& x, const std::vector<Tensor>& params,
+                              double eps) { return row_kind(gpu::kRowKinds, kind).forward(x, row_params(params), eps); },
+        arg("kind"), arg("x"), arg("params"), arg("eps"));
+  m.def("gpu_row_backward", [](const std::string& kind, const Tensor& x, const Tensor& stat, const Tensor& grad_y,
+                               const std::vector<Tensor>& params, double eps) {
+    return row_kind(gpu::kRowKinds, kind).backward(x, stat, grad_y, row_params(params), eps);
+  }, arg("kind"), arg("x"), arg("stat"), arg("grad_y"), arg("params"), arg("eps"));
   m.def("observed", &observed, arg("values"));
   m.def("compare_launches", [](bool on) { launch::registry().compare = on; }, arg("on"));
   m.def("triton_changed", &launch::triton_changed);

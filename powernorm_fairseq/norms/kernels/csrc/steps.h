@@ -1,5 +1,5 @@
 // The training steps as C++ autograd nodes: ChannelStep (BN, PN-V, PN) and
-// RowStep (ScaleNorm, RMSNorm, DyT), on the CPU kernels or the Triton path's
+// RowStep (the per-row and per-entry kinds), on the CPU kernels or the Triton path's
 // passes (gpu_passes.h).
 namespace {
 
@@ -189,40 +189,19 @@ variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, c
   return out;
 }
 
-// The per-row and per-entry norms (ScaleNorm, RMSNorm, DyT) as one autograd
-// node each way, as ChannelStep is for the channel norms: the contract's two
-// calls of functions.py's FusedRowNorm, on the CPU kernels or the Triton path's.
-enum RowKind : int64_t { SCALENORM = 0, RMSNORM = 1, DYT = 2 };
-
-// {y, the statistic the backward reads}: ScaleNorm's p = (g), RMSNorm's (weight), DyT's (alpha, weight, bias)
-std::vector<Tensor> row_forward(int64_t kind, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
-                                double eps, int64_t bound_as) {
-  if (bound_as == GPU)
-    return kind == SCALENORM ? gpu::scalenorm_forward(x, p0, eps)
-           : kind == RMSNORM ? gpu::rmsnorm_forward(x, p0, eps)
-                             : gpu::dyt_forward(x, p0, p1, p2);
-  return kind == SCALENORM ? scalenorm_forward(x, p0, eps)
-         : kind == RMSNORM ? rmsnorm_forward(x, p0, eps)
-                           : dyt_forward(x, p0, p1, p2);
-}
-
-// the gradients of x and of each parameter
-std::vector<Tensor> row_backward(int64_t kind, const Tensor& x, const Tensor& stat, const Tensor& gy, const Tensor& p0,
-                                 const Tensor& p1, double eps, int64_t bound_as) {
-  if (bound_as == GPU)
-    return kind == SCALENORM ? gpu::scalenorm_backward(x, stat, gy, p0, eps)
-           : kind == RMSNORM ? gpu::rmsnorm_backward(x, stat, gy, p0)
-                             : gpu::dyt_backward(x, gy, p0, p1, stat);
-  return kind == SCALENORM ? scalenorm_backward(x, stat, gy, p0, eps)
-         : kind == RMSNORM ? rmsnorm_backward(x, stat, gy, p0)
-                           : dyt_backward(x, gy, p0, p1, stat);
+// The per-row and per-entry kinds (cpu_rows.h's kRowKinds, by index) as one
+// autograd node each way, as ChannelStep is for the channel norms: the
+// contract's two calls of functions.py's FusedRowNorm, on the CPU kernels or
+// the Triton path's.
+const RowKind& row_passes(int64_t kind, int64_t bound_as) {
+  return bound_as == GPU ? *gpu::rows_by_index[kind] : kRowKinds[kind];
 }
 
 struct RowStep : torch::autograd::Function<RowStep> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
                         int64_t kind, double eps, int64_t bound_as) {
-    auto f = row_forward(kind, x, p0, p1, p2, eps, bound_as);
-    ctx->save_for_backward({x, f[1], p0, p1});
+    auto f = row_passes(kind, bound_as).forward(x, {p0, p1, p2}, eps);
+    ctx->save_for_backward({x, f[1], p0, p1});  // no kind's backward reads a third parameter
     ctx->saved_data["step"] = std::vector<int64_t>{kind, bound_as};  // one entry: each costs a hash
     ctx->saved_data["eps"] = eps;
     return f[0];  // (N, C), as ChannelStep's y
@@ -230,22 +209,19 @@ struct RowStep : torch::autograd::Function<RowStep> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Tensor &x = saved[0], &stat = saved[1], &p0 = saved[2], &p1 = saved[3], &gy = grads[0];
+    const Tensor &x = saved[0], &stat = saved[1], &gy = grads[0];
+    const RowParams p{saved[2], saved[3], Tensor()};
     const auto step = ctx->saved_data["step"].toIntVector();
-    const int64_t kind = step[0];
+    const RowKind& k = kRowKinds[step[0]];
     variable_list out(7);
+    std::vector<Tensor> g;
     if (at::GradMode::is_enabled() && gy.requires_grad()) {  // a graph of the gradient
-      TORCH_CHECK(kind == DYT, kind == SCALENORM ? "scalenorm" : "rmsnorm",
-                  " have no second derivative here (a backward with create_graph=True went through one): use "
-                  "ln, layernorm-simple or none for double backward");
-      // DyT's in ATen ops, which autograd differentiates again: t = tanh(alpha x), y = w t + b
-      const Tensor g = gy.view(x.sizes()), t = at::tanh(p0 * x), d = g * p1 * (1 - t * t);  // y's rows as x
-      std::vector<int64_t> rows(x.dim() - 1);
-      std::iota(rows.begin(), rows.end(), 0);
-      out[0] = d * p0, out[1] = (d * x).sum(), out[2] = (g * t).sum(rows), out[3] = g.sum(rows);
-      return out;
+      TORCH_CHECK(k.twice != nullptr, k.name, " has no second derivative here (a backward with create_graph=True "
+                  "went through one): use ln, layernorm-simple or none for double backward");
+      g = k.twice(x, gy, p);
+    } else {
+      g = row_passes(step[0], step[1]).backward(x, stat, dense(gy), p, ctx->saved_data["eps"].toDouble());
     }
-    auto g = row_backward(kind, x, stat, dense(gy), p0, p1, ctx->saved_data["eps"].toDouble(), step[1]);
     out[0] = shaped(g[0], x);
     for (size_t i = 1; i < g.size(); ++i) out[i] = g[i];
     return out;
@@ -254,7 +230,8 @@ struct RowStep : torch::autograd::Function<RowStep> {
 
 Tensor row_step(int64_t kind, const Tensor& x, const Tensor& p0, const std::optional<Tensor>& p1,
                 const std::optional<Tensor>& p2, double eps, int64_t bound_as) {
-  TORCH_CHECK(kind >= SCALENORM && kind <= DYT, "unknown row kind ", kind, " (0: scalenorm, 1: rmsnorm, 2: dyt)");
+  TORCH_CHECK(kind >= 0 && kind < int64_t(kRowKinds.size()), "unknown row kind ", kind, " (0 to ",
+              kRowKinds.size() - 1, ": row_kind_index gives one)");
   check_bound(bound_as);
   const Tensor empty = nothing_like(x);
   return shaped(RowStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), p0, p1 ? *p1 : empty, p2 ? *p2 : empty,
