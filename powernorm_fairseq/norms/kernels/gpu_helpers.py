@@ -54,5 +54,5 @@ if triton is not None:
 
     @triton.jit
     def _inv_rms(sum_sq, n, eps):
-        """1 / sqrt(mean(x^2) + eps) from a sum of n squares: RMSNorm's and the group scaling's factor."""
+        """1 / sqrt(mean(x^2) + eps) from a sum of n squares: a row's and the group scaling's factor."""
         return 1.0 / tl.sqrt(sum_sq / n + eps)
