@@ -25,7 +25,7 @@ from .plans import (MAX_ROWS, PROGRAMS_PER_SM, REGISTERS_PER_SM, ROW_TICKET, SUB
                     TILE, ROW_TILE, WARP, WARPS, WIDEST_GROUP, WIDEST_ROW, _acc, interpreting, parts,
                     programs_per_sm, registers, stand_in, stand_in_size)
 from . import gpu_channel, gpu_rows
-from .gpu_helpers import triton
+from .gpu_channel import triton
 
 NAME = "triton"
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
