@@ -177,6 +177,12 @@ def test_bad_input_is_one_line_before_anything_is_written(toy_data, tmp_path, ca
              "--tasks-per-node 3 does not divide --gpus-per-node 4"),
             (["--partition", "gpu"], "--partition: a --launcher slurm flag; add --launcher slurm, or leave it out"),
             (["--no-wait"], "--no-wait: a --launcher slurm flag"),
+            (["--account", "A"], "--account: a --launcher slurm flag"),
+            (["--launcher", "slurm", "--sbatch", "job-name=x"], "argument --sbatch: job-name: set by the launcher"),
+            (["--launcher", "slurm", "--sbatch", "partition=x"], "argument --sbatch: partition: set by the launcher; "
+                                                                 "use --partition"),
+            (["--launcher", "slurm", "--sbatch", "Mail Type=END"], "argument --sbatch: 'Mail Type=END': not "
+                                                                   "KEY=VALUE with an sbatch option's long name"),
             (["--launcher", "slurm"], "--launcher slurm: no sbatch here; run this on a machine of the cluster, "
                                       "or use --launcher local"),
             (["--out", str(a_file)], f"--out {a_file}: is a file, not a directory"),
@@ -203,9 +209,17 @@ def test_dry_runs_print_each_job_and_run_and_write_nothing(toy_data, lm_data, tm
     monkeypatch.setenv("PATH", environment(stand_ins())["PATH"])
     monkeypatch.delenv("POWERNORM_REGISTRY", raising=False)
     reproduce.main([*GRID, "--data", str(toy_data), "--out", str(out), "--launcher", "slurm", "--tasks-per-node", "2",
-                    "--partition", "p", "--dry-run", "--", *FAIRSEQ])
+                    "--partition", "p", "--account", "A", "--qos", "Q", "--constraint", "a100|h100", "--exclude",
+                    "n[1-2]", "--sbatch", "mail-type=END", "--sbatch", "exclusive", "--dry-run", "--", *FAIRSEQ])
     printed = capsys.readouterr().out
     assert printed.count("#SBATCH --ntasks-per-node=2\n") == 4 and printed.count("#SBATCH --partition=p\n") == 8
+    # the cluster's own options in every job script, and a name per job: its table, row and seed
+    for line in ("--account=A", "--qos=Q", "--constraint='a100|h100'", "--exclude='n[1-2]'", "--mail-type=END",
+                 "--exclusive"):
+        assert printed.count(f"#SBATCH {line}\n") == 8, line
+    names = re.findall(r"^#SBATCH --job-name=(\S+)$", printed, re.M)
+    assert len(names) == len(set(names)) == 8 and "reproduce-quickstart-pn-seed2" in names, names
+    assert "reproduce-quickstart-pn-seed2-score" in names
     assert printed.count("#SBATCH --dependency=afterok:TRAINING_JOB_ID\n") == 4
     assert re.search(r"scripts/train\.sh --config \S+/configs/quickstart-pn\.sh --seed 2 --data \S+ --save-dir "
                      rf"{out}/runs/pn-seed2 --gpus 0 --world-size 2 -- ", printed), printed

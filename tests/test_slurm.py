@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 GRID = ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32", "--norms", "ln", "pn",
         "--placements", "pre", "post", "--max-epochs", "40", "--log-interval", "20", "--launcher", "slurm",
         "--partition", "study", "--cpus-per-task", "1", "--mem-per-node", "1", "--max-parallel", "2",
-        "--timeout-min", "10"]
+        "--timeout-min", "10", "--sbatch", "mail-type=NONE"]
 
 
 @pytest.fixture(scope="module")
@@ -183,6 +183,9 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     assert re.search(r"#SBATCH --array=0-3%2\n", script) and "#SBATCH --cpus-per-task=1\n" in script
     assert "#SBATCH --time=10\n" in script and "#SBATCH --signal=USR2@90\n" in script
     assert "#SBATCH --partition=study\n" in script and "#SBATCH --mem=1GB\n" in script
+    assert "#SBATCH --mail-type=NONE\n" in script  # --sbatch: any other option of sbatch
+    # each task named for its cell, so that squeue tells them apart
+    assert {f"norm-study-{name}" for name in jobs} <= set(squeue(cluster, "--format", "%j"))
 
     # a second run meanwhile submits nothing: every cell is pending, running or finished
     line = a_second_run_meanwhile(command, run)
@@ -314,6 +317,10 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
         assert "#SBATCH --signal=USR2@90\n" in train
         score = (out / "slurm" / f"{ids['score']}_submission.sh").read_text()
         assert f"#SBATCH --dependency=afterok:{ids['train']}\n" in score and "#SBATCH --ntasks-per-node=1\n" in score
+    # each job named for its table, row and seed: the trainings' array tasks too
+    names = set(squeue(cluster, "--format", "%j"))
+    assert {f"reproduce-quickstart-{name}" for name in jobs} <= names, names
+    assert {f"reproduce-quickstart-{name}-score" for name in jobs} <= names, names
     # a second run meanwhile submits nothing
     line = a_second_run_meanwhile(command, run)
     assert re.search(r"\d run\(s\) already pending or running on the cluster, 0 training\(s\) and 0 scoring\(s\) "

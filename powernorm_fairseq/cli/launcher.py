@@ -11,6 +11,7 @@ work: the study's ``cells/<name>/``, a table's ``runs/<row>-seed<N>/``.
 
 import argparse
 import logging
+import re
 import signal
 import sys
 from contextlib import contextmanager
@@ -33,8 +34,13 @@ def seed(text):
 
 
 #: the SLURM flags of every launcher and their defaults (None: worked out from the others)
-SLURM_FLAGS = {"partition": None, "nodes": 1, "gpus_per_node": 0, "tasks_per_node": None, "cpus_per_task": None,
-               "mem_per_node": None, "timeout_min": 240, "max_parallel": None, "no_wait": False}
+SLURM_FLAGS = {"partition": None, "account": None, "qos": None, "constraint": None, "exclude": None, "nodes": 1,
+               "gpus_per_node": 0, "tasks_per_node": None, "cpus_per_task": None, "mem_per_node": None,
+               "timeout_min": 240, "max_parallel": None, "sbatch": [], "no_wait": False}
+#: sbatch's options the launcher sets itself (submitit's, or a flag above): ``--sbatch`` refuses them
+OWN_SBATCH = frozenset(("job-name", "partition", "account", "qos", "constraint", "exclude", "nodes",
+                        "ntasks-per-node", "gpus-per-node", "cpus-per-task", "mem", "time", "array", "dependency",
+                        "output", "error", "open-mode", "signal", "comment"))
 #: flags of earlier versions of the study, and the one that replaced each
 RENAMED = {"--gpus-per-cell": "--gpus-per-node", "--cpus-per-cell": "--cpus-per-task",
            "--mem-per-cell": "--mem-per-node"}
@@ -46,6 +52,20 @@ class _Renamed(argparse.Action):
                      "reproduce.sh: SLURM's own)")
 
 
+def sbatch_option(text):
+    """``--sbatch KEY=VALUE`` (or ``KEY`` alone, a switch such as ``exclusive``): (key, value or True)."""
+    key, _, value = text.partition("=")
+    key = key.strip().removeprefix("--")
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
+        raise argparse.ArgumentTypeError(f"{text!r}: not KEY=VALUE with an sbatch option's long name as KEY "
+                                         "(e.g. mail-type=END)")
+    if key in OWN_SBATCH:
+        flag = f"--{key}" if key in ("partition", "account", "qos", "constraint", "exclude", "nodes") else None
+        raise argparse.ArgumentTypeError(f"{key}: set by the launcher" + (f"; use {flag}" if flag else
+                                                                          " from its own flags"))
+    return key, value if "=" in text else True
+
+
 def add_flags(p, seeds, unit):
     """``--seeds`` (default ``seeds``), ``--launcher`` and the SLURM group, on parser ``p``; ``unit``: what
     one job runs, in the help ("cell", "training")."""
@@ -55,6 +75,11 @@ def add_flags(p, seeds, unit):
                    help=f"where each {unit} runs: here, or as a SLURM job (submitit; the flags below)")
     s = p.add_argument_group("--launcher slurm")
     s.add_argument("--partition", help="the jobs' partition (default: the cluster's)")
+    s.add_argument("--account", help="the account the jobs are charged to (sbatch --account; default: yours)")
+    s.add_argument("--qos", help="the jobs' quality of service (sbatch --qos; default: the account's)")
+    s.add_argument("--constraint", metavar="FEATURES", help="node features the jobs need (sbatch --constraint, "
+                   "e.g. 'a100|h100')")
+    s.add_argument("--exclude", metavar="NODES", help="nodes the jobs must not run on (sbatch --exclude)")
     s.add_argument("--nodes", type=at_least(1, "--nodes"), metavar="N", help=f"nodes per {unit} (default: 1)")
     s.add_argument("--gpus-per-node", type=at_least(0, "--gpus-per-node"), metavar="G",
                    help="GPUs per node (default: 0, CPU nodes); several train data-parallel, with --norm-sync batch")
@@ -69,6 +94,9 @@ def add_flags(p, seeds, unit):
                    "itself and resumes from its checkpoint")
     s.add_argument("--max-parallel", type=at_least(1, "--max-parallel"), metavar="K",
                    help=f"{unit} jobs pending or running at once (default: no limit)")
+    s.add_argument("--sbatch", action="append", type=sbatch_option, metavar="KEY=VALUE",
+                   help="any other sbatch option, in every job script (repeatable; e.g. mail-type=END, "
+                   "reservation=R, exclusive); one the flags above or the launcher set is refused")
     s.add_argument("--no-wait", action="store_true", default=None, help="submit and return; the same command "
                    "later collects")
     for old in RENAMED:
@@ -104,9 +132,17 @@ def check_flags(args, p, one_node=False):
 def resources(args):
     """The sbatch parameters every job of a launcher shares (submitit's names)."""
     params = dict(time=args.timeout_min, cpus_per_task=args.cpus_per_task)
-    params.update({k: v for k, v in (("partition", args.partition),
+    params.update({k: v for k, v in (("partition", args.partition), ("account", args.account), ("qos", args.qos),
+                                     ("constraint", args.constraint), ("exclude", args.exclude),
                                      ("mem", f"{args.mem_per_node}GB" if args.mem_per_node else None)) if v})
+    if args.sbatch:
+        params["additional_parameters"] = dict(args.sbatch)
     return params
+
+
+def task_name(array, name):
+    """The name a task of job array ``array`` is given in the queue: the array's and what it runs."""
+    return f"{array}-{name}"
 
 
 def parse_args(p, argv):
@@ -189,6 +225,12 @@ class Jobs:
                 self.ids.setdefault(name, {})[step] = job_id
         if ids:
             slurm.write_jobs(self.out.root, self.ids)
+        if "array_parallelism" in params:  # each task named for what it runs, so that squeue tells them apart
+            for name, job_id in zip(names, ids):
+                why = slurm.rename(job_id, task_name(params["job_name"], name))
+                if why:
+                    print(f"{self.prog}: job {job_id} keeps the array's name {params['job_name']} (scontrol: "
+                          f"{why})", file=sys.stderr)
         return ids
 
     def cancel(self, job_ids, wait=False):

@@ -199,6 +199,14 @@ def cancel(job_id):
     subprocess.run(["scancel", job_id], capture_output=True)
 
 
+def rename(job_id, name):
+    """Give a task of a job array a name of its own (what squeue shows; the array's tasks share one):
+    None, or why scontrol refused."""
+    done = subprocess.run(["scontrol", "update", f"JobId={job_id}", f"JobName={name}"], capture_output=True,
+                          text=True, timeout=60)
+    return None if done.returncode == 0 else (done.stderr.strip().splitlines() or ["refused"])[-1]
+
+
 def log(folder, job_id):
     """The stderr log submitit keeps for the job (its first task)."""
     return submitit.SlurmJob(folder=folder, job_id=job_id).paths.stderr

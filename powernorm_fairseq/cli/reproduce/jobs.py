@@ -24,7 +24,7 @@ import submitit
 
 from ...common.files import end_cleanly_on_sigterm, last_line
 from .. import slurm
-from ..launcher import Jobs, resources
+from ..launcher import Jobs, resources, task_name
 from ..layout import Out
 from . import runs
 from .runs import directory, name, scored, trained
@@ -115,7 +115,8 @@ def train_job(args, row, seed):
 
 
 def score_job(args, row, seed, after=None):
-    params = dict(job_name=f"reproduce-score-{name(row, seed)}", nodes=1, ntasks_per_node=1, **resources(args))
+    params = dict(job_name=f"reproduce-{args.table}-{name(row, seed)}-score", nodes=1, ntasks_per_node=1,
+                  **resources(args))
     if args.gpus_per_node:
         params["gpus_per_node"] = 1
     if after:
@@ -142,6 +143,8 @@ def dry_run(args, todo):
             training = isinstance(fn, Train)
             runs_this = f"# whose workers run (with SLURM's rank and first node):\n" \
                         f"{runs.fairseq_command(args, row, seed, per_task, world)}{each}\n" if training else ""
+            if training:  # submitted as one array, each of its tasks named as here (Jobs.submit)
+                params = {**params, "job_name": task_name(params["job_name"], job["name"])}
             print(f"# {job['name']}, {'training' if training else 'scoring'}\n"
                   f"{slurm.script(folder, params)}\n# each task runs:\n"
                   f"{shlex.join(job['command'])}\n{runs_this}")
