@@ -91,6 +91,13 @@ read_config() {
   done
 }
 
+# nearest WORD OPTION...: "; did you mean OPTION?" for the option nearest WORD (difflib's), or nothing
+nearest() {
+  python3 -c 'import difflib, sys
+close = difflib.get_close_matches(sys.argv[1], [o for o in sys.argv[2:] if o.startswith("--")], 1, 0.6)
+print(f"; did you mean {close[0]}?" if close else "", end="")' "$@"
+}
+
 # parse_options ARGS...: a script's options as OPTIONS, an associative array
 # the caller declares, maps them: `[--out]=OUT` takes a value into OUT,
 # `[--force]=FORCE=1` is a switch that sets FORCE to 1, and `[--]=EXTRA` keeps
@@ -100,7 +107,7 @@ parse_options() {
   local spec
   while [[ $# -gt 0 ]]; do
     [[ "$1" != -h && "$1" != --help ]] || { usage; exit 0; }
-    [[ -n "${OPTIONS[$1]+set}" ]] || { usage >&2; die "unknown option '$1'"; }
+    [[ -n "${OPTIONS[$1]+set}" ]] || die "unknown option '$1'$(nearest "$1" "${!OPTIONS[@]}") (see --help)"
     spec="${OPTIONS[$1]}"
     if [[ "$1" == -- ]]; then
       shift; eval "$spec+=(\"\$@\")"; break

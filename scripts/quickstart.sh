@@ -8,31 +8,28 @@ whole "$@"
 
 usage() {
   cat <<USAGE
-usage: scripts/quickstart.sh [--out DIR] [--norms "pn ln"] [--seed N] [--verbose]
+usage: scripts/quickstart.sh [--out DIR] [--norms "pn ln"] [--seed N] [--force] [--verbose]
 
   --out DIR      where data, checkpoints and translations go (default: runs/quickstart)
   --norms LIST   encoder norms to compare (default: "pn ln")
   --seed N       random seed (default: 1)
+  --force        redo every step: prepare the data, train and evaluate again (an
+                 earlier run is moved aside to DIR/<norm>-seed<N>.before-<time>)
   --verbose      show fairseq's whole output (always kept in each run's
                  train.log and generate.log, and in DIR/data/preprocess.log)
 USAGE
 }
 
-OUT="$ROOT/runs/quickstart" NORMS="pn ln" SEED=1
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --out) OUT="$2"; shift 2 ;;
-    --norms) NORMS="$2"; shift 2 ;;
-    --seed) SEED="$2"; shift 2 ;;
-    --verbose) export VERBOSE=1; shift ;;
-    -h|--help) usage; exit 0 ;;
-    *) usage >&2; echo "quickstart.sh: error: unknown option '$1'" >&2; exit 2 ;;
-  esac
-done
+die() { echo "quickstart.sh: error: $*" >&2; exit 2; }
+
+OUT="$ROOT/runs/quickstart" NORMS="pn ln" SEED=1 FORCE="" VERBOSE="${VERBOSE:-}"
+declare -A OPTIONS=([--out]=OUT [--norms]=NORMS [--seed]=SEED [--force]=FORCE=1 [--verbose]=VERBOSE=1)
+parse_options "$@"
+[[ -z "$VERBOSE" ]] || export VERBOSE
 
 bash "$ROOT/scripts/setup.sh"
 source "$ROOT/.venv/bin/activate"
-tied bash "$ROOT/data-prep/prepare-quickstart.sh" --out "$OUT/data"
+tied bash "$ROOT/data-prep/prepare-quickstart.sh" --out "$OUT/data" ${FORCE:+--force}
 
 # one GPU when there is one, else the CPU
 DEVICE=$(python -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')")
@@ -44,14 +41,18 @@ fi
 
 for norm in $NORMS; do
   run="$OUT/$norm-seed$SEED"
+  if [[ -n "$FORCE" && -e "$run" ]]; then
+    aside="$run.before-$(date +%Y%m%d-%H%M%S)"
+    mv -- "$run" "$aside" && echo "quickstart: --force: $run moved aside to $aside" >&2
+  fi
   if [[ -f "$run/checkpoint_last.pt" ]] && grep -q "done training" "$run/train.log" 2>/dev/null; then
-    echo "quickstart: $run already trained (remove it to train again)" >&2
+    echo "quickstart: $run already trained (quickstart.sh --force trains it again)" >&2
   else
     tied bash "$ROOT/scripts/train.sh" --dataset quickstart --data "$OUT/data/bin" --norm "$norm" \
       --seed "$SEED" --gpus "$GPUS" --save-dir "$run" -- --log-interval 20
   fi
   if [[ -f "$run/bleu-test.json" && "$run/bleu-test.json" -nt "$run/checkpoint_last.pt" ]]; then
-    echo "quickstart: $run already evaluated (remove $run/bleu-test.json to evaluate again)" >&2
+    echo "quickstart: $run already evaluated (quickstart.sh --force redoes it)" >&2
   else
     tied bash "$ROOT/scripts/evaluate.sh" --dataset quickstart --data "$OUT/data/bin" --save-dir "$run" "${CPU[@]}"
   fi

@@ -273,3 +273,56 @@ def test_original_code_spellings_run_unchanged(toy_data, tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert ("argument --encoder-norm-ff: invalid choice: 'layernorm' (choose from ln, bn"
             in bad.stderr.strip().splitlines()[-1])
+
+
+def _misspelt(option):
+    """``option`` with two inner letters swapped (``--table`` -> ``--tbale``)."""
+    i = len(option) // 2
+    return option[:i] + option[i + 1] + option[i] + option[i + 2:]
+
+
+def test_every_command_names_the_option_nearest_a_misspelt_one(capsys):
+    """Each script (scripts/, data-prep/) and each console command, given one of its own options
+    misspelt: one line and a failing exit status, naming the option it meant ("did you mean --table?"),
+    without the usage block. A script's options are read from its usage text; a console command's (and
+    a script's that runs one) from its --help, in this process."""
+    import importlib
+    import tomllib
+
+    from support import ROOT
+
+    scripts, mains = [], []
+    for path in sorted([*ROOT.glob("scripts/*.sh"), *ROOT.glob("data-prep/*.sh")]):
+        text = path.read_text()
+        runs = re.search(r"^exec python -m (\S+)", text, re.M)
+        if runs:
+            mains.append(importlib.import_module(runs.group(1)).main)
+        elif path.name not in ("lib.sh", "test.sh"):  # test.sh hands what it does not know to pytest
+            scripts.append((path, text.split("USAGE", 2)[1]))
+    for target in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"].values():
+        module, function = target.split(":")
+        mains.append(getattr(importlib.import_module(module), function))
+    assert len(scripts) >= 11 and len(mains) >= 6
+
+    def first_option(usage):
+        options = [o for o in re.findall(r"(?<![\w-])--[a-z][a-z-]{4,}", usage) if o != "--help"]
+        assert options, usage
+        return options[0]
+
+    meant = [first_option(usage) for _, usage in scripts]
+    runs = [subprocess.Popen(["bash", str(path), _misspelt(option), "x"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=ROOT) for (path, _), option in zip(scripts, meant)]
+    said = []
+    for (path, _), option, proc in zip(scripts, meant, runs):
+        err = proc.communicate(timeout=120)[1]
+        said.append((path.name, option, proc.returncode, err))
+    for main in mains:
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        option = first_option(capsys.readouterr().out)
+        with pytest.raises(SystemExit) as end:
+            main([_misspelt(option), "x"])
+        said.append((main.__module__, option, end.value.code, capsys.readouterr().err))
+    for name, option, code, err in said:
+        lines = err.strip().splitlines()
+        assert code != 0 and len(lines) == 1 and f"did you mean {option}?" in lines[0], (name, err)

@@ -1,7 +1,9 @@
 """Argument types shared by the plugin's flags and its console scripts."""
 
 import argparse
+import difflib
 import math
+import sys
 
 
 def at_least(minimum: int, flag: str = None):
@@ -44,5 +46,35 @@ class ArgumentParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        self._unknown = unknown_options(self, argv)  # a typo is named, even where it hides a required flag
+        return super().parse_known_args(argv, namespace)
+
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {nearest(self, message, getattr(self, '_unknown', ()))}\n")
+
+
+def unknown_options(parser, argv) -> list:
+    """The options of ``argv`` (before a ``--``) that ``parser`` does not have."""
+    found = []
+    for word in argv:
+        if word == "--":
+            break
+        if word.startswith("--") and word.split("=", 1)[0] not in parser._option_string_actions:
+            found.append(word.split("=", 1)[0])
+    return found
+
+
+def nearest(parser, message: str, unknown=()) -> str:
+    """argparse's ``message``, naming the option of ``parser`` nearest an unknown one ("did you mean
+    --table?"), where the message is that an option is unknown or a required one missing."""
+    if not message.startswith(("unrecognized arguments:", "the following arguments are required:")):
+        return message
+    unknown = list(unknown) or [w.split("=", 1)[0] for w in message.split(":", 1)[1].split() if w.startswith("--")]
+    if not unknown:
+        return message
+    known = [option for option in parser._option_string_actions if option.startswith("--")]
+    close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+    hint = f"{unknown[0]}: no such option" + (f"; did you mean {close[0]}?" if close else "")
+    return hint if message.startswith("unrecognized") else f"{message} ({hint})"
