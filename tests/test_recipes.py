@@ -245,7 +245,7 @@ def epoch_records(log):
 
 def console_epochs(text):
     return {int(e): (float(t), float(v)) for e, t, v in
-            re.findall(r"^  epoch +(\d+) \| train loss ([\d.]+) \| valid loss ([\d.]+) \|", text, re.M)}
+            re.findall(r"^  epoch +(\d+)(?:/\d+)? \| train loss ([\d.]+) \| valid loss ([\d.]+) \|", text, re.M)}
 
 
 def test_train_average_evaluate(iwslt, tmp_path):
@@ -262,6 +262,9 @@ def test_train_average_evaluate(iwslt, tmp_path):
     assert console_epochs(quiet.stderr) == epoch_records(log) and sorted(epoch_records(log)) == [1, 2, 3]
     assert "PowerNormTransformerEncoder(" in log and "PowerNormTransformerEncoder(" not in quiet.stderr + quiet.stdout
     assert f"log: {save / 'train.log'}" in quiet.stderr and "| INFO |" not in quiet.stderr + quiet.stdout
+    # epoch k of the --max-epoch N (and the time left: test_tools.py), on the console and in the run's log
+    assert re.search(r"^  epoch 1/3 \| train loss ", quiet.stderr, re.M), quiet.stderr
+    assert re.search(r"^\S+ \S+ \| INFO \| powernorm_fairseq\.progress \| epoch 3/3 \| train loss ", log, re.M)
     more = recipe("scripts/train.sh", *flags, "--", *fairseq_flags, "--max-epoch", "4", "--log-format", "json")
     assert "resumed from" in more.stderr and "(epoch 4, " in more.stderr
     assert console_epochs(more.stderr) == {4: epoch_records((save / "train.log").read_text())[4]}

@@ -169,7 +169,7 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
                                                                                          tmp_path):
     out = tmp_path / "study"
     command = ["bash", "scripts/norm-study.sh", *GRID, "--data", str(demo), "--out", str(out)]
-    run = dict(cwd=ROOT, env=cluster, text=True)
+    run = dict(cwd=ROOT, env={**cluster, "POWERNORM_HEARTBEAT": "2"}, text=True)
     first = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
 
     def submitted():
@@ -210,6 +210,8 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
                      "command resubmits it", console), console[-3000:]
     assert console.rstrip().endswith("1 cell(s) ended without a result on the cluster; each line above says "
                                      "whether a rerun of the same command can finish it")
+    # while the cells train, where each is, from its log, at least every POWERNORM_HEARTBEAT seconds
+    assert re.search(r"^norm-study: \S+: epoch \d+/40, update \d+", console, re.M), console[-3000:]
     # why a job ended is read from the cell's plain-text record, never from submitit's pickles in OUT/slurm
     from powernorm_fairseq.cli.study.slurm import FAILURE, _why
     marker = tmp_path / "marker"
@@ -297,7 +299,7 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
     command = ["bash", "scripts/reproduce.sh", *REPRODUCE, "--data", str(toy_data), "--out", str(out), "--",
                *fairseq]
     run = dict(cwd=ROOT, text=True, env={**cluster, "PATH": f"{stand_ins()}:{BIN}:{cluster['PATH']}",
-                                         "PYTHONWARNINGS": "ignore"})
+                                         "PYTHONWARNINGS": "ignore", "POWERNORM_HEARTBEAT": "2"})
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **run)
 
     def submitted():
@@ -345,6 +347,8 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
     assert first.returncode == 1, console[-3000:]
     assert re.search(rf"{cancelled}: training job {jobs[cancelled]['train']} ended \(CANCELLED\)[^\n]*; the same "
                      "command resubmits it", console), console[-3000:]
+    # while the trainings run, where each is, from its log, at least every POWERNORM_HEARTBEAT seconds
+    assert re.search(r"^reproduce: (ln|pn)-seed\d: epoch \d+/5, update \d+", console, re.M), console[-3000:]
     # the cancelled training's scoring never ran, and the table says so
     assert not (out / "runs" / cancelled / "bleu-test.json").exists()
     assert not list((out / "slurm").glob(f"{jobs[cancelled]['score']}_*_log.out"))

@@ -233,6 +233,33 @@ def test_the_console_shows_an_epochs_last_validation():
     assert shown == ["epoch   1 | train loss 9.750 | valid loss 8.250 | 1,000 words/s | 20 updates | 0:00:12"]
 
 
+@pytest.mark.slow
+def test_a_training_s_console_says_where_it_is_at_least_every_heartbeat(tmp_path):
+    """The console filter (cli/progress.py, what every recipe pipes fairseq-train through), fed a real
+    run's records with a pause mid-epoch: a heartbeat line (epoch k/N, update, words/s, ETA) within its
+    --heartbeat seconds of silence, none while lines come; each console line in the run's log too."""
+    config = "2026-11-24 10:00:00 | INFO | fairseq_cli.train | {'optimization': {'max_epoch': 4, 'max_update': 0}}"
+    inner = ("2026-11-24 10:00:10 | INFO | train_inner | epoch 001:     20 / 40 loss=9.5, wps=1234.5, ups=2.0, "
+             "num_updates=20, lr=0.001, wall=10")
+    epoch = "2026-11-24 10:00:20 | INFO | train | epoch 001 | loss 9.25 | wps 1200 | num_updates 40 | wall 20"
+    log = tmp_path / "train.log"
+    proc = subprocess.Popen([sys.executable, "-m", "powernorm_fairseq.cli.progress", "--log", str(log),
+                             "--heartbeat", "1"], stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in (config, "2026-11-24 10:00:01 | INFO | fairseq.trainer | Start iterating over samples", inner):
+        proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+    time.sleep(2.5)
+    proc.stdin.write(epoch + "\n")
+    _, err = proc.communicate(timeout=60)
+    lines = err.strip().splitlines()
+    assert 1 <= len(lines) - 1 <= 3, lines  # the heartbeats of 2.5 s of silence, then the epoch's line
+    assert lines[0] == "epoch 1/4, update 20 (20/40 of the epoch) | 1,234 words/s | 0:00:10 | ETA 0:01:10 " \
+        "(still training; the last record 0:00:0" + lines[0][-6:], lines
+    assert lines[-1] == "epoch 1/4 | train loss 9.250 | 1,200 words/s | 40 updates | 0:00:20 | ETA 0:01:00"
+    kept = [line.split(" | ", 3)[3] for line in log.read_text().splitlines() if "powernorm_fairseq.progress" in line]
+    assert kept == lines
+
+
 def test_every_runtime_import_is_a_declared_dependency():
     """pyproject.toml declares what the package imports: a plain `pip install .`
     has the kernels' build (ninja, filelock) and powernorm-analyze's figures

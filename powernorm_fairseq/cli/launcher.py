@@ -140,6 +140,30 @@ def resources(args):
     return params
 
 
+@contextmanager
+def heartbeat(prog, logs):
+    """While the body runs, every ``progress.HEARTBEAT`` seconds a line per training under way:
+    ``logs()`` gives {name: its train.log}, and each line says where its newest records put it."""
+    import threading
+
+    from .progress import HEARTBEAT, where
+
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(HEARTBEAT):
+            for name, path in logs().items():
+                line = where(path)
+                if line:
+                    print(f"{prog}: {name}: {line}", file=sys.stderr, flush=True)
+
+    threading.Thread(target=beat, daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def task_name(array, name):
     """The name a task of job array ``array`` is given in the queue: the array's and what it runs."""
     return f"{array}-{name}"

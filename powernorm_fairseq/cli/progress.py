@@ -26,6 +26,8 @@ import os
 import re
 import signal
 import sys
+import threading
+import time
 
 #: a fairseq log record: "DATE TIME | LEVEL | LOGGER | MESSAGE"
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (?P<level>[A-Z]+) \| (?P<logger>[\w.]+) \| (?P<message>.*)$")
@@ -33,6 +35,9 @@ DONE = re.compile(r"done training in ([\d.]+) seconds")
 RESUMED = re.compile(r"Loaded checkpoint (\S+) \(epoch (\d+) @ (\d+) updates\)")
 STARTED = "Start iterating over samples"  # fairseq-train's first epoch begins: the run was accepted
 ERROR = re.compile(r"^[\w.-]+: error: ")  # a command's one-line refusal
+LIMITS = re.compile(r"'max_(epoch|update)': (\d+)")  # fairseq's configuration, logged as it starts
+#: fairseq's record every --log-interval updates: "epoch 002:     18 / 62 loss=9.678, ..., num_updates=80, ..."
+INNER = re.compile(r"^epoch (\d+):\s+(\d+) / (\d+) (.*)$")
 REFUSED = 3  # the exit status of a run refused before it trained
 
 
@@ -61,16 +66,21 @@ def clock(seconds) -> str:
 
 
 class Summary:
-    """Turns fairseq's records into the console lines (``lines`` returns them)."""
+    """Turns fairseq's records into the console lines (``lines`` returns them); ``heartbeat`` says
+    where a run is between them."""
 
     def __init__(self):
         self.valid = {}  # the epoch's last validation, logged before its training line
+        self.limits = {}  # fairseq's --max-epoch and --max-update (0: none)
+        self.last = None  # (epoch, update, its wall time, words/s) of the newest record
 
     def lines(self, line: str):
         record = RECORD.match(line)
         if record is None:
             return []
         level, source, message = record["level"], record["logger"], record["message"]
+        if not self.limits:
+            self.limits = {key: int(value) for key, value in LIMITS.findall(message)}
         if source.split(".")[0] == "powernorm_fairseq" or level in ("ERROR", "CRITICAL"):
             return [message]
         done, resumed = DONE.search(message), RESUMED.search(message)
@@ -78,6 +88,9 @@ class Summary:
             return [f"done training in {clock(done[1])}"]
         if resumed:
             return [f"resumed from {resumed[1]} (epoch {resumed[2]}, {int(resumed[3]):,} updates)"]
+        if source == "train_inner":
+            self.interval(message)
+            return []
         values = epoch_stats(source, message)
         if values is None:
             return []
@@ -85,17 +98,91 @@ class Summary:
             self.valid[int(values["epoch"])] = values
             return []
         epoch = int(values["epoch"])
-        parts = [f"epoch {epoch:3d}", f"train loss {float(values['loss']):.3f}"]
+        self.remember(epoch, values)
+        self.inner = None
+        parts = [self.epoch(epoch), f"train loss {float(values['loss']):.3f}"]
         valid = self.valid.pop(epoch, None)
         if valid is not None and "loss" in valid:
             parts.append(f"valid loss {float(valid['loss']):.3f}")
         if "wps" in values:
             parts.append(f"{float(values['wps']):,.0f} words/s")
         if "num_updates" in values:
-            parts.append(f"{int(float(values['num_updates'])):,} updates")
+            parts.append(f"{self.updates(int(float(values['num_updates'])))} updates")
         if "wall" in values:
             parts.append(clock(values["wall"]))
-        return [" | ".join(parts)]
+        return [" | ".join(parts + self.eta(epoch_done=True))]
+
+    def interval(self, message):
+        """fairseq's record every --log-interval updates, simple or json: where the epoch is."""
+        if message.startswith("{"):
+            try:
+                stats = json.loads(message)
+                epoch = int(stats["epoch"])
+                self.inner = (f"{float(stats['update']) - epoch + 1:.0%}", float(stats["update"]) - epoch + 1)
+            except (ValueError, KeyError, TypeError):
+                return
+        else:
+            inner = INNER.match(message)
+            if inner is None:
+                return
+            stats = dict(item.split("=", 1) for item in inner[4].split(", ") if "=" in item)
+            epoch = int(inner[1])
+            self.inner = (f"{inner[2]}/{inner[3]}", int(inner[2]) / int(inner[3]))
+        self.remember(epoch, stats)
+
+    def remember(self, epoch, stats):
+        if "num_updates" in stats and "wall" in stats:
+            self.last = (epoch, int(float(stats["num_updates"])), float(stats["wall"]),
+                         float(stats["wps"]) if "wps" in stats else None)
+
+    def epoch(self, epoch):
+        return f"epoch {epoch}/{self.limits['epoch']}" if self.limits.get("epoch") else f"epoch {epoch:3d}"
+
+    def updates(self, n):
+        return f"{n:,}/{self.limits['update']:,}" if self.limits.get("update") else f"{n:,}"
+
+    def eta(self, epoch_done=False):
+        """["ETA h:mm:ss"] from the pace so far toward the nearer limit, or [] without one."""
+        if self.last is None:
+            return []
+        epoch, updates, wall, _ = self.last
+        left = []
+        if self.limits.get("update") and updates:
+            left.append(wall / updates * max(self.limits["update"] - updates, 0))
+        if self.limits.get("epoch"):
+            done = epoch if epoch_done else epoch - 1 + (self.inner[1] if self.inner else 0)
+            if done > 0:
+                left.append(wall / done * max(self.limits["epoch"] - done, 0))
+        return [f"ETA {clock(min(left))}"] if left and min(left) > 0 else []
+
+    inner = None  # (how far into its epoch, as text and as a fraction) of the newest interval record
+
+    def heartbeat(self, quiet_for):
+        """A line saying where the run is: its newest record, how long ago, and the ETA."""
+        if self.last is None:
+            return f"training, no update logged yet ({clock(quiet_for)})"
+        epoch, updates, wall, wps = self.last
+        where = f"{self.epoch(epoch)}, update {self.updates(updates)}" + (
+            f" ({self.inner[0]} of the epoch)" if self.inner else "")
+        parts = [where] + ([f"{wps:,.0f} words/s"] if wps else []) + [clock(wall)] + self.eta()
+        return " | ".join(parts) + f" (still training; the last record {clock(quiet_for)} ago)"
+
+
+#: seconds between two heartbeats (``POWERNORM_HEARTBEAT``; default 60)
+HEARTBEAT = float(os.environ.get("POWERNORM_HEARTBEAT") or 60)
+
+
+def where(path):
+    """The heartbeat line of a run's log, from its newest records; None before its first."""
+    summary = Summary()
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                summary.lines(line.rstrip("\n"))
+        age = time.time() - os.path.getmtime(path)
+    except OSError:
+        return None
+    return summary.heartbeat(age) if summary.last else None
 
 
 def main(argv=None):
@@ -107,11 +194,30 @@ def main(argv=None):
     parser.add_argument("--header", help="the log's first line once the run is accepted (the run's batch)")
     parser.add_argument("--remove-if-empty", metavar="DIR",
                         help="a directory made for the run: removed when a refused run leaves it empty")
+    parser.add_argument("--heartbeat", type=float, default=HEARTBEAT, metavar="S",
+                        help=f"while it trains, a line at least every S seconds (default: {HEARTBEAT:g}, "
+                        "POWERNORM_HEARTBEAT)")
     args = parser.parse_args(argv)
     # Ctrl-C reaches the whole pipeline: fairseq saves and prints why it
     # stopped, and this reads on until it ends
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     summary, held, log = Summary(), [], None
+    said = threading.Lock()  # the console and the log, from the reader and the heartbeat alike
+    shown_at, seen_at, ended = [time.monotonic()], [time.monotonic()], threading.Event()
+
+    def show(text):
+        with said:
+            print(f"{args.prefix}{text}", file=sys.stderr, flush=True)
+            if log is not None:  # the console's lines in the run's log too (a SLURM job's log shows them)
+                stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+                log.write(f"{stamp} | INFO | powernorm_fairseq.progress | {text}\n")
+            shown_at[0] = time.monotonic()
+
+    def beat():
+        while not ended.wait(min(1.0, args.heartbeat / 4)):
+            now = time.monotonic()
+            if log is not None and now - shown_at[0] >= args.heartbeat:
+                show(summary.heartbeat(now - seen_at[0]))
 
     def accept():
         nonlocal log
@@ -123,15 +229,21 @@ def main(argv=None):
             log.write(args.header + "\n")
         log.writelines(held)
 
+    threading.Thread(target=beat, daemon=True).start()
     for line in sys.stdin:
-        if log is None:
-            held.append(line)
-            if STARTED in line:
-                accept()
-        else:
-            log.write(line)
-        for shown in summary.lines(line.rstrip("\n")):
-            print(f"{args.prefix}{shown}", file=sys.stderr, flush=True)
+        with said:
+            if log is None:
+                held.append(line)
+                if STARTED in line:
+                    accept()
+            else:
+                log.write(line)
+        shown = summary.lines(line.rstrip("\n"))
+        if RECORD.match(line):
+            seen_at[0] = time.monotonic()
+        for text in shown:
+            show(text)
+    ended.set()
     if log is None:
         refusal = next((h.strip() for h in reversed(held) if ERROR.match(h.strip())), None)
         if refusal is not None:  # refused before training: nothing written

@@ -24,7 +24,7 @@ import submitit
 
 from ...common.files import end_cleanly_on_sigterm, last_line
 from .. import slurm
-from ..launcher import Jobs, resources, task_name
+from ..launcher import Jobs, heartbeat, resources, task_name
 from ..layout import Out
 from . import runs
 from .runs import directory, name, scored, trained
@@ -239,9 +239,16 @@ def _wait(args, jobs, todo):
             return "failed"
         return None
 
-    for key, outcome in jobs.wait({name(r, s): (r, s) for r, s in todo}, ended):
-        if outcome == "failed":
-            failures.append(key)
+    waiting = {name(r, s): (r, s) for r, s in todo}
+
+    def training():  # the runs still pending whose training has begun and not ended
+        return {key: log for key, (r, s) in list(waiting.items())
+                if (log := Path(directory(args, r, s), "train.log")).exists() and not trained(log.parent)}
+
+    with heartbeat("reproduce", training):
+        for key, outcome in jobs.wait(waiting, ended):
+            if outcome == "failed":
+                failures.append(key)
     return [(row, seed) for row, seed in todo if name(row, seed) in failures]
 
 

@@ -5,7 +5,8 @@ import sys
 from pathlib import Path
 
 from ...common.files import atomic_path
-from ..launcher import quiet, run
+from ..launcher import heartbeat, quiet, run
+from ..layout import Out
 from . import launchers
 from .figures import figures
 from .grid import METRIC, StudyError, cells
@@ -67,6 +68,26 @@ def study(args, argv, p):
     where = f"{args.jobs} at once" if args.launcher == "local" else f"on SLURM, at most {at_once} at once"
     print(f"norm-study: {len(grid)} cells, {len(results)} finished, {len(todo)} to run ({where})", file=sys.stderr)
     busy, failed = [], []
+    out = Out(args.out)
+
+    def training():  # the cells under way: a log, no result yet
+        return {c["name"]: log for c in todo if c["name"] not in results
+                and (log := out.cell(c["name"]) / "train.log").exists() and not log.with_name("result.json").exists()}
+
+    with heartbeat("norm-study", training):
+        _run(args, grid, todo, results, busy, failed, at_once)
+    if args.launcher == "slurm" and args.no_wait:
+        print("norm-study: --no-wait: the same command, run again, waits for the cells and writes the report",
+              file=sys.stderr)
+    if not args.cell:
+        collect(args)
+    if failed:
+        p.exit(1, f"norm-study: {len(failed)} cell(s) ended without a result on the cluster; each line above says "
+               "whether a rerun of the same command can finish it\n")
+
+
+def _run(args, grid, todo, results, busy, failed, at_once):
+    """Run ``todo``, saying each cell's outcome as it ends."""
     for done, (cell, result) in enumerate(launchers.run_all(args, todo), 1):
         if result is None:
             print(f"norm-study: {cell['name']}: running in another process, skipped", file=sys.stderr)
@@ -85,14 +106,6 @@ def study(args, argv, p):
               f"{fmt(result['initial_loss'])} -> {fmt(result['final_loss'])}, {METRIC[args.task][1]} "
               f"{fmt(result['metric'], METRIC[args.task][2])} ({result['seconds']:.0f} s); {left} left, "
               f"about {eta / 60:.1f} min", file=sys.stderr)
-    if args.launcher == "slurm" and args.no_wait:
-        print("norm-study: --no-wait: the same command, run again, waits for the cells and writes the report",
-              file=sys.stderr)
-    if not args.cell:
-        collect(args)
-    if failed:
-        p.exit(1, f"norm-study: {len(failed)} cell(s) ended without a result on the cluster; each line above says "
-               "whether a rerun of the same command can finish it\n")
 
 
 def collect(args):
