@@ -94,7 +94,7 @@ read_config() {
 # nearest WORD OPTION...: "; did you mean OPTION?" for the option nearest WORD (difflib's), or nothing
 nearest() {
   python3 -c 'import difflib, sys
-close = difflib.get_close_matches(sys.argv[1], [o for o in sys.argv[2:] if o.startswith("--")], 1, 0.6)
+close = difflib.get_close_matches(sys.argv[1], [o for o in sys.argv[2:] if o.startswith("--")], 1, 0.75)
 print(f"; did you mean {close[0]}?" if close else "", end="")' "$@"
 }
 

@@ -27,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --torch-index) TORCH_INDEX="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "setup.sh: error: unknown option '$1'$(python3 -c 'import difflib, sys
-close = difflib.get_close_matches(sys.argv[1], sys.argv[2:], 1, 0.6)
+close = difflib.get_close_matches(sys.argv[1], sys.argv[2:], 1, 0.75)
 print(f"; did you mean {close[0]}?" if close else "", end="")' "$1" --python --torch-index --help 2>/dev/null)" \
          "(see --help)" >&2; exit 2 ;;
   esac

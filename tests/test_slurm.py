@@ -185,7 +185,7 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     assert "#SBATCH --partition=study\n" in script and "#SBATCH --mem=1GB\n" in script
     assert "#SBATCH --mail-type=NONE\n" in script  # --sbatch: any other option of sbatch
     # each task named for its cell, so that squeue tells them apart
-    assert {f"norm-study-{name}" for name in jobs} <= set(squeue(cluster, "--format", "%j"))
+    assert until(lambda: {f"norm-study-{name}" for name in jobs} <= set(squeue(cluster, "--format", "%j")))
 
     # a second run meanwhile submits nothing: every cell is pending, running or finished
     line = a_second_run_meanwhile(command, run)
@@ -320,9 +320,8 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
         score = (out / "slurm" / f"{ids['score']}_submission.sh").read_text()
         assert f"#SBATCH --dependency=afterok:{ids['train']}\n" in score and "#SBATCH --ntasks-per-node=1\n" in score
     # each job named for its table, row and seed: the trainings' array tasks too
-    names = set(squeue(cluster, "--format", "%j"))
-    assert {f"reproduce-quickstart-{name}" for name in jobs} <= names, names
-    assert {f"reproduce-quickstart-{name}-score" for name in jobs} <= names, names
+    named = {f"reproduce-quickstart-{name}{step}" for name in jobs for step in ("", "-score")}
+    assert until(lambda: named <= set(squeue(cluster, "--format", "%j")))
     # a second run meanwhile submits nothing
     line = a_second_run_meanwhile(command, run)
     assert re.search(r"\d run\(s\) already pending or running on the cluster, 0 training\(s\) and 0 scoring\(s\) "

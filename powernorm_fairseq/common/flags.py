@@ -52,29 +52,23 @@ class ArgumentParser(argparse.ArgumentParser):
         return super().parse_known_args(argv, namespace)
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {nearest(self, message, getattr(self, '_unknown', ()))}\n")
+        if message.startswith("unrecognized arguments:"):
+            message += did_you_mean(self, [w.split("=")[0] for w in message.split(":", 1)[1].split()
+                                           if w.startswith("--")])
+        elif getattr(self, "_unknown", None):  # a required flag missing, most likely for a typo
+            message += did_you_mean(self, self._unknown) or f" ({self._unknown[0]}: no such option)"
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def unknown_options(parser, argv) -> list:
     """The options of ``argv`` (before a ``--``) that ``parser`` does not have."""
-    found = []
-    for word in argv:
-        if word == "--":
-            break
-        if word.startswith("--") and word.split("=", 1)[0] not in parser._option_string_actions:
-            found.append(word.split("=", 1)[0])
-    return found
+    return [word.split("=", 1)[0] for word in argv[:argv.index("--") if "--" in argv else len(argv)]
+            if word.startswith("--") and word.split("=", 1)[0] not in parser._option_string_actions]
 
 
-def nearest(parser, message: str, unknown=()) -> str:
-    """argparse's ``message``, naming the option of ``parser`` nearest an unknown one ("did you mean
-    --table?"), where the message is that an option is unknown or a required one missing."""
-    if not message.startswith(("unrecognized arguments:", "the following arguments are required:")):
-        return message
-    unknown = list(unknown) or [w.split("=", 1)[0] for w in message.split(":", 1)[1].split() if w.startswith("--")]
-    if not unknown:
-        return message
+def did_you_mean(parser, flags) -> str:
+    """" (--tabel: did you mean --table?)": each of ``flags`` near an option of ``parser``, or ""."""
     known = [option for option in parser._option_string_actions if option.startswith("--")]
-    close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
-    hint = f"{unknown[0]}: no such option" + (f"; did you mean {close[0]}?" if close else "")
-    return hint if message.startswith("unrecognized") else f"{message} ({hint})"
+    said = [f"{flag}: did you mean {match[0]}?" for flag in flags
+            if (match := difflib.get_close_matches(flag, known, n=1, cutoff=0.75))]
+    return f" ({'; '.join(said)})" if said else ""

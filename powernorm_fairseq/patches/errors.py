@@ -5,6 +5,7 @@ import re
 import sys
 
 from ..common.errors import InputFileError, PowerNormConfigError, TrainingDiverged
+from ..common.flags import did_you_mean
 from .base import installs_once
 
 
@@ -89,26 +90,21 @@ def _one_line_usage_error(self, message):
     """argparse's error without the usage block before it (fairseq's is about
     190 lines, which bury the one line that says what is wrong); ``--help``
     still prints the usage."""
-    if message.startswith("unrecognized arguments:"):
-        message += _unrecognized_hint(self, message.split(":", 1)[1].split())
-    self.exit(2, f"{self.prog}: error: {message}\n")
+    self.exit(2, f"{self.prog}: error: {usage_message(self, message)}\n")
 
 
-def _unrecognized_hint(parser, words):
-    """Why flags were not recognised: a plugin flag given with a stock
-    architecture, or a misspelling of a flag the parser has."""
-    import difflib
-
-    flags = [w.split("=")[0] for w in words if w.startswith("--")]
+def usage_message(parser, message):
+    """argparse's ``message`` of a fairseq parser, with why its flags were not recognised: a plugin
+    flag given with a stock architecture, or a misspelling of a flag the parser has."""
+    if not message.startswith("unrecognized arguments:"):
+        return message
+    flags = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("--")]
     archs, ours = _plugin_flags()
     plugin = [f for f in flags if f in ours or f.replace("--no-", "--", 1) in ours]
     if plugin:
-        return (f" ({', '.join(plugin)}: a flag of the plugin's architectures, which --arch must name: "
+        return (f"{message} ({', '.join(plugin)}: a flag of the plugin's architectures, which --arch must name: "
                 f"{', '.join(archs)})")
-    known = [o for o in parser._option_string_actions if o.startswith("--")]
-    close = [(f, difflib.get_close_matches(f, known, n=1, cutoff=0.75)) for f in flags]
-    said = [f"{f}: did you mean {match[0]}?" for f, match in close if match]
-    return f" ({'; '.join(said)})" if said else ""
+    return message + did_you_mean(parser, flags)
 
 
 @installs_once

@@ -4,7 +4,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from ...common.flags import ArgumentParser, at_least, nearest
+from ...common.flags import ArgumentParser, at_least
 from ..launcher import add_flags, check_flags, parse_args  # noqa: F401 (parse_args: the command's)
 from . import jobs, rows
 from .runs import ReproduceError, code_version, data_digest, registry
@@ -115,7 +115,9 @@ def _check_fairseq_flags(args, p):
     from .runs import fairseq_command
 
     def error(self, message):
-        raise _FairseqUsage(nearest(self, message))
+        from ...patches.errors import usage_message
+
+        raise _FairseqUsage(usage_message(self, message))
 
     gpus, world = workers(args)
     args.facts = {}

@@ -4,7 +4,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ...common.flags import ArgumentParser, at_least, fraction, nearest, positive
+from ...common.flags import ArgumentParser, at_least, fraction, positive
 from ..layout import Out
 from .cell import parse
 from .grid import (DEFAULTS, TASKS, WIDTHS, StudyError, cells, check_data, check_names, check_width, constant_loss,
@@ -122,7 +122,9 @@ def check_fairseq_args(args):
     from ...models.options import check_args
 
     def error(self, message):
-        raise _FairseqUsage(nearest(self, message))
+        from ...patches.errors import usage_message
+
+        raise _FairseqUsage(usage_message(self, message))
 
     seen, error_before = set(), stock.ArgumentParser.error
     stock.ArgumentParser.error = error
