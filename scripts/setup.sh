@@ -56,26 +56,45 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
   exit 0  # up to date
 fi
 
-[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+# stage WHAT CMD...: say what the set-up does now and how long it has run, and again at least every
+# POWERNORM_HEARTBEAT seconds (60) while CMD runs; CMD's status
+START=$SECONDS HEARTBEAT=${POWERNORM_HEARTBEAT:-60}
+HEARTBEAT=${HEARTBEAT%.*} && (( HEARTBEAT >= 1 )) || HEARTBEAT=1
+elapsed() { printf '%d:%02d' $(( (SECONDS - START) / 60 )) $(( (SECONDS - START) % 60 )); }
+stage() {
+  local what=$1 pid waited=0
+  shift
+  echo "setup.sh: $what ($(elapsed))"
+  "$@" &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null; do  # in fifths of a second
+    sleep 0.2
+    waited=$((waited + 1))
+    (( waited % (5 * HEARTBEAT) )) || echo "setup.sh: still $what ($(elapsed))"
+  done
+  wait "$pid"
+}
+
+[[ -x "$VENV/bin/python" ]] || stage "creating $VENV" "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 # torch first, pinned: anything unpinned later must find it satisfied
-"${pip[@]}" "$TORCH" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
-"${pip[@]}" -r requirements.txt
+stage "installing $TORCH (the largest download)" "${pip[@]}" "$TORCH" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
+stage "installing requirements.txt" "${pip[@]}" -r requirements.txt
 # triton runs the GPU kernels (powernorm_fairseq/norms/kernels/gpu.py). A CUDA
 # torch brings the triton it was built with, which must stay; a CPU torch has
 # none, and then this one runs the kernels in Triton's interpreter for the
 # tests and compiles them for a GPU.
-"$VENV/bin/python" -c "import triton" 2>/dev/null || "${pip[@]}" "$TRITON"
+"$VENV/bin/python" -c "import triton" 2>/dev/null || stage "installing $TRITON" "${pip[@]}" "$TRITON"
 # fairseq without its declared deps (they include torchaudio, which pulls
 # another torch), built against the torch, numpy and Cython installed above
 "$VENV/bin/python" -m pip uninstall -y -q ve-fairseq 2>/dev/null || true
-"${pip[@]}" --no-deps --no-build-isolation "$FAIRSEQ"
+stage "building $FAIRSEQ against that torch" "${pip[@]}" --no-deps --no-build-isolation "$FAIRSEQ"
 # the plugin, editable; its build compiles the CPU kernels (setup.py) against the torch above
-"${pip[@]}" --no-deps --no-build-isolation -e .
+stage "installing the plugin and compiling its CPU kernels" "${pip[@]}" --no-deps --no-build-isolation -e .
 "$VENV/bin/python" -c "import torch, fairseq, powernorm_fairseq; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 echo "$want" > "$STAMP"
 built=$("$VENV/bin/python" -c "import torch; print(torch.__version__, 'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU only')")
-echo "setup.sh: environment ready in $VENV (Python $have, torch $built)"
+echo "setup.sh: environment ready in $VENV (Python $have, torch $built), in $(elapsed)"
 if command -v nvidia-smi >/dev/null && [[ "$built" == *"CPU only"* ]]; then
   echo "setup.sh: this machine has an NVIDIA GPU but the torch installed is CPU only; for a CUDA build run" \
        "'rm -r .venv' and 'bash scripts/setup.sh --torch-index https://download.pytorch.org/whl/cu128'" >&2

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -258,6 +259,45 @@ def test_a_training_s_console_says_where_it_is_at_least_every_heartbeat(tmp_path
     assert lines[-1] == "epoch 1/4 | train loss 9.250 | 1,200 words/s | 40 updates | 0:00:20 | ETA 0:01:00"
     kept = [line.split(" | ", 3)[3] for line in log.read_text().splitlines() if "powernorm_fairseq.progress" in line]
     assert kept == lines
+
+
+@pytest.mark.slow
+def test_the_set_up_says_each_stage_and_how_long_it_has_run(tmp_path):
+    """scripts/setup.sh on a fresh checkout, with an interpreter that stands in for Python and pip
+    (each install takes 1.2 s): a line per stage with the time so far, a line at least every
+    POWERNORM_HEARTBEAT seconds while one runs, and the total at the end."""
+    import shutil
+
+    checkout = tmp_path / "checkout"
+    for name in ("scripts/setup.sh", "requirements.txt", "pyproject.toml", "setup.py"):
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, checkout / name)
+    (checkout / "powernorm_fairseq/norms/kernels/csrc").mkdir(parents=True)
+    (checkout / "powernorm_fairseq/norms/kernels/csrc/norms.cpp").write_text("")
+    python = tmp_path / "python"
+    python.write_text("""#!/usr/bin/env bash
+case "$1 $2" in
+  "-m venv") mkdir -p "$3/bin" && cp "$0" "$3/bin/python" ;;
+  "-m pip") [[ "$3" == uninstall ]] || sleep 1.2 ;;
+  -c*) case "$2" in *version_info*) echo 3.11 ;; *torch.version.cuda*) echo "2.13.0+cpu CPU only" ;; esac ;;
+esac
+""")
+    python.chmod(0o755)
+    proc = subprocess.run(["bash", str(checkout / "scripts/setup.sh"), "--python", str(python)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "POWERNORM_HEARTBEAT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    stages = [line for line in lines if not line.startswith("setup.sh: still ")]
+    assert [re.sub(r" \(\d+:\d\d\)$", "", line) for line in stages[:-1]] == [
+        f"setup.sh: creating {checkout}/.venv", "setup.sh: installing torch==2.13.0 (the largest download)",
+        "setup.sh: installing requirements.txt", "setup.sh: building fairseq-fixed==0.12.3.1 against that torch",
+        "setup.sh: installing the plugin and compiling its CPU kernels"], lines
+    assert re.fullmatch(r"setup.sh: environment ready in \S+ \(Python 3.11, torch 2.13.0\+cpu CPU only\), in "
+                        r"0:0[4-9]", stages[-1]), lines
+    assert sum(line.startswith("setup.sh: still installing torch==2.13.0") for line in lines) >= 1, lines
+    again = subprocess.run(["bash", str(checkout / "scripts/setup.sh"), "--python", str(python)], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout == "", again.stdout  # up to date: nothing to say
 
 
 def test_every_runtime_import_is_a_declared_dependency():
