@@ -65,6 +65,32 @@ def test_interactive_translates(toy_data, trained):
     assert re.search(r"^H-0\t", proc.stdout, re.M)
 
 
+def test_fairseq_is_quiet_as_the_readme_says(toy_data, trained):
+    """The README's two ways to quiet fairseq: its commands' results alone on stdout (its log and
+    warnings on stderr), and in Python the hub's translation alone, with its lines before and after the
+    imports."""
+    import sys
+    from pathlib import Path
+
+    run = trained("pn")
+    interactive = subprocess.run([str(Path(sys.executable).parent / "fairseq-interactive"), str(toy_data),
+                                  "--user-dir", USER_DIR, "--path", str(run / "checkpoint_last.pt"),
+                                  "--source-lang", "de", "--target-lang", "en", "--cpu"],
+                                 input="haus katze\n", capture_output=True, text=True, timeout=300)
+    assert interactive.returncode == 0 and "fairseq_cli.interactive" in interactive.stderr, interactive.stderr[-2000:]
+    results = interactive.stdout.strip().splitlines()
+    assert results and all(re.match(r"[SWHDP]-0\t", line) for line in results), results
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "`2> fairseq.log` leaves the results alone" in readme
+    snippet = re.search(r"```python\n(import logging, warnings\n.*?logging\.getLogger\(\)\.setLevel\(logging\.WARNING\)"
+                        r"[^\n]*\n)", readme, re.S)[1]
+    hub = subprocess.run([sys.executable, "-c", snippet + f"hub = TransformerModel.from_pretrained({str(run)!r}, "
+                          f"checkpoint_file='checkpoint_last.pt', data_name_or_path={str(toy_data)!r}, "
+                          f"user_dir={str(USER_DIR)!r})\nprint(hub.translate('haus katze'))\n"],
+                         capture_output=True, text=True, timeout=300)
+    assert hub.returncode == 0 and hub.stderr == "" and len(hub.stdout.splitlines()) == 1, hub.stderr[-2000:]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--pn-alpha-fwd", "1.5"], "argument --pn-alpha-fwd: --pn-alpha-fwd must be in (0, 1), got 1.5"),
     (["--norm-type", "layer"], "argument --norm-type: invalid choice: 'layer'"),
