@@ -51,7 +51,7 @@ if [[ -x "$VENV/bin/python" ]]; then
   [[ "$venv_has" == "$have" ]] \
     || fail ".venv has Python $venv_has, not $have ($PYTHON): remove .venv to rebuild it with $have"
 fi
-want="$(cat scripts/setup.sh requirements.txt pyproject.toml setup.py powernorm_fairseq/norms/kernels/csrc/* | sha256sum | cut -d' ' -f1) $have $TORCH_INDEX"
+want="$(cat scripts/setup.sh requirements.txt requirements-dev.txt pyproject.toml setup.py powernorm_fairseq/norms/kernels/csrc/* | sha256sum | cut -d' ' -f1) $have $TORCH_INDEX"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
   exit 0  # up to date
 fi
@@ -79,7 +79,7 @@ stage() {
 pip=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 # torch first, pinned: anything unpinned later must find it satisfied
 stage "installing $TORCH (the largest download)" "${pip[@]}" "$TORCH" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
-stage "installing requirements.txt" "${pip[@]}" -r requirements.txt
+stage "installing requirements-dev.txt (the runtime's, the tests' and the linter's)" "${pip[@]}" -r requirements-dev.txt
 # triton runs the GPU kernels (powernorm_fairseq/norms/kernels/gpu.py). A CUDA
 # torch brings the triton it was built with, which must stay; a CPU torch has
 # none, and then this one runs the kernels in Triton's interpreter for the

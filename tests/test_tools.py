@@ -269,7 +269,7 @@ def test_the_set_up_says_each_stage_and_how_long_it_has_run(tmp_path):
     import shutil
 
     checkout = tmp_path / "checkout"
-    for name in ("scripts/setup.sh", "requirements.txt", "pyproject.toml", "setup.py"):
+    for name in ("scripts/setup.sh", "requirements.txt", "requirements-dev.txt", "pyproject.toml", "setup.py"):
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, checkout / name)
     (checkout / "powernorm_fairseq/norms/kernels/csrc").mkdir(parents=True)
@@ -290,7 +290,8 @@ esac
     stages = [line for line in lines if not line.startswith("setup.sh: still ")]
     assert [re.sub(r" \(\d+:\d\d\)$", "", line) for line in stages[:-1]] == [
         f"setup.sh: creating {checkout}/.venv", "setup.sh: installing torch==2.13.0 (the largest download)",
-        "setup.sh: installing requirements.txt", "setup.sh: building fairseq-fixed==0.12.3.1 against that torch",
+        "setup.sh: installing requirements-dev.txt (the runtime's, the tests' and the linter's)",
+        "setup.sh: building fairseq-fixed==0.12.3.1 against that torch",
         "setup.sh: installing the plugin and compiling its CPU kernels"], lines
     assert re.fullmatch(r"setup.sh: environment ready in \S+ \(Python 3.11, torch 2.13.0\+cpu CPU only\), in "
                         r"0:0[4-9]", stages[-1]), lines
@@ -298,6 +299,22 @@ esac
     again = subprocess.run(["bash", str(checkout / "scripts/setup.sh"), "--python", str(python)], capture_output=True,
                            text=True, timeout=60)
     assert again.returncode == 0 and again.stdout == "", again.stdout  # up to date: nothing to say
+
+
+@pytest.mark.slow
+def test_without_fairseq_the_norms_run_and_the_models_name_the_install_command():
+    """`pip install .` brings no fairseq (pyproject.toml says why): in a fresh interpreter that finds
+    none, the norm library runs, and importing the models says in one line what is missing and the
+    command that installs it."""
+    code = ("import importlib.util\nfind = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda name, *a: None if name.split('.')[0] == 'fairseq' else find(name, *a)\n"
+            "import torch\nfrom powernorm_fairseq.norms import build_norm\n"
+            "build_norm('pn', 8).train()(torch.randn(3, 2, 8)).sum().backward()\nimport sys\n"
+            "assert 'fairseq' not in sys.modules\nfrom powernorm_fairseq import models\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("ImportError: powernorm_fairseq's models need fairseq"), proc.stderr
+    assert "pip install --no-deps --no-build-isolation fairseq-fixed==0.12.3.1" in last
 
 
 def test_every_runtime_import_is_a_declared_dependency():

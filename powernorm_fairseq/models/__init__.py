@@ -1,3 +1,10 @@
+import importlib.util
+
+if importlib.util.find_spec("fairseq") is None:  # pip install . declares no fairseq (pyproject.toml says why)
+    raise ImportError("powernorm_fairseq's models need fairseq, which `pip install .` does not bring (its "
+                      "Python 3.11 fork declares torchaudio, which would pull another torch): run "
+                      "`pip install --no-deps --no-build-isolation fairseq-fixed==0.12.3.1`, or scripts/setup.sh")
+
 from .. import patches
 
 patches.install(patches.AT_IMPORT)
