@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,7 @@ def table_values(out):
             if run["state"] == "scored"}
 
 
-def test_a_local_table_resumes_after_ctrl_c_and_equals_the_recipes_by_hand(toy_data, tmp_path):
+def test_a_local_table_resumes_after_ctrl_c_and_equals_the_recipes_by_hand(toy_data, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     command = ["bash", "scripts/reproduce.sh", *GRID, "--data", str(toy_data), "--out", str(out), "--",
                *FAIRSEQ]
@@ -60,14 +61,34 @@ def test_a_local_table_resumes_after_ctrl_c_and_equals_the_recipes_by_hand(toy_d
     values = table_values(out)
     assert sorted(values) == [("ln", 1), ("ln", 2), ("pn", 1), ("pn", 2)]
     md = (out / "table.md").read_text()
-    assert re.search(r"^\| ln \|  \| [\d.]+ \| [\d.]+ \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \| \(baseline\) \|",
-                     md, re.M), md
-    pn = re.search(r"^\| pn \|  \| [\d.]+ \| [\d.]+ \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \| ([-+][\d.]+) \[", md,
-                   re.M)
+    assert re.search(r"^\| ln \| [\d.]+ \| [\d.]+ \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \| \(baseline\) \|",
+                     md, re.M), md  # no paper column: the quickstart's rows have no paper numbers
+    pn = re.search(r"^\| pn \| [\d.]+ \| [\d.]+ \| [\d.]+ ± [\d.]+ \| [\d.]+ ± [\d.]+ \| ([-+][\d.]+) \[", md, re.M)
     assert pn and abs(float(pn[1]) - (values["pn", 1] + values["pn", 2] - values["ln", 1] - values["ln", 2]) / 2) \
         < 0.006, md
     assert "sacreBLEU signature: `nrefs:1|case:mixed" in md and "| − ln [95% CI] | verdict |" in md
-    assert (out / "metric.png").stat().st_size > 0 and (out / "valid_loss.png").stat().st_size > 0
+    assert "-0.00" not in md and "| paper |" not in md
+    # MT's own test: sacreBLEU's paired bootstrap of each seed's translations against the baseline's
+    assert re.search(r"\| s1 [-+][\d.]+ \(p [\d.]+\); s2 [-+][\d.]+ \(p [\d.]+\) \|$", md, re.M), md
+    assert "Paired bootstrap signature: `nrefs:1|bs:1000|seed:12345|case:lc|eff:no|tok:none" in md
+    saved = json.loads((out / "table.json").read_text())
+    tests = saved["rows"][1]["paired bootstrap"]
+    assert sorted(tests) == ["1", "2"] and all(0 <= t["p"] <= 1 for t in tests.values())
+    # the intervals are of the unrounded scores
+    assert saved["rows"][0]["mean"]["mean"] == (values["ln", 1] + values["ln", 2]) / 2
+    # --report writes the same table again from OUT alone; the figures as drawn
+    drawn = report_figures(out, monkeypatch, capsys)
+    assert (out / "table.md").read_text() == md
+    metric, losses = drawn["metric.png"], drawn["valid_loss.png"]
+    assert [t.get_text() for t in metric.axes[0].get_legend().get_texts()] == ["a seed's run",
+                                                                              "mean, 95% CI over seeds"]
+    seeds_drawn = [(x, y) for line in metric.axes[0].lines if line.get_marker() == "o"
+                   for x, y in zip(line.get_xdata(), line.get_ydata())]
+    assert len(seeds_drawn) == 4 and len({x for x, _ in seeds_drawn}) == 4  # jittered: none hides another
+    assert [t.get_text() for t in losses.axes[0].get_legend().get_texts()] == ["ln", "pn", "seed 1", "seed 2"]
+    assert all(float(x).is_integer() for x in losses.axes[0].get_xticks())
+    styles = {(line.get_color(), line.get_linestyle()) for line in losses.axes[0].lines}
+    assert len(styles) == 4  # each run its own: a colour per row, a line style per seed
 
     # pn, seed 2 by hand, as a user would run it: the same BLEU
     by_hand = tmp_path / "by-hand"
@@ -108,6 +129,19 @@ def test_a_local_table_resumes_after_ctrl_c_and_equals_the_recipes_by_hand(toy_d
                      (out / "table.md").read_text(), re.M)
     table = json.loads((out / "table.json").read_text(), parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
     assert table["rows"][1]["runs"]["1"]["state"] == "failed"
+
+
+def report_figures(out, monkeypatch, capsys):
+    """``reproduce.sh --out OUT --report`` in this process: {file name: the figure as drawn}."""
+    from powernorm_fairseq.cli import plots, reproduce
+
+    drawn = {}
+    save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, plt: drawn.setdefault(Path(path).name, fig)
+                        and save(fig, path, plt))
+    reproduce.main(["--out", str(out), "--report"])
+    capsys.readouterr()
+    return drawn
 
 
 def test_a_diverged_run_says_so_with_its_update(toy_data, tmp_path):

@@ -67,17 +67,20 @@ def split_compounds(line):
     return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", line)
 
 
+def paper_bleu(scheme):
+    """(sacreBLEU's metric, how a tokenized line is prepared for it, its name) of the paper's BLEU for
+    ``scheme``: IWSLT14's case-insensitive tokenized BLEU, or WMT14's case-sensitive one on
+    compound-split text."""
+    if scheme == "wmt14":
+        return BLEU(tokenize="none", force=True), split_compounds, "tokenized BLEU, case-sensitive, compound-split"
+    return BLEU(tokenize="none", lowercase=True, force=True), str, "tokenized BLEU, case-insensitive"
+
+
 def score(hyps, refs, scheme, lang, raw_refs=None, test_set=None):
     """{name: (score, description)} for the paper's BLEU and sacreBLEU;
     ``test_set`` is (name, language pair) when ``raw_refs`` is sacrebleu's own."""
-    if scheme == "wmt14":
-        tok = BLEU(tokenize="none", force=True)
-        tok_score = tok.corpus_score([split_compounds(h) for h in hyps], [[split_compounds(r) for r in refs]])
-        tok_name = "tokenized BLEU, case-sensitive, compound-split"
-    else:
-        tok = BLEU(tokenize="none", lowercase=True, force=True)
-        tok_score = tok.corpus_score(hyps, [refs])
-        tok_name = "tokenized BLEU, case-insensitive"
+    tok, prepare, tok_name = paper_bleu(scheme)
+    tok_score = tok.corpus_score([prepare(h) for h in hyps], [[prepare(r) for r in refs]])
     from sacremoses import MosesDetokenizer  # 0.5 s to import: only where text is detokenized
 
     detok = MosesDetokenizer(lang=lang)
@@ -96,8 +99,8 @@ def score(hyps, refs, scheme, lang, raw_refs=None, test_set=None):
     if test_set:
         signature.info.update(test=test_set[0], lang=test_set[1])
     return {
-        "bleu": (round(tok_score.score, 2), tok_name),
-        "sacrebleu": (round(sacre_score.score, 2), f"sacreBLEU on detokenized output vs {ref_name}"),
+        "bleu": (tok_score.score, tok_name),  # unrounded: the tables' intervals are of the scores as they are
+        "sacrebleu": (sacre_score.score, f"sacreBLEU on detokenized output vs {ref_name}"),
         "sacrebleu_signature": str(signature),
         "sentences": len(hyps),
     }

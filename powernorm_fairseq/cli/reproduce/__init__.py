@@ -15,7 +15,7 @@ launcher), ``table`` (table.md, table.json, the figures) and ``options``.
 import sys
 
 from ..launcher import quiet, run
-from .options import check, parse_args, parser
+from .options import check, check_report, parse_args, parser
 from .runs import ReproduceError, check_settings, directory, name, scored, trained
 
 
@@ -25,6 +25,14 @@ def main(argv=None):
     quiet(False)  # before fairseq is imported (the flags' check): its warnings only; each run's log has the rest
 
     def body():
+        if args.report:
+            from . import table
+
+            check_report(args, p)
+            path, text = table.write(args, args.rows, args.seeds)
+            print(f"reproduce: {path}", file=sys.stderr)
+            print(text)
+            return
         check(args, p)
         reproduce(args, p)
     run(p, args, body, (ReproduceError,), lambda: _kept(args))

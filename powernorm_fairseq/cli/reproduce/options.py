@@ -14,7 +14,8 @@ def parser():
     p = ArgumentParser(prog="reproduce.sh", description="A table of the PowerNorm paper (or another config "
                        "family) with one command: every row x seed trained with train.sh and scored with "
                        "evaluate.sh, here or on a SLURM cluster, then the table (docs/reproduce.md).")
-    p.add_argument("--table", required=True, choices=rows.TABLES, help="the config family: configs/<table>-*.sh")
+    p.add_argument("--table", choices=rows.TABLES, help="the config family: configs/<table>-*.sh (required, "
+                   "but with --report)")
     p.add_argument("--rows", nargs="+", metavar="ROW", help="configs by their suffix, the baseline first "
                    "(default: every row, the LayerNorm ones first)")
     p.add_argument("--average", type=at_least(1, "--average"), metavar="N", help="epoch checkpoints each "
@@ -24,15 +25,21 @@ def parser():
     p.add_argument("--data", help="binarized data (default: data-bin/<dataset>/bin, as train.sh)")
     p.add_argument("--dry-run", action="store_true", help="print every run's commands (and job scripts), and "
                    "write or submit nothing")
+    p.add_argument("--report", action="store_true", help="with --out alone: write OUT's table and figures "
+                   "again from what has finished there, training, scoring and submitting nothing (OUT's table.json "
+                   "names the table, its rows, seeds and flags)")
     add_flags(p, seeds=[1, 2, 3], unit="training")
     p.usage = ("reproduce.sh --table TABLE [--rows ROW...] [--seeds N...] [--out DIR] [--data DIR] "
-               "[--launcher local|slurm] [SLURM flags] [--dry-run] [-- FAIRSEQ-TRAIN FLAGS...]")
+               "[--launcher local|slurm] [SLURM flags] [--dry-run] [-- FAIRSEQ-TRAIN FLAGS...]\n"
+               "       reproduce.sh --out DIR --report")
     p.epilog = "After --: more fairseq-train flags, given to every run (and part of its settings)."
     return p
 
 
 def check(args, p):
     """Every refusal, in one line, before anything is written or submitted (``p.error``, or ReproduceError)."""
+    if args.table is None:
+        p.error("the following arguments are required: --table (or --out DIR --report)")
     known = rows.names(args.table)
     for name in args.rows or []:
         if name not in known:
@@ -249,3 +256,27 @@ def _train_tokens(data, parsed):
         sides.append(np.array(dataset.sizes))  # a copy: the sizes are a view of the file, closed with dataset
 
     return int(np.maximum(*sides).sum())
+
+
+def check_report(args, p):
+    """``--report``: OUT's table.json read back into the settings its table was written with; every other
+    flag refused in one line."""
+    import json
+
+    given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+             if k not in ("out", "report", "fairseq", "seeds", "launcher") and v not in (None, False, [])]
+    if given or args.fairseq or args.seeds != [1, 2, 3] or args.launcher != "local":
+        p.error(f"--report: give --out alone (OUT's table.json has the rest){', not ' + given[0] if given else ''}")
+    if not args.out:
+        p.error("--report: give --out, the directory whose table to write again")
+    args.out = Path(args.out).resolve()
+    try:
+        saved = json.loads((args.out / "table.json").read_text())
+        args.table, args.seeds = saved["table"], [int(s) for s in saved["seeds"]]
+        args.rows = [rows.row(args.table, r["row"]) for r in saved["rows"]]
+        args.data, args.code_version, args.fairseq = saved["data"], saved["code"], saved["fairseq-train flags"]
+        args.facts = {r["row"]: {"tokens per update": r["tokens per update"], "average": r["averaged checkpoints"]}
+                      for r in saved["rows"]}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        p.error(f"--report: {args.out}/table.json: not a table this command wrote ({type(err).__name__}: {err}); "
+                "run the table's command once")
