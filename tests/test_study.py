@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,7 +154,7 @@ def cell_results(out):
     return {p.parent.name: json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")}
 
 
-def test_the_study_writes_its_table_figures_and_landscape(study, demo):
+def test_the_study_writes_its_table_figures_and_landscape(study, demo, monkeypatch):
     out, proc = study
     results = cell_results(out)
     assert len(results) == 6 and "6 to run" in proc.stderr and "[6/6]" in proc.stderr
@@ -163,6 +164,28 @@ def test_the_study_writes_its_table_figures_and_landscape(study, demo):
     assert table[0] == "| lr | ln | bn | none |" and [row.split(" | ")[0] for row in table[1:]] == ["| 1", "| 0.1"]
     for name in ("init_grads.png", "loss.png", "landscape.png"):
         assert (out / name).stat().st_size > 10_000
+    # the figures as drawn, by the same command again (it trains nothing): one legend each, beside the
+    # panels, naming what is drawn; panels named in words
+    from powernorm_fairseq.cli import plots
+    from powernorm_fairseq.cli import study as norm_study
+
+    drawn, save = {}, plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, plt: drawn.setdefault(Path(path).name, fig)
+                        and save(fig, path, plt))
+    norm_study.main([*GRID, "--data", str(demo), "--out", str(out), "--landscape", *MORE])
+    legends = {name: [[t.get_text() for t in legend.get_texts()] for legend in fig.legends]
+               for name, fig in drawn.items()}
+    lines = [line for ax in drawn["loss.png"].axes for line in ax.lines]
+    kinds = [label for label, present in (("training", any(line.get_linestyle() == "-" for line in lines)),
+                                          ("valid", any(line.get_linestyle() == "--" for line in lines)),
+                                          ("diverged: past 10x the initial loss",
+                                           any(line.get_marker() == "^" for line in lines))) if present]
+    assert "training" in kinds and "diverged: past 10x the initial loss" in kinds  # lr 1 diverges here
+    assert legends == {"init_grads.png": [["ln", "bn", "none"]], "landscape.png": [["ln", "bn", "none"]],
+                       "loss.png": [["ln", "bn", "none", *kinds]]}
+    assert not any(ax.get_legend() for fig in drawn.values() for ax in fig.axes)
+    assert {ax.get_title() for ax in drawn["loss.png"].axes} == {f"depth 1, width 32, xavier-kaiming, lr {lr}"
+                                                                 for lr in LRS}
     study_json = json.loads((out / "study.json").read_text(),  # strict JSON: a diverged cell's NaN is null
                             parse_constant=lambda c: pytest.fail(f"study.json holds a bare {c}"))
     majority = study_json["majority_loss"]
