@@ -212,6 +212,9 @@ def test_bad_input_is_one_line_before_anything_is_written(toy_data, tmp_path, ca
             (["--partition", "gpu"], "--partition: a --launcher slurm flag; add --launcher slurm, or leave it out"),
             (["--no-wait"], "--no-wait: a --launcher slurm flag"),
             (["--account", "A"], "--account: a --launcher slurm flag"),
+            (["--seed", "1"], "unrecognized arguments: --seed 1 (--seed: did you mean --seeds?)"),  # train.sh's
+            (["--", "--max-epochs", "1"], "fairseq-train (the flags after --): unrecognized arguments: --max-epochs 1 "
+                                          "(--max-epochs: did you mean --max-epoch?)"),
             (["--launcher", "slurm", "--sbatch", "job-name=x"], "argument --sbatch: job-name: set by the launcher"),
             (["--launcher", "slurm", "--sbatch", "partition=x"], "argument --sbatch: partition: set by the launcher; "
                                                                  "use --partition"),

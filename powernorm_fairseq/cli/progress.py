@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 #: a fairseq log record: "DATE TIME | LEVEL | LOGGER | MESSAGE"
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (?P<level>[A-Z]+) \| (?P<logger>[\w.]+) \| (?P<message>.*)$")
@@ -175,6 +176,8 @@ HEARTBEAT = float(os.environ.get("POWERNORM_HEARTBEAT") or 60)
 def where(path):
     """The heartbeat line of a run's log, from its newest records; None before its first."""
     summary = Summary()
+    if not Path(path).is_file():  # a log that is not a regular file: no heartbeat of it
+        return None
     try:
         with open(path, errors="replace") as f:
             for line in f:

@@ -263,6 +263,9 @@ def check_report(args, p):
     flag refused in one line."""
     import json
 
+    from ...common.errors import InputFileError
+    from ...common.files import check_regular_file
+
     given = [f"--{k.replace('_', '-')}" for k, v in vars(args).items()
              if k not in ("out", "report", "fairseq", "seeds", "launcher") and v not in (None, False, [])]
     if given or args.fairseq or args.seeds != [1, 2, 3] or args.launcher != "local":
@@ -271,12 +274,15 @@ def check_report(args, p):
         p.error("--report: give --out, the directory whose table to write again")
     args.out = Path(args.out).resolve()
     try:
+        check_regular_file(args.out / "table.json", "table")
         saved = json.loads((args.out / "table.json").read_text())
         args.table, args.seeds = saved["table"], [int(s) for s in saved["seeds"]]
         args.rows = [rows.row(args.table, r["row"]) for r in saved["rows"]]
         args.data, args.code_version, args.fairseq = saved["data"], saved["code"], saved["fairseq-train flags"]
         args.facts = {r["row"]: {"tokens per update": r["tokens per update"], "average": r["averaged checkpoints"]}
                       for r in saved["rows"]}
+    except InputFileError as err:
+        p.error(f"--report: {err}; run the table's command once")
     except (OSError, ValueError, KeyError, TypeError) as err:
         p.error(f"--report: {args.out}/table.json: not a table this command wrote ({type(err).__name__}: {err}); "
                 "run the table's command once")

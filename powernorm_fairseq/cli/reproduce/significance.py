@@ -7,6 +7,7 @@ seed moves the score. Both are shown."""
 import json
 from pathlib import Path
 
+from ...common.files import check_regular_file
 from ..score import paper_bleu, read_generate_output
 
 SAMPLES = 1000
@@ -14,8 +15,10 @@ SAMPLES = 1000
 
 def translations(row, run):
     """(hypotheses, references) of a scored run: the generate output of the checkpoint its score names."""
+    check_regular_file(Path(run, row.score_file), "score")
     result = json.loads(Path(run, row.score_file).read_text())
     output = Path(run, f"generate-test-{Path(result['checkpoint']).stem}.txt")
+    check_regular_file(output, "generate output")
     return read_generate_output(output)
 
 
