@@ -56,21 +56,23 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
   exit 0  # up to date
 fi
 
-# stage WHAT CMD...: say what the set-up does now and how long it has run, and again at least every
-# POWERNORM_HEARTBEAT seconds (60) while CMD runs; CMD's status
-START=$SECONDS HEARTBEAT=${POWERNORM_HEARTBEAT:-60}
+# stage WHAT CMD...: say what the set-up does now and how long it has run, and again whenever
+# POWERNORM_HEARTBEAT seconds (55: a line a minute at least) pass without a line while CMD runs; CMD's status
+START=$SECONDS HEARTBEAT=${POWERNORM_HEARTBEAT:-55}
 HEARTBEAT=${HEARTBEAT%.*} && (( HEARTBEAT >= 1 )) || HEARTBEAT=1
 elapsed() { printf '%d:%02d' $(( (SECONDS - START) / 60 )) $(( (SECONDS - START) % 60 )); }
 stage() {
-  local what=$1 pid waited=0
+  local what=$1 pid said=$SECONDS
   shift
   echo "setup.sh: $what ($(elapsed))"
   "$@" &
   pid=$!
-  while kill -0 "$pid" 2>/dev/null; do  # in fifths of a second
+  while kill -0 "$pid" 2>/dev/null; do
     sleep 0.2
-    waited=$((waited + 1))
-    (( waited % (5 * HEARTBEAT) )) || echo "setup.sh: still $what ($(elapsed))"
+    if (( SECONDS - said >= HEARTBEAT )); then
+      echo "setup.sh: still $what ($(elapsed))"
+      said=$SECONDS
+    fi
   done
   wait "$pid"
 }

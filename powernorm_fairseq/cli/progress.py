@@ -169,8 +169,8 @@ class Summary:
         return " | ".join(parts) + f" (still training; the last record {clock(quiet_for)} ago)"
 
 
-#: seconds between two heartbeats (``POWERNORM_HEARTBEAT``; default 60)
-HEARTBEAT = float(os.environ.get("POWERNORM_HEARTBEAT") or 60)
+#: the most seconds without a line while a run trains (``POWERNORM_HEARTBEAT``; 55: a line a minute at least)
+HEARTBEAT = float(os.environ.get("POWERNORM_HEARTBEAT") or 55)
 
 
 def where(path):
