@@ -223,8 +223,12 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
         said = _why(SimpleNamespace(out=out), {"name": cancelled}, jobs[cancelled])
     assert "(CANCELLED: --data: bad data); a rerun fails the same way until" in said and not marker.exists()
     assert "(1 cells pending)" in console and not (out / "cells" / cancelled / "result.json").exists()
-    # the pre-empted cell requeued itself and resumed from its checkpoint in the same job
-    assert f"Requeued job {jobs[preempted]}" in (out / "slurm" / f"{jobs[preempted]}_0_log.out").read_text()
+    # the pre-empted cell requeued itself and resumed from its checkpoint in the same job: the job checkpointed
+    # and started again under its own id (submitit's "Requeued job" line can lose its race with SLURM's requeue,
+    # which ends the task it is written from)
+    job_log = (out / "slurm" / f"{jobs[preempted]}_0_log.out").read_text()
+    assert "Calling checkpoint method" in job_log, job_log
+    assert job_log.count(f"Starting with JobEnvironment(job_id={jobs[preempted]},") == 2, job_log
     log = (out / "cells" / preempted / "train.log").read_text()
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ [1-9]\d* updates\)", log)
     earlier = float((out / "cells" / preempted / "earlier-seconds").read_text())  # the job before its requeue
