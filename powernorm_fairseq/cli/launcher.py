@@ -60,7 +60,7 @@ def sbatch_option(text):
         raise argparse.ArgumentTypeError(f"{text!r}: not KEY=VALUE with an sbatch option's long name as KEY "
                                          "(e.g. mail-type=END)")
     if key in OWN_SBATCH:
-        flag = f"--{key}" if key in ("partition", "account", "qos", "constraint", "exclude", "nodes") else None
+        flag = f"--{key}" if key.replace("-", "_") in SLURM_FLAGS else None  # one of the group's own
         raise argparse.ArgumentTypeError(f"{key}: set by the launcher" + (f"; use {flag}" if flag else
                                                                           " from its own flags"))
     return key, value if "=" in text else True

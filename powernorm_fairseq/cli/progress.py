@@ -74,6 +74,7 @@ class Summary:
         self.valid = {}  # the epoch's last validation, logged before its training line
         self.limits = {}  # fairseq's --max-epoch and --max-update (0: none)
         self.last = None  # (epoch, update, its wall time, words/s) of the newest record
+        self.inner = None  # (how far into its epoch, as text and as a fraction) of the newest interval record
 
     def lines(self, line: str):
         record = RECORD.match(line)
@@ -119,7 +120,8 @@ class Summary:
             try:
                 stats = json.loads(message)
                 epoch = int(stats["epoch"])
-                self.inner = (f"{float(stats['update']) - epoch + 1:.0%}", float(stats["update"]) - epoch + 1)
+                into = float(stats["update"]) - epoch + 1  # json's update: the epoch, with its fraction
+                self.inner = (f"{into:.0%}", into)
             except (ValueError, KeyError, TypeError):
                 return
         else:
@@ -155,8 +157,6 @@ class Summary:
             if done > 0:
                 left.append(wall / done * max(self.limits["epoch"] - done, 0))
         return [f"ETA {clock(min(left))}"] if left and min(left) > 0 else []
-
-    inner = None  # (how far into its epoch, as text and as a fraction) of the newest interval record
 
     def heartbeat(self, quiet_for):
         """A line saying where the run is: its newest record, how long ago, and the ETA."""
