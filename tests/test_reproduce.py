@@ -216,6 +216,9 @@ def test_bad_input_is_one_line_before_anything_is_written(toy_data, tmp_path, ca
             (["--", "--max-epochs", "1"], "fairseq-train (the flags after --): unrecognized arguments: --max-epochs 1 "
                                           "(--max-epochs: did you mean --max-epoch?)"),
             (["--launcher", "slurm", "--sbatch", "job-name=x"], "argument --sbatch: job-name: set by the launcher"),
+            (["--launcher", "slurm", "--sbatch", "ntasks=8"], "argument --sbatch: ntasks: would shape the jobs "
+                                                               "otherwise than the runs' world size; use --nodes"),
+            (["--launcher", "slurm", "--sbatch", "gres=gpu:4"], "argument --sbatch: gres: would shape the jobs"),
             (["--launcher", "slurm", "--sbatch", "partition=x"], "argument --sbatch: partition: set by the launcher; "
                                                                  "use --partition"),
             (["--launcher", "slurm", "--sbatch", "Mail Type=END"], "argument --sbatch: 'Mail Type=END': not "

@@ -41,6 +41,10 @@ SLURM_FLAGS = {"partition": None, "account": None, "qos": None, "constraint": No
 OWN_SBATCH = frozenset(("job-name", "partition", "account", "qos", "constraint", "exclude", "nodes",
                         "ntasks-per-node", "gpus-per-node", "cpus-per-task", "mem", "time", "array", "dependency",
                         "output", "error", "open-mode", "signal", "comment"))
+#: sbatch's options that would shape a job otherwise than the world size its runs are given (their workers'
+#: ranks, GPUs and the batch per update come from the flags above): ``--sbatch`` refuses them too
+SHAPE_SBATCH = frozenset(("ntasks", "ntasks-per-core", "ntasks-per-socket", "ntasks-per-gpu", "gres", "gpus",
+                          "gpus-per-task", "gpus-per-socket", "cpus-per-gpu", "mem-per-cpu", "mem-per-gpu"))
 #: flags of earlier versions of the study, and the one that replaced each
 RENAMED = {"--gpus-per-cell": "--gpus-per-node", "--cpus-per-cell": "--cpus-per-task",
            "--mem-per-cell": "--mem-per-node"}
@@ -59,6 +63,9 @@ def sbatch_option(text):
     if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
         raise argparse.ArgumentTypeError(f"{text!r}: not KEY=VALUE with an sbatch option's long name as KEY "
                                          "(e.g. mail-type=END)")
+    if key in SHAPE_SBATCH:
+        raise argparse.ArgumentTypeError(f"{key}: would shape the jobs otherwise than the runs' world size; use "
+                                         "--nodes, --tasks-per-node, --gpus-per-node, --cpus-per-task, --mem-per-node")
     if key in OWN_SBATCH:
         flag = f"--{key}" if key.replace("-", "_") in SLURM_FLAGS else None  # one of the group's own
         raise argparse.ArgumentTypeError(f"{key}: set by the launcher" + (f"; use {flag}" if flag else
