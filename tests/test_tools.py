@@ -445,7 +445,7 @@ def test_the_kernel_room_names_a_row_kind_only_in_the_kinds_kernels():
     module finds by name: of the kernel room and the measuring tools, only the files of the kinds' kernels
     (Triton's, the CPU's and the GPU passes) name one; the plumbing between (contract, ops, autograd,
     backends, bindings, nodes, plans, launches, measures) names none, so a new kind touches its module,
-    its kernels and the registry."""
+    its kernels and the registry; of the whole package, at most 6 files name one."""
     from powernorm_fairseq.norms.kernels.contract import ROW_KINDS
 
     assert {"scalenorm", "rmsnorm", "dyt"} <= set(ROW_KINDS)
@@ -453,7 +453,12 @@ def test_the_kernel_room_names_a_row_kind_only_in_the_kinds_kernels():
     room = [p for d in ("norms/kernels", "measure") for p in (package / d).rglob("*")
             if p.suffix in (".py", ".cpp", ".h", ".c")]
     assert len(room) > 20
+    every = [p for p in package.rglob("*") if p.suffix in (".py", ".cpp", ".h", ".c")]
     for kind in ROW_KINDS:
         naming = {p.name for p in room if kind in p.read_text().lower()}
         assert naming == {"gpu_rows.py", "cpu_rows.h", "gpu_passes.h"}, (kind, naming)
         assert kind in (package / "norms" / f"{kind}.py").read_text().lower()
+        # in the whole package: its module (descriptor, passes, its own flags), its kernels, the registry, and
+        # at most one more (the study's presets)
+        files = sorted(str(p.relative_to(package)) for p in every if kind in p.read_text().lower())
+        assert len(files) <= 6, (kind, files)

@@ -7,7 +7,7 @@ them into its constructor options, :meth:`powernorm_fairseq.norms.Norm.options`)
 """
 
 import argparse
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Optional
 
 from fairseq.dataclass import FairseqDataclass
@@ -17,7 +17,7 @@ from ..common.errors import PowerNormConfigError
 from ..common.flags import at_least, fraction, positive
 from ..norms.placement import NORMALIZE_BEFORE, PLACEMENTS, REZERO_GATES, check_placement
 from ..norms.qk_norm import QK_SCOPES, check_qk_norm
-from ..norms import NORM_TYPES, RUNNING_STAT_TYPES
+from ..norms import NORM_TYPES, NORMS, RUNNING_STAT_TYPES
 from ..norms.sync import MODES as SYNC_MODES
 
 SUBLAYER_FLAGS = {
@@ -94,9 +94,8 @@ def _choice(values):
 
 
 @dataclass
-class NormConfig(FairseqDataclass):
-    """Every norm flag of the plugin's models, defined once: the fields of the
-    models' hydra configs, and (``add_norm_args``) their command-line flags."""
+class _ModelNormConfig(FairseqDataclass):
+    """The norm flags of the models as a whole, and those several kinds share."""
 
     # fmt: off
     # what the model computes: it must match wherever a model is rebuilt from a checkpoint
@@ -151,8 +150,6 @@ class NormConfig(FairseqDataclass):
     init: str = _flag("default", "initial weights: fairseq's (default), Xavier with Kaiming for the feed-forward "
                       "(xavier-kaiming), U(-A, A) (uniform:A), or SmallInit; biases at 0", TRAINING,
                       type=init_scheme, metavar="{" + ",".join(INITS) + "}")
-    dyt_alpha_init: float = _flag(0.5, "DyT's alpha at initialisation (Zhu et al., 2025: 0.5)", TRAINING,
-                                  type=positive, metavar="A")
     pn_alpha_fwd: float = _flag(0.9, "PN running psi^2 decay, in (0, 1)", TRAINING, type=fraction("--pn-alpha-fwd"))
     pn_alpha_bwd: float = _flag(0.9, "PN running nu decay, in (0, 1)", TRAINING, type=fraction("--pn-alpha-bwd"))
     pn_warmup_updates: Optional[int] = _flag(None, "PN forwards that use batch statistics (default: "
@@ -172,6 +169,20 @@ class NormConfig(FairseqDataclass):
                                         "fine-tune into another model, each change logged", TRAINING,
                                         action="store_true")
     # fmt: on
+
+
+def _kinds_own_flags():
+    """Each kind's own flags, as its module declares them (``Norm.flags``)."""
+    for kind, cls in NORMS.items():
+        for name, f in cls.flags.items():
+            yield name, type(f.default), _flag(f.default, f.help, f.role, kinds=(kind,), **f.argparse)
+
+
+#: Every norm flag of the plugin's models, defined once: the fields of the models'
+#: hydra configs, and (``add_norm_args``) their command-line flags; a kind's own
+#: flags come from its module (``Norm.flags``)
+NormConfig = make_dataclass("NormConfig", list(_kinds_own_flags()), bases=(_ModelNormConfig,))
+NormConfig.__module__, NormConfig.__doc__ = __name__, "Every norm flag of the plugin's models."
 
 
 def norm_fields(lm=False):

@@ -21,7 +21,7 @@ the mask over with :func:`padding_mask` for a forward.
 
 import logging
 from contextlib import contextmanager
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor, nn
@@ -29,13 +29,24 @@ from torch import Tensor, nn
 logger = logging.getLogger(__name__)
 
 
+class Flag(NamedTuple):
+    """A command-line flag that belongs to one norm kind (``Norm.flags``): the
+    models make it a field of their flags (``models/options.py``, NormConfig)."""
+
+    default: object
+    help: str
+    role: str  # "function": part of what the model computes; "training": how it is trained (models/settings.py)
+    argparse: dict  # how argparse reads it: type=, metavar=, choices=, action=
+
+
 class Norm(nn.Module):
     """Base class: ``forward(x, pad_mask=None)`` over ``(T, B, C)``.
 
     What the rest of the plugin needs to know of a norm, each class declares:
     :meth:`options` (its constructor options from the model's flags),
-    ``running_stats`` (whether it keeps running statistics of the batch) and,
-    for those, :meth:`diagnostics_view` (what ``--norm-diagnostics`` measures).
+    ``flags`` (the flags of its own, which only it reads), ``running_stats``
+    (whether it keeps running statistics of the batch) and, for those,
+    :meth:`diagnostics_view` (what ``--norm-diagnostics`` measures).
     """
 
     #: set by :func:`padding_mask` for calls that cannot pass the mask, with its layout
@@ -43,6 +54,8 @@ class Norm(nn.Module):
     mask_batch_first: bool = False
     #: keeps running statistics of its training batches (eval uses them)
     running_stats = False
+    #: its own flags, by field name (``--kind-option`` as ``kind_option``), which :meth:`options` reads
+    flags: dict = {}
     #: set by the models for a norm inside a causal decoder (see :meth:`warn_leak`)
     in_causal_decoder = False
 

@@ -12,7 +12,8 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .base import Norm
+from ..common.flags import positive
+from .base import Flag, Norm
 from .kernels.contract import RowKind, row_kind
 from .kernels.functions import row_norm
 from .kernels.plain import _acc, _into, _rows
@@ -63,6 +64,9 @@ class DyT(Norm):
         self.alpha = nn.Parameter(torch.full((), alpha_init, device=device, dtype=dtype))
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+
+    flags = {"dyt_alpha_init": Flag(0.5, "DyT's alpha at initialisation (Zhu et al., 2025: 0.5)", "training",
+                                    dict(type=positive, metavar="A"))}
 
     @classmethod
     def options(cls, cfg, heads: int, final: bool = False) -> dict:
