@@ -3,8 +3,18 @@
 // passes (gpu_passes.h).
 namespace {
 
-// An empty tensor standing for an absent one: from the allocator, without a dispatcher round trip
-Tensor nothing_like(const Tensor& x) { return gpu::empty({0}, x); }
+// An empty tensor standing for an absent one, of x's device and dtype: made once per thread, device and
+// dtype (a step took three, each from the allocator), and never written to (no pass writes an absent
+// tensor). Kept for the life of the process: no destructor runs after a device's runtime is gone.
+Tensor nothing_like(const Tensor& x) {
+  using Made = std::vector<std::pair<std::pair<c10::Device, at::ScalarType>, Tensor>>;
+  thread_local Made* made = new Made();
+  const auto key = std::make_pair(x.device(), x.scalar_type());
+  for (const auto& entry : *made)
+    if (entry.first == key) return entry.second;
+  made->emplace_back(key, gpu::empty({0}, x));
+  return made->back().second;
+}
 
 // t with contiguous memory: t itself, without a call, where it has it
 Tensor dense(const Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
@@ -113,7 +123,8 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     }
     ctx->save_for_backward({x, mask, scale, weight, mean, inv, inv_batch, n});
     ctx->saved_data["nu"] = nu;  // a buffer the backward updates, not a saved value
-    ctx->saved_data["step"] = std::vector<int64_t>{groups, center, mode, bound_as};  // one entry: each costs a hash
+    // one integer: each entry costs a hash, and a list an allocation
+    ctx->saved_data["step"] = ((groups * 2 + center) * 4 + mode) * 2 + (bound_as == GPU);
     ctx->saved_data["rate"] = rate;
     ctx->mark_non_differentiable({inv});
     ctx->set_materialize_grads(false);
@@ -131,11 +142,11 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     const Tensor &x = saved[0], &mask = saved[1], &scale = saved[2], &weight = saved[3], &mean = saved[4],
                  &inv = saved[5], &inv_batch = saved[6], &n = saved[7];
     const Tensor nu = ctx->saved_data["nu"].toTensor(), gy = dense(grad_y), none = nothing_like(x);
-    const auto step = ctx->saved_data["step"].toIntVector();
-    const int64_t groups = step[0], mode = step[2];
-    const bool center = step[1] != 0;
+    const int64_t step = ctx->saved_data["step"].toInt();
+    const int64_t groups = step / 16, mode = step / 2 % 4, bound_as = step % 2 ? GPU : -1;
+    const bool center = step / 8 % 2 != 0;
     const double rate = ctx->saved_data["rate"].toDouble();
-    const Passes k{step[3], none};
+    const Passes k{bound_as, none};
     const int64_t rows = x.numel() / x.size(-1);
     Tensor grad_x;
     std::vector<Tensor> terms;
@@ -202,7 +213,7 @@ struct RowStep : torch::autograd::Function<RowStep> {
                         int64_t kind, double eps, int64_t bound_as) {
     auto f = row_passes(kind, bound_as).forward(x, {p0, p1, p2}, eps);
     ctx->save_for_backward({x, f[1], p0, p1});  // no kind's backward reads a third parameter
-    ctx->saved_data["step"] = std::vector<int64_t>{kind, bound_as};  // one entry: each costs a hash
+    ctx->saved_data["step"] = kind * 2 + (bound_as == GPU);  // one integer, as ChannelStep's
     ctx->saved_data["eps"] = eps;
     return f[0];  // (N, C), as ChannelStep's y
   }
@@ -211,8 +222,8 @@ struct RowStep : torch::autograd::Function<RowStep> {
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &stat = saved[1], &gy = grads[0];
     const RowParams p{saved[2], saved[3], Tensor()};
-    const auto step = ctx->saved_data["step"].toIntVector();
-    const RowKind& k = kRowKinds[step[0]];
+    const int64_t step = ctx->saved_data["step"].toInt(), kind = step / 2, bound_as = step % 2 ? GPU : -1;
+    const RowKind& k = kRowKinds[kind];
     variable_list out(7);
     std::vector<Tensor> g;
     if (at::GradMode::is_enabled() && gy.requires_grad()) {  // a graph of the gradient
@@ -220,7 +231,7 @@ struct RowStep : torch::autograd::Function<RowStep> {
                   "went through one): use ln, layernorm-simple or none for double backward");
       g = k.twice(x, gy, p);
     } else {
-      g = row_passes(step[0], step[1]).backward(x, stat, dense(gy), p, ctx->saved_data["eps"].toDouble());
+      g = row_passes(kind, bound_as).backward(x, stat, dense(gy), p, ctx->saved_data["eps"].toDouble());
     }
     out[0] = shaped(g[0], x);
     for (size_t i = 1; i < g.size(); ++i) out[i] = g[i];
