@@ -47,14 +47,14 @@ const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
 struct ChannelPlan {
   int64_t N, C, progs, chunks;
   std::array<int64_t, 9> scalars;  // N, C, XB, XST, XSB, nb, nt, per_prog, cw
-  std::vector<int64_t> constexprs;  // HAS_MASK .. maxnreg
+  std::array<int64_t, 9> constexprs;  // HAS_MASK .. maxnreg
 };
 
 // A per-row kernel's plan (plans.row_for_node)
 struct RowPlan {
   int64_t N, C, progs;
   std::array<int64_t, 6> shape;  // N, C, XB, XST, XSB, per_prog
-  std::vector<int64_t> constexprs;  // F64, WIDE, BLOCK_N, BLOCK_C, num_warps, maxnreg
+  std::array<int64_t, 6> constexprs;  // F64, WIDE, BLOCK_N, BLOCK_C, num_warps, maxnreg
   at::ScalarType acc;
   bool sums_here;  // a backward's last program adds the programs' parameter sums itself
 };
@@ -62,7 +62,7 @@ struct RowPlan {
 // A finishing kernel's plan (plans.finish_for_node): its programs' columns and its constexprs' tail
 struct FinishPlan {
   int64_t block;  // columns per program
-  std::vector<int64_t> constexprs;  // BLOCK_R, BLOCK, num_warps, maxnreg
+  std::array<int64_t, 4> constexprs;  // BLOCK_R, BLOCK, num_warps, maxnreg
 };
 
 // The plans asked of plans.py, each once per key (kernel, the input's layout, dtype and device, what
@@ -92,9 +92,11 @@ void forget() {
 
 void key_add(std::string& key, int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); }
 
-std::string layout_key(int kernel, const Tensor& x) {
-  std::string key;
-  key.reserve(128);
+// the key of a plan: kept in a buffer of the thread's (a string made each launch cost an allocation), and
+// read before the next plan is asked for
+std::string& layout_key(int kernel, const Tensor& x) {
+  thread_local std::string key;
+  key.clear();
   key_add(key, kernel), key_add(key, static_cast<int64_t>(x.scalar_type()));
   key_add(key, x.is_cuda() ? x.device().index() : -1), key_add(key, x.dim());
   for (int64_t d = 0; d < x.dim(); ++d) key_add(key, x.size(d)), key_add(key, x.stride(d));
@@ -109,6 +111,7 @@ typename Map::mapped_type planned(Map& map, const std::string& key, Make make) {
     auto it = map.find(key);
     if (it != map.end()) return it->second;
   }
+  const std::string kept = key;  // a miss: the key's buffer is the thread's, and the planner is Python
   typename Map::mapped_type made;
   {
     py::gil_scoped_acquire gil;
@@ -117,7 +120,7 @@ typename Map::mapped_type planned(Map& map, const std::string& key, Make make) {
   }
   std::lock_guard<std::mutex> hold(p.lock);
   if (map.size() >= kKeptPlans) map.clear();
-  map.emplace(key, made);  // (a plan another thread made first stays)
+  map.emplace(kept, made);  // (a plan another thread made first stays)
   return made;
 }
 
@@ -127,12 +130,7 @@ at::ScalarType acc_of(const Tensor& x) { return x.scalar_type() == at::kDouble ?
 // the argument list of one launch
 struct Args {
   const launch::Target& to;
-  std::vector<Arg> list = reserved();
-  static std::vector<Arg> reserved() {
-    std::vector<Arg> v;
-    v.reserve(24);  // the most a kernel takes
-    return v;
-  }
+  launch::Args list;
   void ptr(const Tensor& t, int64_t offset = 0) { list.push_back({Arg::PTR, &t, offset, 0, 0.0}); }
   void ptr_or_none(const Tensor& t) { ptr(absent(t) ? to.nothing : t); }
   void i(int64_t v) { list.push_back({Arg::INT, nullptr, 0, v, 0.0}); }
@@ -141,33 +139,41 @@ struct Args {
 
 ChannelPlan channel_plan(int kernel, const Tensor& x, const Tensor& mask, int64_t groups, bool tall) {
   const bool has_mask = !absent(mask);
-  std::string key = layout_key(kernel, x);
+  std::string& key = layout_key(kernel, x);
   key_add(key, groups), key_add(key, tall), key_add(key, has_mask ? mask.size(0) : -1);
   key_add(key, has_mask ? mask.size(1) : -1);
   return planned(plans().channel, key, [&](const py::object& planner) {
     const auto t = planner.attr("channel_for_node")(kKernelNames[kernel], x, has_mask ? py::cast(mask) : py::none(),
                                                     groups, tall).cast<py::tuple>();
-    ChannelPlan p{t[0].cast<int64_t>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(), t[3].cast<int64_t>(), {},
-                  t[5].cast<std::vector<int64_t>>()};
-    const auto scalars = t[4].cast<std::vector<int64_t>>();
-    TORCH_CHECK(scalars.size() == p.scalars.size() && p.constexprs.size() == 9, "plans.channel_for_node: ",
-                scalars.size(), " scalars and ", p.constexprs.size(), " constexprs, not 9 and 9");
+    ChannelPlan p{t[0].cast<int64_t>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(), t[3].cast<int64_t>(), {}, {}};
+    const auto scalars = t[4].cast<std::vector<int64_t>>(), constexprs = t[5].cast<std::vector<int64_t>>();
+    TORCH_CHECK(scalars.size() == p.scalars.size() && constexprs.size() == p.constexprs.size(),
+                "plans.channel_for_node: ", scalars.size(), " scalars and ", constexprs.size(),
+                " constexprs, not 9 and 9");
     std::copy(scalars.begin(), scalars.end(), p.scalars.begin());
+    std::copy(constexprs.begin(), constexprs.end(), p.constexprs.begin());
     return p;
   });
 }
 
 FinishPlan finish_plan(int kernel, bool f64) {
-  std::string key;
+  thread_local std::string key;
+  key.clear();
   key_add(key, kernel), key_add(key, f64);
   return planned(plans().finish, key, [&](const py::object& planner) {
     const auto t = planner.attr("finish_for_node")(kKernelNames[kernel], f64).cast<py::tuple>();
-    return FinishPlan{t[0].cast<int64_t>(), t[1].cast<std::vector<int64_t>>()};
+    FinishPlan f{t[0].cast<int64_t>(), {}};
+    const auto constexprs = t[1].cast<std::vector<int64_t>>();
+    TORCH_CHECK(constexprs.size() == f.constexprs.size(), "plans.finish_for_node: ", constexprs.size(),
+                " constexprs, not 4");
+    std::copy(constexprs.begin(), constexprs.end(), f.constexprs.begin());
+    return f;
   });
 }
 
-std::vector<int64_t> joined(std::vector<int64_t> head, const std::vector<int64_t>& tail) {
-  head.insert(head.end(), tail.begin(), tail.end());
+template <typename Tail>
+launch::Values joined(launch::Values head, const Tail& tail) {
+  for (int64_t v : tail) head.push_back(v);
   return head;
 }
 
@@ -271,12 +277,13 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
 RowPlan row_plan(int kernel, const Tensor& x) {
   return planned(plans().row, layout_key(kernel, x), [&](const py::object& planner) {
     const auto t = planner.attr("row_for_node")(kKernelNames[kernel], x).cast<py::tuple>();
-    RowPlan p{t[0].cast<int64_t>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(), {},
-              t[4].cast<std::vector<int64_t>>(), acc_of(x), t[5].cast<bool>()};
-    const auto shape = t[3].cast<std::vector<int64_t>>();
-    TORCH_CHECK(shape.size() == p.shape.size() && p.constexprs.size() == 6, "plans.row_for_node: ", shape.size(),
-                " integers and ", p.constexprs.size(), " constexprs, not 6 and 6");
+    RowPlan p{t[0].cast<int64_t>(), t[1].cast<int64_t>(), t[2].cast<int64_t>(), {}, {}, acc_of(x),
+              t[5].cast<bool>()};
+    const auto shape = t[3].cast<std::vector<int64_t>>(), constexprs = t[4].cast<std::vector<int64_t>>();
+    TORCH_CHECK(shape.size() == p.shape.size() && constexprs.size() == p.constexprs.size(), "plans.row_for_node: ",
+                shape.size(), " integers and ", constexprs.size(), " constexprs, not 6 and 6");
     std::copy(shape.begin(), shape.end(), p.shape.begin());
+    std::copy(constexprs.begin(), constexprs.end(), p.constexprs.begin());
     return p;
   });
 }
@@ -295,7 +302,8 @@ void run_rows(int kernel, const RowPlan& p, const launch::Target& to, Args& a, s
               std::optional<bool> sum_here = std::nullopt) {
   for (int64_t s : p.shape) a.i(s);
   if (scalar) a.f(*scalar);
-  launch::run(kernel, {p.progs, 1, 1}, a.list, sum_here ? joined({*sum_here}, p.constexprs) : p.constexprs, to);
+  launch::run(kernel, {p.progs, 1, 1}, a.list, joined(sum_here ? launch::Values{*sum_here} : launch::Values{},
+                                                          p.constexprs), to);
 }
 
 // ScaleNorm's and RMSNorm's forward (``kernel``): {y, the per-row statistic, the backward's ticket past it}

@@ -150,6 +150,28 @@ struct Arg {
   double f;
 };
 
+// A list of at most N items that lives where it is made, never on the heap: a launch's arguments and its
+// constexprs' values (a std::vector each cost an allocation a launch).
+template <typename T, size_t N>
+struct Small {
+  std::array<T, N> items{};
+  size_t n = 0;
+  Small() = default;
+  Small(std::initializer_list<T> head) {
+    for (const T& t : head) push_back(t);
+  }
+  void push_back(const T& t) {
+    TORCH_CHECK(n < N, "powernorm_fairseq: a launch of more than ", N, " arguments or constexprs");
+    items[n++] = t;
+  }
+  size_t size() const { return n; }
+  const T& operator[](size_t i) const { return items[i]; }
+  const T* begin() const { return items.data(); }
+  const T* end() const { return items.data() + n; }
+};
+using Args = Small<Arg, 24>;      // the most a kernel takes
+using Values = Small<int64_t, 16>;
+
 // A compiled variant's launch ABI, as the JIT's launch read it from the kernel (launcher.py's ``abi``).
 enum Type : uint8_t { T_PTR, T_I32, T_I64, T_FP32, T_FP64 };
 struct Variant {
@@ -234,8 +256,8 @@ void check_grid(const std::string& name, const std::array<int64_t, 3>& grid) {
 }
 
 // Triton's JIT launch of the call (in Python); with ``hold``, the variant's ABI it gives back, or none.
-Variant through_jit(int kernel, const std::array<int64_t, 3>& grid, const std::vector<Arg>& args,
-                    const std::vector<int64_t>& values, bool hold) {
+Variant through_jit(int kernel, const std::array<int64_t, 3>& grid, const Args& args, const Values& values,
+                    bool hold) {
   py::gil_scoped_acquire gil;
   auto& r = registry();
   const Kernel& k = r.kernels[kernel];
@@ -279,7 +301,7 @@ Variant through_jit(int kernel, const std::array<int64_t, 3>& grid, const std::v
   return v;
 }
 
-void launch_held(const Kernel& k, const Variant& v, const std::array<int64_t, 3>& grid, const std::vector<Arg>& args,
+void launch_held(const Kernel& k, const Variant& v, const std::array<int64_t, 3>& grid, const Args& args,
                  const Target& to) {
   CUcontext context = nullptr;
   check(driver().current_context(&context), "cuCtxGetCurrent");
@@ -321,7 +343,7 @@ void launch_held(const Kernel& k, const Variant& v, const std::array<int64_t, 3>
 
 // Launch ``kernel`` over ``grid`` with ``args`` and the constexprs' ``values``, through its held
 // variant, or through Triton's JIT, which gives the variant to hold.
-void run(int kernel, std::array<int64_t, 3> grid, const std::vector<Arg>& args, const std::vector<int64_t>& values,
+void run(int kernel, std::array<int64_t, 3> grid, const Args& args, const Values& values,
          const Target& to) {
   auto& r = registry();
   const Kernel& k = r.kernels[kernel];
