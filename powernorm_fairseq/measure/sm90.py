@@ -172,6 +172,16 @@ def _compile(job):
             launcher.layout(kernel, given), launcher.ptx_params(kernel.asm["ptx"], kernel.name))
 
 
+def _portable(options) -> list:
+    """The compile options as a key that names each library by its file, not by where this environment
+    keeps it (libdevice's path is inside the virtual environment; the same triton, whose version is in the
+    kept reports' key, ships the same file): another checkout on the machine finds the reports kept."""
+    items = dict(options.__dict__)
+    if items.get("extern_libs"):
+        items["extern_libs"] = tuple((name, Path(path).name) for name, path in items["extern_libs"])
+    return sorted(map(str, items.items()))
+
+
 def TARGET():
     from triton.backends.compiler import GPUTarget
 
@@ -203,7 +213,7 @@ def build(variants, workers=None):
         options, signature, constexprs, attrs = fn._pack_args(backend, v["constexprs"], bound, specialization,
                                                               options)
         key = json.dumps([v["kernel"], signature, sorted(map(str, constexprs.items())), sorted(map(str, attrs)),
-                          sorted(map(str, options.__dict__.items()))])  # maxnreg and warps among the options
+                          _portable(options)])  # maxnreg and warps among the options
         keys.append(key)
         if key not in jobs:
             jobs[key] = (v["kernel"], signature, constexprs, attrs, options.__dict__, len(v["args"]))
