@@ -12,6 +12,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # The tests' models are tiny: one thread each, and one worker per core (xdist),
 # rather than every process's thread pool competing for the same cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A command the tests run that crashes (SIGSEGV, SIGABRT) prints where, in every thread, on its stderr.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 import pytest  # noqa: E402
 

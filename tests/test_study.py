@@ -406,6 +406,42 @@ def test_a_signal_ends_every_cell_of_a_parallel_study(demo, tmp_path, signal_nam
     assert left == [], f"processes left running after SIGTERM: {left}"
     assert not list(out.glob("cells/*/result.json"))  # no cell is taken for finished
 
+def test_a_worker_killed_mid_cell_neither_hangs_the_study_nor_loses_its_cell(demo, tmp_path):
+    """The system's OOM killer (SIGKILL) takes one worker of ``--jobs 2`` in
+    the middle of a cell: the study names the cells it held, runs them again
+    in new processes, and ends with every cell's result."""
+    import signal
+
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONWARNINGS": "ignore"}
+    out = tmp_path / "s"
+    script = subprocess.Popen(["bash", "scripts/norm-study.sh", *GRID, "--lrs", "0.1", "--norms", "ln", "bn",
+                               "--max-update", "40", "--jobs", "2", "--data", str(demo), "--out", str(out)],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    victim, deadline = None, time.time() + 120
+    while victim is None:
+        assert time.time() < deadline and script.poll() is None, script.stderr.read() if script.poll() else ""
+        for pid in descendants(script.pid):  # the worker with a cell's log open
+            try:
+                logs = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            except OSError:
+                continue
+            held = [Path(log).parent.name for log in logs if log.endswith("/train.log")]
+            if held:
+                victim, cell = pid, held[0]
+                break
+        time.sleep(0.05)
+    os.kill(victim, signal.SIGKILL)
+    try:
+        assert script.wait(timeout=300) == 0, script.stderr.read()
+    finally:
+        script.kill()
+    console = script.stderr.read()
+    line = [x for x in console.splitlines() if "ended abruptly" in x]
+    assert len(line) == 1 and cell in line[0] and "started again" in line[0], console
+    results = [json.loads(p.read_text()) for p in out.glob("cells/*/result.json")]
+    assert len(results) == 2 and all(r["status"] == "finished" and r["updates"] == 40 for r in results), console
+
+
 
 def last_line(proc):
     return proc.stderr.strip().splitlines()[-1]
