@@ -50,41 +50,60 @@ def attention(x, pad, a):
     return F.linear(out.transpose(0, 1).reshape(T, B, C), a.out_proj.weight, a.out_proj.bias)
 
 
-def reference_encoder(encoder, x, pad, placement):
-    """Two encoder layers and the final norm, each placement written out (placement.py's docstring)."""
-    def ln(norm, h):
-        return F.layer_norm(h, h.shape[-1:], norm.weight, norm.bias, norm.eps)
+def reference_encoder(encoder, x, pad, placements, depth_scaling=False):
+    """The encoder's layers and its final norm, each layer's placement written out (placement.py's
+    docstring); ``placements``: one per layer; ``depth_scaling``: LayerNorm Scaling's 1/sqrt(l)."""
+    def norm(module, h):
+        if type(module).__name__ == "RMSNorm":
+            return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + module.eps) * module.weight
+        return F.layer_norm(h, h.shape[-1:], module.weight, module.bias, module.eps)
 
-    for layer in encoder.layers:
+    for depth, (layer, placement) in enumerate(zip(encoder.layers, placements), 1):
+        scale = depth ** -0.5 if depth_scaling and placement in ("pre", "sandwich") else 1.0
         sublayers = [(lambda h: attention(h, pad, layer.self_attn), layer.self_attn_layer_norm),
                      (lambda h: layer.fc2(F.relu(layer.fc1(h))), layer.final_layer_norm)]
-        for i, (f, norm) in enumerate(sublayers):
+        for i, (f, n) in enumerate(sublayers):
             if placement == "pre":
-                x = x + f(ln(norm, x))
+                x = x + f(scale * norm(n, x))
             elif placement == "post":
-                x = ln(norm, x + f(x))
+                x = norm(n, x + f(x))
             elif placement == "sandwich":
-                x = x + ln(layer.output_norms[i], f(ln(norm, x)))
+                x = x + norm(layer.output_norms[i], f(scale * norm(n, x)))
+            elif placement == "output":
+                x = x + norm(layer.output_norms[i], f(x))
             elif placement == "deepnorm":
                 alpha = deepnorm_constants(2, 2)["encoder"][0]
-                x = ln(norm, alpha * x + f(x))
+                x = norm(n, alpha * x + f(x))
             else:  # rezero: a gate per sublayer, or one per layer (--rezero-gates layer)
                 x = x + layer.rezero_gates[i if layer.rezero_gates.numel() > 1 else 0] * f(x)
-    return ln(encoder.layer_norm, x) if placement in ("pre", "sandwich") else x
+    return norm(encoder.layer_norm, x) if placements[-1] in ("pre", "sandwich", "output") else x
 
 
-@pytest.mark.parametrize("placement, flags", [(p, []) for p in PLACEMENTS] + [
-    ("pre", ["--qk-norm", "ln"]), ("deepnorm", ["--qk-norm", "ln"]), ("pre", ["--qk-norm", "ln", "--qk-norm-scope",
-                                                                              "projection"]),
-    ("rezero", ["--rezero-gates", "layer"])])
-def test_two_encoder_layers_compute_their_placement(toy_data, placement, flags):
+#: the placement of each of the two layers a case's flags give
+LAYERS = {**{p: [p, p] for p in PLACEMENTS}, "mixln": ["pre", "pre"]}  # a quarter of 2 layers rounded down: 0
+
+
+@pytest.mark.parametrize("placement, flags, layers", [(p, [], LAYERS[p]) for p in PLACEMENTS] + [
+    ("pre", ["--qk-norm", "ln"], None), ("deepnorm", ["--qk-norm", "ln"], None),
+    ("pre", ["--qk-norm", "ln", "--qk-norm-scope", "projection"], None), ("rezero", ["--rezero-gates", "layer"], None),
+    ("output", ["--qk-norm", "ln"], None),
+    ("mixln", ["--mixln-post-layers", "1"], ["post", "pre"]),
+    ("pre", ["--norm-depth-scaling"], None), ("sandwich", ["--norm-depth-scaling"], None),
+    ("mixln", ["--mixln-post-layers", "1", "--norm-depth-scaling"], ["post", "pre"]),
+    ("post", ["--encoder-layer-placements", "output,post"], ["output", "post"]),
+    ("pre", ["--encoder-layer-placements", "post,sandwich", "--norm-depth-scaling",
+             "--encoder-layer-norms", "rmsnorm,ln"], ["post", "sandwich"])])
+def test_two_encoder_layers_compute_their_placement(toy_data, placement, flags, layers):
     model, _ = build(toy_data, placement, *flags)
+    layers = layers or LAYERS[placement]
     qk = type(model.encoder.layers[0].self_attn.q_proj).__name__ == "HeadNormProjection"
     assert qk == ("--qk-norm" in flags)
     if qk:  # a head's channels, or the whole projection's
         assert model.encoder.layers[0].self_attn.q_proj.norm.weight.numel() == (32 if "projection" in flags else 8)
     if placement == "rezero":
         assert model.encoder.layers[0].rezero_gates.numel() == (1 if "layer" in flags else 2)
+    if "--encoder-layer-norms" in flags:
+        assert [type(layer.final_layer_norm).__name__ for layer in model.encoder.layers] == ["RMSNorm", "LayerNorm"]
     model = model.double().eval()
     encoder = model.encoder
     with torch.no_grad():  # parameters off their start, so that gates and gains are seen
@@ -98,7 +117,7 @@ def test_two_encoder_layers_compute_their_placement(toy_data, placement, flags):
     for layer in encoder.layers:
         y = layer(y, pad)
     y = encoder.layer_norm(y) if encoder.layer_norm is not None else y
-    want = reference_encoder(encoder, x, pad, placement)
+    want = reference_encoder(encoder, x, pad, layers, "--norm-depth-scaling" in flags)
     real = ~pad.t()
     torch.testing.assert_close(y[real], want[real], rtol=1e-10, atol=1e-10)
 
@@ -114,7 +133,10 @@ def test_each_placement_builds_its_own_parts(toy_data):
     alpha_enc = 0.81 * (2 ** 4 * 2) ** (1 / 16)
     assert parts == {"pre": (True, True, 0, 0, (0,), 1.0), "post": (False, False, 0, 0, (0,), 1.0),
                      "sandwich": (True, True, 2, 3, (0,), 1.0), "deepnorm": (False, False, 0, 0, (0,), alpha_enc),
-                     "rezero": (False, False, 0, 0, (3,), 1.0)}
+                     "rezero": (False, False, 0, 0, (3,), 1.0), "output": (True, True, 2, 3, (0,), 1.0),
+                     "mixln": (True, True, 0, 0, (0,), 1.0)}
+    model, _ = build(toy_data, "output")
+    assert {type(layer.self_attn_layer_norm).__name__ for layer in model.encoder.layers} == {"NoNorm"}
     model, _ = build(toy_data, "rezero")
     assert all(type(m).__name__ == "NoNorm" for m in model.modules() if isinstance(m, Norm))
     assert all(not g.any() for layer in model.encoder.layers for g in layer.rezero_gates)
@@ -149,6 +171,16 @@ def test_deepnorm_constants_and_initialisation(toy_data):
     (["--qk-norm", "groupnorm"], "--qk-norm groupnorm: .* choose one of ln, scalenorm, rmsnorm"),
     (["--norm-placement", "deepnorm", "--decoder-normalize-before"],
      "--decoder-normalize-before contradicts --norm-placement deepnorm"),
+    (["--mixln-post-layers", "1"], "--mixln-post-layers 1: Mix-LN's split, and --norm-placement pre is none"),
+    (["--norm-placement", "mixln", "--mixln-post-layers", "2"], "leaves no pre-norm layer in the encoder, of 2"),
+    (["--encoder-layer-norms", "ln*3"], r"--encoder-layer-norms ln\*3 names 3 layers: the encoder has 2"),
+    (["--decoder-layer-placements", "post"], "--decoder-layer-placements post names 1 layers: the decoder has 2"),
+    (["--encoder-layer-norms", "bn,ln", "--encoder-norm-ff", "pn"], "--encoder-norm-ff .* use one of them"),
+    (["--encoder-layer-placements", "pre,post", "--norm-placement", "deepnorm"], "sets every layer itself"),
+    (["--norm-depth-scaling", "--norm-placement", "post"], "--norm-depth-scaling scales the norm before each"),
+    (["--norm-depth-scaling", "--norm-placement", "post", "--decoder-layer-placements", "post,pre"], None),
+    (["--norm-placement", "rezero", "--norm-type", "none", "--decoder-norm-type", "none", "--decoder-layer-norms",
+      "none,ln"], "not ln"),
 ])
 def test_combinations_train_or_are_refused_in_one_line(toy_data, flags, message):
     if message is None:
@@ -190,7 +222,7 @@ def test_the_language_model_and_the_classifier_take_each_placement(lm_data, toy_
     assert torch.isfinite(lm(tokens)[0]).all()
     assert lm.decoder.layers[0].residual_scale == (deepnorm_constants(0, 2)["decoder"][0]
                                                    if placement == "deepnorm" else 1.0)
-    assert (lm.decoder.layer_norm is not None) == (placement in ("pre", "sandwich"))
+    assert (lm.decoder.layer_norm is not None) == (placement in ("pre", "sandwich", "output", "mixln"))
     classifier, _ = build_model(toy_data, "--task", "translation", "--arch", "powernorm_classifier",
                                 "--encoder-layers", "2", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim",
                                 "64", "--encoder-attention-heads", "4", "--max-source-positions", "64",
@@ -285,3 +317,16 @@ def test_a_compiled_encoder_layer_matches_eager_at_lengths_that_vary(toy_data, p
         for a, b in zip(*outs):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     assert 1 <= counting.graphs <= 2, counting.graphs
+
+
+def test_a_per_layer_list_has_one_spelling_and_refuses_what_is_not_a_layer():
+    from powernorm_fairseq.norms.placement import LAYER_PLACEMENTS, per_layer
+
+    kinds = per_layer(NORM_TYPES, "--encoder-layer-norms")
+    assert kinds("ln,ln*2,bn") == kinds("ln*3,bn*1") == "ln*3,bn"
+    for bad, message in [("ln,lnx", "'lnx' is not one of"), ("ln*0", "a whole number above 0"), ("ln*", "whole"),
+                         ("bn*2.5", "whole")]:
+        with pytest.raises(Exception, match=message):
+            kinds(bad)
+    with pytest.raises(Exception, match="'deepnorm' is not one of pre, post, sandwich, output"):
+        per_layer(LAYER_PLACEMENTS, "--encoder-layer-placements")("pre,deepnorm")

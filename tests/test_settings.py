@@ -75,8 +75,12 @@ def another(name, args):
         return next(c for c in options["choices"] if c != value)
     if options.get("action") in ("store_true", argparse.BooleanOptionalAction):
         return not (value if value is not None else name in ("layer_scale", "pn_group_scaling"))
-    if name == "norm_groups":
-        return 2
+    if name.endswith("_layer_norms"):
+        return "rmsnorm*2"
+    if name.endswith("_layer_placements"):
+        return "post*2"
+    if name in ("norm_groups", "mixln_post_layers"):
+        return 2 if value is None else value + 1
     if name == "init":
         return "xavier-kaiming"
     return 0.5 if value is None else value * 2
@@ -94,6 +98,8 @@ def test_every_function_setting_tells_two_models_apart(name):
         given.update(norm_placement="rezero", norm_type="none", decoder_norm_type="none")
     if name == "qk_norm_scope":
         given.update(qk_norm="rmsnorm")
+    if name == "mixln_post_layers":
+        given.update(norm_placement="mixln")
     before = base(**given)
     after = base(**{**given, name: another(name, before)})
     diff = settings.differences(settings.function_settings(before), settings.function_settings(after))
@@ -118,8 +124,9 @@ def test_training_settings_and_equal_spellings_leave_the_function_alone(name):
     # a sublayer given its side's kind, the default layer scale given, none as QK-norm: the same model
     same = base(encoder_norm_self="pn", decoder_norm_ff="ln", layer_scale=True, qk_norm="none")
     assert settings.function_settings(same) == settings.function_settings(args)
-    # an option of a kind the model does not have is no difference
+    # an option of a kind the model does not have is no difference, nor Mix-LN's split without Mix-LN
     assert settings.function_settings(base(adanorm_scale=3.0)) == settings.function_settings(args)
+    assert settings.function_settings(base(mixln_post_layers=3)) == settings.function_settings(args)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from fairseq.dataclass import FairseqDataclass
 from .. import patches
 from ..common.errors import PowerNormConfigError
 from ..common.flags import at_least, fraction, positive
-from ..norms.placement import NORMALIZE_BEFORE, PLACEMENTS, REZERO_GATES, check_placement
+from ..norms.placement import (LAYER_PLACEMENTS, PLACEMENTS, REZERO_GATES, check_layers, check_placement, expand,
+                               final_norm, per_layer)
 from ..norms.qk_norm import QK_SCOPES, check_qk_norm
 from ..norms import NORM_TYPES, NORMS, RUNNING_STAT_TYPES
 from ..norms.sync import MODES as SYNC_MODES
@@ -47,7 +48,8 @@ def all_kinds(args, sides=("encoder", "decoder")):
     and its sublayer flags."""
     names = ["norm_type" if side == "encoder" else "decoder_norm_type" for side in sides]
     names += [f[2:].replace("-", "_") for f in SUBLAYER_FLAGS if f.split("-")[2] in sides]
-    return {getattr(args, name, None) for name in names} - {None}
+    listed = {kind for side in sides for kind in expand(getattr(args, f"{side}_layer_norms", None) or "")} - {""}
+    return ({getattr(args, name, None) for name in names} | listed) - {None}
 
 
 #: what a setting is to a model rebuilt from a checkpoint (``models/settings.py``)
@@ -110,6 +112,22 @@ class _ModelNormConfig(FairseqDataclass):
     decoder_norm_ff: Optional[str] = _sublayer("--decoder-norm-ff")
     norm_placement: str = _flag("pre", "where the norms sit (docs/norms.md#placements)", FUNCTION,
                                 **_choice(PLACEMENTS))
+    encoder_layer_norms: Optional[str] = _flag(None, "each encoder layer's kind, e.g. bn*2,ln*4", FUNCTION, lm=False,
+                                               type=per_layer(NORM_TYPES, "--encoder-layer-norms"),
+                                               metavar="KIND*N,...")
+    decoder_layer_norms: Optional[str] = _flag(None, "each decoder layer's kind, e.g. bn*2,ln*4", FUNCTION,
+                                               type=per_layer(NORM_TYPES, "--decoder-layer-norms"),
+                                               metavar="KIND*N,...")
+    encoder_layer_placements: Optional[str] = _flag(None, "each encoder layer's placement, e.g. post*2,pre*4", FUNCTION, lm=False,
+                                                    type=per_layer(LAYER_PLACEMENTS, "--encoder-layer-placements"),
+                                                    metavar="P*N,...")
+    decoder_layer_placements: Optional[str] = _flag(None, "each decoder layer's placement, e.g. post*2,pre*4", FUNCTION,
+                                                    type=per_layer(LAYER_PLACEMENTS, "--decoder-layer-placements"),
+                                                    metavar="P*N,...")
+    mixln_post_layers: Optional[int] = _flag(None, "Mix-LN's post-norm layers per side (default: a quarter, "
+                                             "rounded down)", FUNCTION, type=at_least(0, "--mixln-post-layers"),
+                                             metavar="K")
+    norm_depth_scaling: bool = _flag(False, "LayerNorm Scaling: pre-norm layer l's norms times 1/sqrt(l)", FUNCTION, action="store_true")
     rezero_gates: str = _flag("sublayer", "ReZero's gates: one per sublayer, or one per layer (the authors' code)",
                               FUNCTION, **_choice(REZERO_GATES))
     qk_norm: Optional[str] = _flag(None, "a norm of each attention head's queries and keys (default: none; a "
@@ -231,9 +249,15 @@ def check_args(args, sides=("encoder", "decoder")):
     kinds = all_kinds(args)
     try:
         check_placement(args, all_kinds(args, sides))
+        check_layers(args, sides)
         check_qk_norm(args.qk_norm, getattr(args, "qk_norm_scope", None) or "head")
     except ValueError as err:
         raise PowerNormConfigError(str(err)) from None
+    for side in sides:
+        given = [f for f in SUBLAYER_FLAGS if f.split("-")[2] == side and getattr(args, f[2:].replace("-", "_"), None)]
+        if getattr(args, f"{side}_layer_norms", None) and given:
+            raise PowerNormConfigError(f"--{side}-layer-norms sets every {side} norm layer by layer, and {given[0]} "
+                                       "every one of its sublayer: use one of them")
     if getattr(args, "layernorm_embedding", False):
         raise PowerNormConfigError(
             "--layernorm-embedding adds a LayerNorm that --norm-type does not control; "
@@ -278,8 +302,8 @@ def powernorm_defaults(args):
         if getattr(args, f.name, None) is None:
             setattr(args, f.name, f.default)
     check_values(args)  # a hydra config's values have not been through argparse
-    before = NORMALIZE_BEFORE[args.norm_placement]
     for side in ("encoder", "decoder"):
+        before = final_norm(args, side)
         flag = f"{side}_normalize_before"
         if getattr(args, flag, False) and not before:
             raise PowerNormConfigError(
@@ -291,3 +315,4 @@ def powernorm_defaults(args):
         args.no_scale_embedding = True
     if args.pn_warmup_updates is None:
         args.pn_warmup_updates = getattr(args, "warmup_updates", 0) or 0
+

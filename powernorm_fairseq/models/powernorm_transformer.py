@@ -88,7 +88,9 @@ class PowerNormTransformerEncoder(TransformerEncoderBase):
             self.layer_norm = encoder_norm(cfg, final=True)
 
     def build_encoder_layer(self, cfg):
-        layer = PowerNormEncoderLayer(cfg, return_fc=self.return_fc)
+        index = self.__dict__.get("layers_built", 0)  # fairseq builds the layers in order
+        self.layers_built = index + 1
+        layer = PowerNormEncoderLayer(cfg, return_fc=self.return_fc, index=index)
         return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap)
 
     def forward_scriptable(self, src_tokens, src_lengths=None, return_all_hiddens=False,
@@ -109,7 +111,9 @@ class PowerNormTransformerDecoder(TransformerDecoderBase):
             self.layer_norm = decoder_norm(cfg, final=True)
 
     def build_decoder_layer(self, cfg, no_encoder_attn=False):
-        layer = PowerNormDecoderLayer(cfg, no_encoder_attn)
+        index = self.__dict__.get("layers_built", 0)
+        self.layers_built = index + 1
+        layer = PowerNormDecoderLayer(cfg, no_encoder_attn, index=index)
         return fsdp_wrap(layer, min_num_params=cfg.min_params_to_wrap)
 
     def extract_features_scriptable(self, prev_output_tokens, encoder_out,

@@ -19,7 +19,7 @@ from fairseq.models.transformer_lm import (
     transformer_lm_baevski_wiki103,
 )
 
-from ..norms.placement import NORMALIZE_BEFORE
+from ..norms.placement import final_norm
 from .mixin import PowerNormModelMixin
 from .options import add_norm_args, powernorm_defaults
 from .powernorm_transformer import PowerNormTransformerDecoder
@@ -68,7 +68,7 @@ def _lm_defaults(args, fairseq_arch):
     args.decoder_norm_type = args.norm_type  # one side: --norm-type is every norm
     fairseq_arch(args)
     # fairseq's wiki103 architecture forces pre-norm; --norm-placement decides here
-    args.decoder_normalize_before = NORMALIZE_BEFORE[args.norm_placement]
+    args.decoder_normalize_before = final_norm(args, "decoder")
 
 
 @register_model_architecture("powernorm_transformer_lm", "powernorm_transformer_lm")

@@ -77,6 +77,8 @@ def function_settings(cfg, sides=("encoder", "decoder")) -> dict:
         del out["qk_norm_scope"]
     if resolved["norm_placement"] != "rezero":
         del out["rezero_gates"]
+    if resolved["norm_placement"] != "mixln":
+        del out["mixln_post_layers"]
     if "decoder" not in sides:
         out.pop("norm_causal", None)
     out.pop("pn_group_scaling", None)  # the pn-only spelling of the layer scale: compared as layer_scale

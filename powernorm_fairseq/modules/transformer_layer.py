@@ -15,7 +15,7 @@ import inspect
 
 from ..common.errors import PowerNormConfigError
 from ..norms import NORMS, build_norm
-from ..norms.placement import Placed
+from ..norms.placement import Placed, layer_plan
 from ..norms.qk_norm import add_qk_norm_
 
 
@@ -67,13 +67,14 @@ class PowerNormEncoderLayer(Placed, TransformerEncoderLayerBase):
     ``--encoder-norm-ff``, each ``--norm-type`` unless given, placed as
     ``--norm-placement`` says (``placement.py``)."""
 
-    def __init__(self, cfg, return_fc=False):
+    def __init__(self, cfg, return_fc=False, index=0):
         super().__init__(cfg, return_fc=return_fc)
-        kinds = [getattr(cfg, "encoder_norm_self", None), getattr(cfg, "encoder_norm_ff", None)]
+        kind, placement = layer_plan(cfg, "encoder", index)  # index: the layer's on its side, from 0
+        kinds = [getattr(cfg, "encoder_norm_self", None) or kind, getattr(cfg, "encoder_norm_ff", None) or kind]
         self.self_attn_layer_norm = encoder_norm(cfg, kinds[0])
         self.final_layer_norm = encoder_norm(cfg, kinds[1])
-        self.place(getattr(cfg, "norm_placement", "post"), lambda i: encoder_norm(cfg, kinds[i]),
-                   getattr(cfg, "rezero_gates", "sublayer"))
+        self.place(placement, lambda i: encoder_norm(cfg, kinds[i]), getattr(cfg, "rezero_gates", "sublayer"),
+                   index + 1 if getattr(cfg, "norm_depth_scaling", False) else 0)
         with_qk_norm(cfg, [self.self_attn], cfg.encoder.attention_heads)
 
 
@@ -82,17 +83,18 @@ class PowerNormDecoderLayer(Placed, TransformerDecoderLayerBase):
     ``--decoder-norm-ff``, each ``--decoder-norm-type`` unless given; with
     NormFormer's flags, its norms of the same kinds; placed as ``--norm-placement`` says."""
 
-    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+    def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False, index=0):
         super().__init__(cfg, no_encoder_attn, add_bias_kv, add_zero_attn)
-        self_kind, cross, ff = (getattr(cfg, f"decoder_norm_{s}", None) for s in ("self", "cross", "ff"))
+        kind, placement = layer_plan(cfg, "decoder", index)
+        self_kind, cross, ff = (getattr(cfg, f"decoder_norm_{s}", None) or kind for s in ("self", "cross", "ff"))
         kinds = [self_kind, ff]  # each sublayer's, in fairseq's order
         self.self_attn_layer_norm = decoder_norm(cfg, self_kind)
         if self.encoder_attn_layer_norm is not None:
             self.encoder_attn_layer_norm = decoder_norm(cfg, cross)
             kinds.insert(1, cross)
         self.final_layer_norm = decoder_norm(cfg, ff)
-        self.place(getattr(cfg, "norm_placement", "post"), lambda i: decoder_norm(cfg, kinds[i]),
-                   getattr(cfg, "rezero_gates", "sublayer"))
+        self.place(placement, lambda i: decoder_norm(cfg, kinds[i]), getattr(cfg, "rezero_gates", "sublayer"),
+                   index + 1 if getattr(cfg, "norm_depth_scaling", False) else 0)
         with_qk_norm(cfg, [self.self_attn, self.encoder_attn], cfg.decoder.attention_heads)
         # NormFormer's extra norms (--scale-attn after self-attention, --scale-fc inside the FFN):
         # the kinds of the self-attention and FFN norms
