@@ -17,7 +17,7 @@ usage: scripts/train-lm.sh [--config FILE] [--dataset NAME] [--norm KIND] [optio
   --data DIR           binarized data (default: data-bin/<dataset>/bin)
   --norm KIND          every norm of the model: ln | bn | pn | pn-v | bn-original |
                        scalenorm | rmsnorm | ... (see --norm-type) (default: pn)
-  --placement P        pre | post | sandwich | deepnorm | rezero (default: pre)
+  --placement P        pre | post | sandwich | deepnorm | rezero | output | mixln (default: pre)
   --qk-norm KIND       normalise each head's queries and keys (rmsnorm, ln, ...; see --qk-norm)
   --seed N             random seed (default: 1)
   --gpus N             GPUs, one process each (default: all visible; 0 = CPU)

@@ -17,7 +17,7 @@ usage: scripts/train.sh [--config FILE] [--dataset NAME] [--norm KIND] [options]
   --norm KIND          encoder norm: ln | bn | pn | pn-v | bn-original | scalenorm |
                        rmsnorm | ... (see --norm-type) (default: pn)
   --decoder-norm KIND  decoder norm (default: ln, as in the paper)
-  --placement P        pre | post | sandwich | deepnorm | rezero (default: pre)
+  --placement P        pre | post | sandwich | deepnorm | rezero | output | mixln (default: pre)
   --qk-norm KIND       normalise each head's queries and keys (rmsnorm, ln, ...; see --qk-norm)
   --seed N             random seed (default: 1)
   --gpus N             GPUs, one process each (default: all visible; 0 = CPU)

@@ -112,22 +112,23 @@ class _ModelNormConfig(FairseqDataclass):
     decoder_norm_ff: Optional[str] = _sublayer("--decoder-norm-ff")
     norm_placement: str = _flag("pre", "where the norms sit (docs/norms.md#placements)", FUNCTION,
                                 **_choice(PLACEMENTS))
-    encoder_layer_norms: Optional[str] = _flag(None, "each encoder layer's kind, e.g. bn*2,ln*4", FUNCTION, lm=False,
-                                               type=per_layer(NORM_TYPES, "--encoder-layer-norms"),
+    encoder_layer_norms: Optional[str] = _flag(None, "each encoder layer's kind, e.g. bn*2,ln*4", FUNCTION,
+                                               lm=False, type=per_layer(NORM_TYPES, "--encoder-layer-norms"),
                                                metavar="KIND*N,...")
     decoder_layer_norms: Optional[str] = _flag(None, "each decoder layer's kind, e.g. bn*2,ln*4", FUNCTION,
                                                type=per_layer(NORM_TYPES, "--decoder-layer-norms"),
                                                metavar="KIND*N,...")
-    encoder_layer_placements: Optional[str] = _flag(None, "each encoder layer's placement, e.g. post*2,pre*4", FUNCTION, lm=False,
-                                                    type=per_layer(LAYER_PLACEMENTS, "--encoder-layer-placements"),
-                                                    metavar="P*N,...")
-    decoder_layer_placements: Optional[str] = _flag(None, "each decoder layer's placement, e.g. post*2,pre*4", FUNCTION,
-                                                    type=per_layer(LAYER_PLACEMENTS, "--decoder-layer-placements"),
-                                                    metavar="P*N,...")
+    encoder_layer_placements: Optional[str] = _flag(None, "each encoder layer's placement, e.g. post*2,pre*4",
+                                                    FUNCTION, lm=False, metavar="P*N,...",
+                                                    type=per_layer(LAYER_PLACEMENTS, "--encoder-layer-placements"))
+    decoder_layer_placements: Optional[str] = _flag(None, "each decoder layer's placement, e.g. post*2,pre*4",
+                                                    FUNCTION, metavar="P*N,...",
+                                                    type=per_layer(LAYER_PLACEMENTS, "--decoder-layer-placements"))
     mixln_post_layers: Optional[int] = _flag(None, "Mix-LN's post-norm layers per side (default: a quarter, "
                                              "rounded down)", FUNCTION, type=at_least(0, "--mixln-post-layers"),
                                              metavar="K")
-    norm_depth_scaling: bool = _flag(False, "LayerNorm Scaling: pre-norm layer l's norms times 1/sqrt(l)", FUNCTION, action="store_true")
+    norm_depth_scaling: bool = _flag(False, "LayerNorm Scaling: pre-norm layer l's norms times 1/sqrt(l)", FUNCTION,
+                                     action="store_true")
     rezero_gates: str = _flag("sublayer", "ReZero's gates: one per sublayer, or one per layer (the authors' code)",
                               FUNCTION, **_choice(REZERO_GATES))
     qk_norm: Optional[str] = _flag(None, "a norm of each attention head's queries and keys (default: none; a "

@@ -196,7 +196,8 @@ class Placed:
         return residual + x
 
     def extra_repr(self) -> str:
-        return f"placement={self.placement}" + (f", depth_scale={self.depth_scale:.4g}" if self.depth_scale != 1 else "")
+        scaled = f", depth_scale={self.depth_scale:.4g}" if self.depth_scale != 1 else ""
+        return f"placement={self.placement}{scaled}"
 
 
 def _scaled(scale: float):
