@@ -22,8 +22,11 @@ BIN = Path(sys.executable).parent
 #: words/s and memory of a training run / stock's
 TARGETS = {"layers": {"float32": {"pn": 1.0, "bn": 1.2, "pn-v": 1.2, "scalenorm": 1.0, "rmsnorm": 1.0},
                       "bfloat16": dict.fromkeys(("pn", "bn", "pn-v", "scalenorm", "rmsnorm"), 1.5),
-                      "cuda": {"pn": 1.3, "bn": 1.5, "pn-v": 1.5, "scalenorm": 1.0, "rmsnorm": 1.0, "dyt": 1.1}},
-           "throughput": 0.95, "memory": 1.05}
+                      "cuda": {"pn": 1.3, "bn": 1.5, "pn-v": 1.5, "scalenorm": 1.0, "rmsnorm": 1.0, "dyt": 1.1,
+                               "derf": 1.1}},
+           "throughput": 0.95, "memory": 1.05,
+           #: a kind's layer time over a neighbour's in the same run, on the CPU in float32
+           "beside": {"derf": ("dyt", 1.2)}}
 
 
 def layer_target(device: str, dtype: torch.dtype, kind: str):
@@ -171,7 +174,11 @@ def _layer_rows(layers, digits, copy):
         cells = [r["dtype"], r["shape"], r["norm"], f"{r['ratio_to_ln']:.2f}", f"{r['ms']:.{digits}f}",
                  f"{r['ln_ms']:.{digits}f}", r.get("gbps", r.get("gb_per_s"))]
         cells += [r.get("copy_gb_s", "")] if copy else []
-        cells += [_percent(r["fraction_of_bandwidth"]), _met(r["ratio_to_ln"], r["target"])]
+        target = _met(r["ratio_to_ln"], r["target"])
+        if r.get("beside"):  # (the neighbour, this time over its, the most it may be)
+            other, ratio, most = r["beside"]
+            target = f"{ratio:.2f} x {other}: " + _met(ratio, most)
+        cells += [_percent(r["fraction_of_bandwidth"]), target]
         rows.append("| " + " | ".join(map(str, cells)) + " |")
     return rows
 

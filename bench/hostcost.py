@@ -13,13 +13,14 @@ from common import ROOT
 
 # ---------------------------------------------------------------- 6. host
 #: the fused kinds and what each may cost the host against nn.LayerNorm's step (calls, time)
-HOST_KINDS = ["pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt"]
-HOST_TARGETS = {"calls": 2.0, "time": {"pn": 1.3, "scalenorm": 1.3, "rmsnorm": 1.3, "dyt": 1.3, "bn": 1.5,
-                                       "pn-v": 1.5}}
+HOST_KINDS = ["pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt", "derf"]
+HOST_TARGETS = {"calls": 2.0, "time": {"pn": 1.3, "scalenorm": 1.3, "rmsnorm": 1.3, "dyt": 1.3, "derf": 1.3,
+                                       "bn": 1.5, "pn-v": 1.5}}
 
 
 #: the CPU gate under the stand-in driver: a step / nn.LayerNorm's step, and Python calls / LayerNorm's
-STANDIN_TARGETS = {"step": {"pn": 1.5, "bn": 1.7, "pn-v": 1.7, "scalenorm": 1.2, "rmsnorm": 1.2, "dyt": 1.2},
+STANDIN_TARGETS = {"step": {"pn": 1.5, "bn": 1.7, "pn-v": 1.7, "scalenorm": 1.2, "rmsnorm": 1.2, "dyt": 1.2,
+                            "derf": 1.2},
                    "calls": 1.3}
 
 

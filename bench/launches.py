@@ -23,9 +23,10 @@ LAUNCH_ROWS = [
     ("scalenorm", "scalenorm", {}),
     ("rmsnorm", "rmsnorm", {}),
     ("dyt", "dyt", {}),
+    ("derf", "derf", {}),
 ]
 LAUNCH_TARGETS = {"pn (Algorithm 2)": 4, "pn in warmup": 6, "pn-v": 6, "bn": 6, "bn --layer-scale": 6,
-                  "scalenorm": 2, "rmsnorm": 3, "dyt": 3}
+                  "scalenorm": 2, "rmsnorm": 3, "dyt": 3, "derf": 3}
 
 
 def bench_launches(T=512, B=8, C=512):
@@ -133,7 +134,7 @@ def bench_device(shapes, dtypes, replays=50):
             grad = torch.randn(T, B, C, generator=g).to("cuda", dtype)
             pad = (torch.arange(T)[None, :] >= (T - (torch.rand(B, generator=g) * 0.4 * T).long())[:, None]).cuda()
             copy = measure_bandwidth("cuda", x.numel() * x.element_size())
-            for kind in ["ln", "pn", "pn-v", "bn", "scalenorm", "rmsnorm", "dyt"]:
+            for kind in ["ln", "pn", "pn-v", "bn", "scalenorm", "rmsnorm", "dyt", "derf"]:
                 norm = build_norm(kind, C, **layer_options(kind, C)).to("cuda", dtype).train()
                 params = [x, *norm.parameters()]
 

@@ -58,6 +58,13 @@ def dyt(x, alpha, w, b):
     return w * (e - 1) / (e + 1) + b
 
 
+def derf(x, alpha, shift, w, b):
+    """Derf (arXiv 2512.10938): w erf(alpha x + s) + b, erf written as the regularised lower incomplete
+    gamma function, erf(z) = sign(z) P(1/2, z^2)."""
+    z = alpha * x + shift
+    return w * torch.sign(z) * torch.special.gammainc(torch.tensor(0.5, dtype=z.dtype), z * z) + b
+
+
 def scale_norm(x, g, eps=1e-5):
     length = torch.sqrt((x * x).sum(-1, keepdim=True))
     return g * x / torch.maximum(length, torch.full_like(length, eps))

@@ -46,9 +46,9 @@ def test_every_benchmark_runs_on_a_tiny_size(toy_data, tmp_path):
                     "### 6. Host cost"):
         assert heading in table
     assert {(r["backend"], r["norm"]) for r in results["host"]} == {
-        (b, k) for b in ("triton", "cpu") for k in ("pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt")}
+        (b, k) for b in ("triton", "cpu") for k in ("pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt", "derf")}
     assert {(r["kind"], r["shape"]) for r in results["host_standin"]} == {
-        (k, s) for k in ("pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt") for s in ("4x4x64", "8x8x64")}
+        (k, s) for k in ("pn", "bn", "pn-v", "scalenorm", "rmsnorm", "dyt", "derf") for s in ("4x4x64", "8x8x64")}
     assert all(r["step_ratio"] > 0 and r["calls_ratio"] > 0 and r["launches"] >= 2 for r in results["host_standin"])
     assert "stand-in driver" in table and "| kind | shape | step / LN (median) | least | python calls / LN |" in table
     assert "| pn (`--pn-warmup-updates 0`) |" in table

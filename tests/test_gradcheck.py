@@ -22,7 +22,7 @@ def _exact(kind):
 
 
 #: the kinds whose training step runs on the kernel backends; the others are plain PyTorch on every one
-KERNEL_KINDS = ["bn", "pn-v", "pn", "bn-original", "scalenorm", "rmsnorm", "dyt"]
+KERNEL_KINDS = ["bn", "pn-v", "pn", "bn-original", "scalenorm", "rmsnorm", "dyt", "derf"]
 CASES = ([("plain", kind) for kind in KERNEL_KINDS + ["ln", "layernorm-simple", "groupnorm", "none"]]
          + [("cpu", kind) for kind in KERNEL_KINDS]
          + [pytest.param("triton", kind, marks=pytest.mark.slow) for kind in KERNEL_KINDS])

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.fast
 T, B, C = 23, 7, 200
 
 KINDS = [
-    ("bn", {}), ("pn-v", {}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {}),
+    ("bn", {}), ("pn-v", {}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {}), ("derf", {}),
     ("pn", {"warmup_updates": 2}),
     ("pn", {"warmup_updates": 2, "layer_scale": True, "groups": 4}),
     ("pn", {"warmup_updates": 2, "backward": "reference", "layer_scale": True, "groups": 2}),
@@ -51,7 +51,7 @@ def make(kind, options, dtype, C=C):
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in norm.named_parameters():
-            p.mul_(1.3) if p.dim() == 0 else p.copy_(
+            p.mul_(1.3).add_(0.2) if p.dim() == 0 else p.copy_(  # a scalar off its start: Derf's shift too
                 (1.0 if name == "weight" else 0.0) + 0.3 * torch.randn(C, generator=g))
     return norm.to(dtype).train()
 
@@ -78,7 +78,7 @@ def scaled_error(got, want):
     return float((got.double() - want).abs().max() / want.abs().max().clamp(min=1e-30))
 
 
-@pytest.mark.parametrize("kind", ["rmsnorm", "dyt"])
+@pytest.mark.parametrize("kind", ["rmsnorm", "dyt", "derf"])
 def test_the_row_parameter_sums_are_the_same_in_the_kernel_or_a_launch_of_their_own(kind, monkeypatch):
     """A row backward's parameter sums, added by its last program (few
     programs) or by _sum_columns over channel blocks (many): the same numbers
@@ -106,9 +106,9 @@ def test_backends_match_the_plain_path_in_float32(backend, kind, options):
             assert scaled_error(u, v) < 1e-5, (step, i, scaled_error(u, v))
 
 
-WIDE = [("scalenorm", {}), ("rmsnorm", {}), ("dyt", {}), ("pn", {"warmup_updates": 1, "layer_scale": True}),
-        ("bn", {"layer_scale": True, "groups": 2})]
-WIDE_IDS = ["scalenorm", "rmsnorm", "dyt", "pn-scaled", "bn-2-groups"]
+WIDE = [("scalenorm", {}), ("rmsnorm", {}), ("dyt", {}), ("derf", {}),
+        ("pn", {"warmup_updates": 1, "layer_scale": True}), ("bn", {"layer_scale": True, "groups": 2})]
+WIDE_IDS = ["scalenorm", "rmsnorm", "dyt", "derf", "pn-scaled", "bn-2-groups"]
 
 
 @pytest.mark.slow  # the fast tier keeps the kernels' common widths
@@ -154,7 +154,7 @@ def test_half_precision_is_within_the_plain_paths_own_error(kind, options, dtype
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available() or gpu.interpreting(),
                     reason="the compiled kernels on a GPU: run `TRITON_INTERPRET=0 pytest -k cuda` on a GPU machine")
-@pytest.mark.parametrize("kind", ["pn", "bn", "scalenorm", "dyt"])
+@pytest.mark.parametrize("kind", ["pn", "bn", "scalenorm", "dyt", "derf"])
 def test_the_cuda_node_launches_on_the_current_stream_graph_and_device(kind):
     """The C++ node launches on torch's current stream: a step on a side
     stream, and one captured in a CUDA graph and replayed, give the default
@@ -334,7 +334,7 @@ def test_the_kernels_are_bound_by_name_and_each_missing_or_unknown_one_refused()
     given = {name: (k, gpu._parameters(k)) for name, k in gpu.KERNELS.items()}
     missing = dict(given)
     del missing["_dyt_backward"]
-    with pytest.raises(RuntimeError, match=r"bind_gpu: no kernel _dyt_backward \(gpu.py binds 11 by name\)"):
+    with pytest.raises(RuntimeError, match=r"bind_gpu: no kernel _dyt_backward \(gpu.py binds 13 by name\)"):
         node.bind_gpu(missing, plans, launcher.from_node)
     with pytest.raises(RuntimeError, match=r"bind_gpu: no kernel of the passes is named _extra"):
         node.bind_gpu({**given, "_extra": given["_sum_columns"]}, plans, launcher.from_node)
@@ -346,7 +346,7 @@ def test_the_kernels_are_bound_by_name_and_each_missing_or_unknown_one_refused()
 def sweep_kinds(C, groups=(2, 4, 5, 8)):
     """Every mode of every kernel norm, with the group scalings a model of C channels can have."""
     kinds = [("pn", {}), ("pn", {"warmup_updates": 1}), ("pn", {"warmup_updates": 1, "backward": "reference"}),
-             ("pn-v", {}), ("bn", {}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {})]
+             ("pn-v", {}), ("bn", {}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {}), ("derf", {})]
     for g in groups:
         if C % g == 0:
             kinds += [("pn", {"layer_scale": True, "groups": g}),
@@ -408,7 +408,7 @@ def test_triton_kernels_compile_for_a_gpu_without_spilling_and_fit_their_grid():
     assert {b["kernel"] for b in built} == {
         "_channel_forward", "_finish_stats", "_channel_backward", "_finish_backward", "_scalenorm_forward",
         "_scalenorm_backward", "_rmsnorm_forward", "_rmsnorm_backward", "_dyt_forward", "_dyt_backward",
-        "_sum_columns"}
+        "_derf_forward", "_derf_backward", "_sum_columns"}
     assert any(b["signature"].get("W") == "*fp32" and b["signature"].get("X") == "*fp16" for b in built)  # --amp
     spilled = [b for b in built if b["spill_bytes"]]
     assert not spilled, spilled[:3]

@@ -32,6 +32,7 @@ TARGETS = [
     ("scalenorm", {}, 2),
     ("rmsnorm", {}, 3),  # the parameters' sums over channel blocks: a launch of their own
     ("dyt", {}, 3),
+    ("derf", {}, 3),
 ]
 IDS = [f"{k}-{'-'.join(f'{a}={b}' for a, b in o.items())}" if o else k for k, o, _ in TARGETS]
 
@@ -114,7 +115,7 @@ def test_the_counter_counts_a_kernel_as_one_launch_and_sees_through_the_ops():
     assert seen.launches == ["triton:_scalenorm_forward"]
 
 
-KINDS = ["ln", "bn", "pn", "pn-v", "scalenorm", "rmsnorm", "dyt"]
+KINDS = ["ln", "bn", "pn", "pn-v", "scalenorm", "rmsnorm", "dyt", "derf"]
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])
@@ -364,8 +365,10 @@ def test_the_transposed_residual_stream_is_read_where_it_lies(kind, options, tar
 #: nn.LayerNorm's step in the same harness: what this code makes now and a call or two (the count moved by one
 #: between processes), so that host work added to a step fails here. The goal is 2.0 for every kind
 #: (bench/run.py --sections host reports both)
-HOST_CALLS = {"triton": {"pn": 1.79, "bn": 2.0, "pn-v": 1.98, "scalenorm": 1.43, "rmsnorm": 1.43, "dyt": 1.49},
-              "cpu": {"pn": 1.27, "bn": 1.27, "pn-v": 1.27, "scalenorm": 1.16, "rmsnorm": 1.16, "dyt": 1.19}}
+HOST_CALLS = {"triton": {"pn": 1.79, "bn": 2.0, "pn-v": 1.98, "scalenorm": 1.43, "rmsnorm": 1.43, "dyt": 1.49,
+                         "derf": 1.49},
+              "cpu": {"pn": 1.27, "bn": 1.27, "pn-v": 1.27, "scalenorm": 1.16, "rmsnorm": 1.16, "dyt": 1.19,
+                      "derf": 1.19}}
 
 
 @pytest.mark.parametrize("backend", ["triton", "cpu"])

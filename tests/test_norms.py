@@ -43,6 +43,8 @@ def affine(norm, seed=0):
             norm.weight.copy_(1 + 0.3 * torch.randn(C, generator=g, dtype=norm.weight.dtype))
         if hasattr(norm, "bias"):
             norm.bias.copy_(0.1 * torch.randn(C, generator=g, dtype=norm.bias.dtype))
+        if hasattr(norm, "shift"):  # Derf's, off its start of 0
+            norm.shift.fill_(0.2)
     return norm
 
 
@@ -76,7 +78,7 @@ def test_registry_is_the_source_of_kinds_options_and_running_statistics():
 
 def test_registry_and_unknown_kind():
     assert set(NORM_TYPES) == {"ln", "bn", "pn", "pn-v", "bn-original", "scalenorm", "rmsnorm", "layernorm-simple",
-                               "detachnorm", "adanorm", "groupnorm", "dyt", "none"}
+                               "detachnorm", "adanorm", "groupnorm", "dyt", "derf", "none"}
     with pytest.raises(ValueError, match="unknown norm type 'rms'.*ln, bn, pn, pn-v, bn-original, scalenorm, rmsnorm"):
         build_norm("rms", C)
 
@@ -409,6 +411,7 @@ def test_original_batch_norm_depends_on_padding_where_bn_does_not():
     ("adanorm", lambda n, x: ref.ada_norm(x)),
     ("groupnorm", lambda n, x: ref.group_norm(x, 4, n.weight, n.bias)),
     ("dyt", lambda n, x: ref.dyt(x, n.alpha, n.weight, n.bias)),
+    ("derf", lambda n, x: ref.derf(x, n.alpha, n.shift, n.weight, n.bias)),
     ("none", lambda n, x: x * 1),
 ])
 def test_per_token_norms_match_references(kind, reference):
@@ -451,6 +454,12 @@ def test_adanorm_scale_and_rms_init():
     assert dyt.alpha.item() == pytest.approx(0.7) and torch.equal(dyt.weight, torch.ones(C))
     with pytest.raises(ValueError, match="alpha_init must be positive"):
         build_norm("dyt", C, alpha_init=0.0)
+    derf = build_norm("derf", C, alpha_init=0.7)
+    with torch.no_grad():
+        derf.alpha.fill_(3.0), derf.shift.fill_(1.0)
+    derf.reset_parameters()
+    assert (derf.alpha.item(), derf.shift.item()) == (pytest.approx(0.7), 0.0)
+    assert torch.equal(derf.bias, torch.zeros(C))
     with pytest.raises(ValueError, match="groups must divide"):
         build_norm("groupnorm", C, groups=3)
 

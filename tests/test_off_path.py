@@ -16,14 +16,18 @@ from support import backend_or_fail
 from powernorm_fairseq.norms import NORM_TYPES, RUNNING_STAT_TYPES, build_norm, kernels, padding_mask
 from powernorm_fairseq.norms.base import Norm
 from powernorm_fairseq.norms.kernels import launcher
+from powernorm_fairseq.norms.kernels.contract import ROW_KINDS
 
 pytestmark = pytest.mark.fast
 
 BACKENDS = ["plain", "cpu", "triton"]
 T, B, C = 9, 4, 16
 #: the kinds with kernels, and the options that reach their distinct paths
-FUSED = [("bn", {}), ("pn-v", {}), ("pn", {"warmup_updates": 2}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {})]
+FUSED = [("bn", {}), ("pn-v", {}), ("pn", {"warmup_updates": 2}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {}),
+         ("derf", {})]
 FUSED_IDS = [k for k, _ in FUSED]
+#: the fused kinds whose backward is differentiable again (their descriptors' ``twice``)
+TWICE = sorted(k for k, kind in ROW_KINDS.items() if kind.twice is not None)
 STATS = FUSED[:3]
 
 
@@ -169,6 +173,7 @@ class LinearThenNorm(torch.nn.Module):
 # followed the row count), the per-row ones on one: a length is a dynamic dimension of the graph, not a new
 # graph; pn also batch-first with a 0/1 mask, the other layout and mask Norm.forward takes
 VARYING = [(kind, backend, "tbc-bool") for kind in ("pn", "bn", "pn-v", "dyt") for backend in BACKENDS]
+VARYING += [("derf", backend, "tbc-bool") for backend in ("cpu", "triton")]
 VARYING += [(kind, "cpu", "tbc-bool") for kind in ("ln", "scalenorm", "rmsnorm")]
 VARYING += [("pn", backend, "btc-int") for backend in BACKENDS]
 
@@ -261,9 +266,10 @@ def test_a_lone_real_token_gets_the_exact_gradient(backend, layer_scale):
     assert float((got - exact).abs().max() / exact.abs().max()) < 1e-5
 
 
-# 5: a second derivative raises, identically; DyT's is PyTorch's own
+# 5: a second derivative raises, identically; DyT's and Derf's are PyTorch's own
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind, options", [f for f in FUSED if f[0] != "dyt"], ids=[k for k in FUSED_IDS if k != "dyt"])
+@pytest.mark.parametrize("kind, options", [f for f in FUSED if f[0] not in TWICE],
+                         ids=[k for k in FUSED_IDS if k not in TWICE])
 def test_double_backward_raises_on_every_backend(backend, kind, options):
     backend_or_fail(backend)
     x, pad, _ = data(6)
@@ -274,29 +280,32 @@ def test_double_backward_raises_on_every_backend(backend, kind, options):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_dyt_has_its_second_derivative_on_every_backend(backend):
-    """The fused DyT's backward, asked for a graph, is differentiable again: gradgradcheck in x, alpha and
-    the gain, the kernels' forward beneath it."""
+@pytest.mark.parametrize("kind", TWICE)
+def test_dyt_and_derf_have_their_second_derivative_on_every_backend(kind, backend):
+    """The fused DyT's and Derf's backward, asked for a graph, is differentiable again: gradgradcheck
+    in x, the scalars and the gain, the kernels' forward beneath it."""
     backend_or_fail(backend)
-    norm = build_norm("dyt", C).double().train()
+    norm = build_norm(kind, C).double().train()
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         norm.weight.copy_(1 + 0.3 * torch.randn(C, generator=g, dtype=torch.float64))
+        if kind == "derf":
+            norm.shift.fill_(0.2)
     x = data(6)[0][:3, :2].clone().requires_grad_(True)
-    alpha, weight = (norm.alpha.detach().clone().requires_grad_(True),
-                     norm.weight.detach().clone().requires_grad_(True))
+    names = [n for n in ROW_KINDS[kind].params if n != "bias"]  # the bias's gradient is dy's sum: linear
+    params = [getattr(norm, n).detach().clone().requires_grad_(True) for n in names]
 
-    def layer(x, alpha, weight):
-        return torch.func.functional_call(norm, {"alpha": alpha, "weight": weight}, (x,))
+    def layer(x, *params):
+        return torch.func.functional_call(norm, dict(zip(names, params)), (x,))
 
     with kernels.use(backend):
-        assert torch.autograd.gradgradcheck(layer, (x, alpha, weight), fast_mode=True)
+        assert torch.autograd.gradgradcheck(layer, (x, *params), fast_mode=True)
 
 
 # 6: activation checkpointing: the recomputation updates nothing and replays the first forward
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "bn-original", "rmsnorm", "dyt"])
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "bn-original", "rmsnorm", "dyt", "derf"])
 def test_checkpointed_equals_not_checkpointed(kind, backend, reentrant):
     backend_or_fail(backend)
     options = {"warmup_updates": 2} if kind == "pn" else {}
@@ -400,7 +409,7 @@ def test_padding_mask_serves_both_layouts(kind):
 # 11: each launch counts its own arrivals
 #: where each finishing kernel takes its arrival ticket (the argument index)
 TICKET_ARGUMENT = {"_finish_stats": 10, "_finish_backward": 10, "_scalenorm_backward": 7, "_rmsnorm_backward": 7,
-                   "_dyt_backward": 9}
+                   "_dyt_backward": 9, "_derf_backward": 11}
 
 
 @pytest.mark.parametrize("kind, options", FUSED, ids=FUSED_IDS)

@@ -11,6 +11,7 @@ from torch import nn
 
 from .base import NoNorm, Norm, padding_mask
 from .batchnorm import MaskedBatchNorm, OriginalBatchNorm
+from .derf import Derf
 from .dyt import DyT
 from .layernorm import AdaNorm, DetachNorm, GroupNorm, LayerNorm, LayerNormSimple
 from .powernorm import PowerNorm, PowerNormV
@@ -30,6 +31,7 @@ NORMS = {
     "adanorm": AdaNorm,
     "groupnorm": GroupNorm,
     "dyt": DyT,
+    "derf": Derf,
     "none": NoNorm,
 }
 NORM_TYPES = tuple(NORMS)

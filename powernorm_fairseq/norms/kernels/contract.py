@@ -64,7 +64,7 @@ class RowKind(NamedTuple):
     """A per-row or per-entry kind as every backend takes it, the one
     description each kind's module gives (:func:`row_kind`): its ``name``
     (the compiled module's row kinds, csrc/cpu_rows.h, by name), its
-    parameters' names in order (the backward reads at most the first two),
+    parameters' names in order (the backward reads at most the first three),
     whether its statistic has one value per row, its two passes in PyTorch
     ops (the plain backend's: ``forward(x, *params, eps)`` -> (y, statistic),
     ``backward(x, statistic, grad_y, *params, eps)`` -> [dL/dx, one gradient

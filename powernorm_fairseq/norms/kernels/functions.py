@@ -379,11 +379,11 @@ def row_norm(kind, x: Tensor, params: tuple, eps=None) -> Tensor:
     xk = x if x.dtype in k.DTYPES else upcast(x)
     node = _eager((xk, *params)) if k.NAME != "plain" else None
     if node is not None:
-        p = params + (None, None)
+        p = params + (None, None, None)
         bound = _BOUND[k] if k in _BOUND else _bind(k, node)
         index = _ROW_INDEX[kind.name] if kind.name in _ROW_INDEX else _ROW_INDEX.setdefault(
             kind.name, node.row_kind_index(kind.name))
-        y = node.row_step(index, xk, p[0], p[1], p[2], 0.0 if eps is None else eps, bound)
+        y = node.row_step(index, xk, p[0], p[1], p[2], p[3], 0.0 if eps is None else eps, bound)
     else:
         xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere
         y = FusedRowNorm.apply(xk, (kind, eps, k.NAME), *params).view(xk.shape)  # (N, C) rows, viewed outside

@@ -198,7 +198,7 @@ void check_rows(const Tensor& x) {
 
 // A per-row or per-entry kind's parameters, in its descriptor's order (contract.RowKind, in the kind's
 // module), undefined past its own
-using RowParams = std::array<Tensor, 3>;
+using RowParams = std::array<Tensor, 4>;
 
 // A per-row or per-entry kind's passes, found by its name: {y, the statistic its backward reads}, and
 // {dL/dx, one gradient per parameter}; the GPU's (gpu_passes.h) are found by the CPU's names
@@ -232,7 +232,7 @@ const RowKind& row_kind(const std::array<RowKind, K>& kinds, const std::string& 
 
 // A list of parameters as a kind's passes take them
 RowParams row_params(const std::vector<Tensor>& params) {
-  TORCH_CHECK(params.size() <= 3, "a row kind takes at most 3 parameters, got ", params.size());
+  TORCH_CHECK(params.size() <= 4, "a row kind takes at most 4 parameters, got ", params.size());
   RowParams p;
   for (size_t i = 0; i < params.size(); ++i) p[i] = params[i];
   return p;

@@ -1,5 +1,5 @@
-// The CPU kernels of the per-row and per-entry norms: ScaleNorm, RMSNorm
-// and DyT, one row at a time, forward and backward.
+// The CPU kernels of the per-row and per-entry norms: ScaleNorm, RMSNorm,
+// DyT and Derf, one row at a time, forward and backward.
 namespace {
 
 // The per-token norms, one row at a time: y = x * f * w with f = 1 / rms(x)
@@ -246,9 +246,160 @@ std::vector<Tensor> dyt_twice(const Tensor& x, const Tensor& grad_y, const RowPa
   return {d * p[0], (d * x).sum(), (g * t).sum(rows), g.sum(rows)};
 }
 
+// exp(x) of an x <= 0 for Derf's backward, in float: x = n ln2 + r (Cody and Waite's two-part ln2), e^r =
+// 1 + r + r^2 P(r) (Cephes' expf polynomial without its r^7 term, under 1.3e-7 relative where |r| <=
+// ln2 / 2) and 2^n in the exponent bits, written so that the loop vectorizes (std::exp does not); in
+// double, std::exp.
+inline float exp_of(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return (p * r * r + r + 1.0f) * scale;
+}
+inline double exp_of(double x) { return std::exp(x); }
+
+// erf for Derf's loops, in float: x P(x^2) / Q(x^2) on x clamped to [-4, 4], where erf rounds to +-1
+// (the rational approximation of Eigen's generic float erf: within 4.3e-7 of erf over every float, and as
+// cheap as tanh_of); in double, std::erf.
+inline float erf_of(float x) {
+  const float c = std::min(std::max(x, -4.0f), 4.0f), x2 = c * c;
+  float p = -2.72614225801306e-10f;
+  p = p * x2 + 2.77068142495902e-08f;
+  p = p * x2 - 2.10102402082508e-06f;
+  p = p * x2 - 5.69250639462346e-05f;
+  p = p * x2 - 7.34990630326855e-04f;
+  p = p * x2 - 2.95459980854025e-03f;
+  p = p * x2 - 1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * x2 - 2.13374055278905e-04f;
+  q = q * x2 - 1.68282697438203e-03f;
+  q = q * x2 - 7.37332916720468e-03f;
+  q = q * x2 - 1.42647390514189e-02f;
+  return c * p / q;
+}
+inline double erf_of(double x) { return std::erf(x); }
+
+// erf(u) beside e = exp(-u^2), which Derf's backward has anyway: in float, Abramowitz and Stegun's 7.1.26,
+// 1 - t P(t) e with t = 1 / (1 + 0.3275911 |u|) (absolute error under 1.5e-7), one exp for both; in
+// double, std::erf.
+inline float erf_with(float u, float e) {
+  const float t = 1.0f / (1.0f + 0.3275911f * std::abs(u));
+  const float one_minus = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f +
+                                                                                            t * 1.061405429f)))) * e;
+  return u < 0 ? one_minus - 1.0f : 1.0f - one_minus;
+}
+inline double erf_with(double u, double) { return std::erf(u); }
+
+constexpr double kTwoOverSqrtPi = 1.12837916709551257;
+
+// Derf ("Stronger Normalization-Free Transformers", arXiv 2512.10938), contract "derf_forward": y = w *
+// erf(a x + s) + b per entry; no statistic (the GPU's ticket in its place).
+template <typename T>
+std::vector<Tensor> derf_forward_impl(const Tensor& x, const Tensor& alpha, const Tensor& shift, const Tensor& weight,
+                                      const Tensor& bias) {
+  using A = at::opmath_type<T>;
+  const int64_t N = rows_in(x), C = x.size(-1);
+  const A a = A(doubles(alpha)[0]), sh = A(doubles(shift)[0]);
+  const std::vector<A> w = channels<A>(weight, C), b = channels<A>(bias, C);
+  Tensor y = at::empty({N, C}, x.options());
+  const RowsOf<T> xp(x);
+  T* yp = y.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    const A *__restrict__ wp = w.data(), *__restrict__ bp = b.data();
+    const A al = a, s0 = sh;
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp(n);
+      T* __restrict__ yr = yp + n * C;
+#pragma omp simd
+      for (int64_t c = 0; c < C; ++c) yr[c] = put<T>(erf_of(al * val(xr[c]) + s0) * wp[c] + bp[c]);
+    }
+  });
+  return {y, at::empty({0}, x.options().dtype(stat_dtype<T>()))};
+}
+
+// Contract "derf_backward": with u = a x + s and d = dy * w * erf'(u), dL/dx = a d, dL/da = the sum of d x,
+// dL/ds = the sum of d, dL/dw = the sum over rows of dy erf(u), dL/db = the sum over rows of dy.
+template <typename T>
+std::vector<Tensor> derf_backward_impl(const Tensor& x, const Tensor& gy, const Tensor& alpha, const Tensor& shift,
+                                       const Tensor& weight) {
+  using A = at::opmath_type<T>;
+  const int64_t N = rows_in(x), C = x.size(-1);
+  const A a = A(doubles(alpha)[0]), sh = A(doubles(shift)[0]);
+  const std::vector<A> w = channels<A>(weight, C);
+  Tensor gx = at::empty({N, C}, x.options());
+  Sums<A> sums(2 * C + 2);  // dL/dw's, dL/db's, then dL/da's and dL/ds's
+  const RowsOf<T> xp(x);
+  const T* gp = gy.data_ptr<T>();
+  T* op = gx.data_ptr<T>();
+  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<A> stage(2 * C, A(0));
+    A *__restrict__ sw = stage.data(), *__restrict__ sb = sw + C;
+    const A* __restrict__ wp = w.data();
+    const A al = a, s0 = sh, k = A(kTwoOverSqrtPi);
+    double* dst = sums.local();
+    for (int64_t n = begin; n < end; ++n) {
+      const T* __restrict__ xr = xp(n);
+      const T* __restrict__ gr = gp + n * C;
+      T* __restrict__ out = op + n * C;
+      A da = 0, ds = 0;
+#pragma omp simd reduction(+ : da, ds)
+      for (int64_t c = 0; c < C; ++c) {
+        const A xv = val(xr[c]), g = val(gr[c]), u = al * xv + s0, e = exp_of(-u * u), d = g * wp[c] * k * e;
+        out[c] = put<T>(al * d);
+        sw[c] += g * erf_with(u, e);
+        sb[c] += g;
+        da += d * xv;
+        ds += d;
+      }
+      dst[2 * C] += double(da);
+      dst[2 * C + 1] += double(ds);
+      if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
+    }
+    flush(stage, dst);
+  });
+  const std::vector<double> s = sums.total();
+  return {gx, from({s[2 * C]}, alpha.scalar_type(), true), from({s[2 * C + 1]}, shift.scalar_type(), true),
+          from({s.begin(), s.begin() + C}, weight.scalar_type()),
+          from({s.begin() + C, s.begin() + 2 * C}, weight.scalar_type())};
+}
+
+std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& p, double) {  // p: alpha, shift, w, b
+  check_rows(x);
+  TORCH_CHECK(p[0].numel() == 1 && p[1].numel() == 1, "alpha and shift: one value each");
+  std::vector<Tensor> out;
+  DISPATCH(x, "derf_forward", [&] { out = derf_forward_impl<scalar_t>(x, p[0], p[1], p[2], p[3]); });
+  return out;
+}
+
+std::vector<Tensor> derf_backward(const Tensor& x, const Tensor&, const Tensor& grad_y, const RowParams& p,
+                                  double) {
+  check_rows(x);
+  TORCH_CHECK(p[0].numel() == 1 && p[1].numel() == 1, "alpha and shift: one value each");
+  std::vector<Tensor> out;
+  DISPATCH(x, "derf_backward", [&] { out = derf_backward_impl<scalar_t>(x, grad_y.contiguous(), p[0], p[1], p[2]); });
+  return out;
+}
+
+// Derf's gradients in ATen ops, which autograd differentiates again: u = alpha x + s, y = w erf(u) + b
+std::vector<Tensor> derf_twice(const Tensor& x, const Tensor& grad_y, const RowParams& p) {
+  const Tensor g = grad_y.view(x.sizes()), u = p[0] * x + p[1], d = g * p[2] * (kTwoOverSqrtPi * at::exp(-u * u));
+  std::vector<int64_t> rows(x.dim() - 1);
+  std::iota(rows.begin(), rows.end(), 0);
+  return {d * p[0], (d * x).sum(), d.sum(), (g * at::erf(u)).sum(rows), g.sum(rows)};
+}
+
 // The per-row and per-entry kinds by name (their descriptors: contract.RowKind in each kind's module)
-const std::array<RowKind, 3> kRowKinds = {{{"scalenorm", scalenorm_forward, scalenorm_backward, nullptr},
+const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", scalenorm_forward, scalenorm_backward, nullptr},
                                            {"rmsnorm", rmsnorm_forward, rmsnorm_backward, nullptr},
-                                           {"dyt", dyt_forward, dyt_backward, dyt_twice}}};
+                                           {"dyt", dyt_forward, dyt_backward, dyt_twice},
+                                           {"derf", derf_forward, derf_backward, derf_twice}}};
 
 }  // namespace

@@ -10,12 +10,13 @@ using launch::Arg;
 
 // the kernels, bound by name (``bind``)
 enum KernelId : int {
-  CH_FWD, FIN_STATS, CH_BWD, FIN_BWD, SN_FWD, SN_BWD, RMS_FWD, RMS_BWD, DYT_FWD, DYT_BWD, SUM_COLS, KERNELS
+  CH_FWD, FIN_STATS, CH_BWD, FIN_BWD, SN_FWD, SN_BWD, RMS_FWD, RMS_BWD, DYT_FWD, DYT_BWD, DERF_FWD, DERF_BWD,
+  SUM_COLS, KERNELS
 };
 const std::array<const char*, KERNELS> kKernelNames = {
     "_channel_forward", "_finish_stats", "_channel_backward", "_finish_backward", "_scalenorm_forward",
     "_scalenorm_backward", "_rmsnorm_forward", "_rmsnorm_backward", "_dyt_forward", "_dyt_backward",
-    "_sum_columns"};
+    "_derf_forward", "_derf_backward", "_sum_columns"};
 
 // each kernel's constexprs (and launch options), in the order the passes below give them; true: a bool
 const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
@@ -38,7 +39,7 @@ const std::vector<std::pair<std::string, bool>>& constexprs_of(int kernel) {
             {"WANT_SUMS", true}}, common),
       with({{"MODE", false}, {"CENTER", true}, {"HAS_NU", true}}, finish),
       rows, rows, rows, with({{"SUM_HERE", true}}, rows), rows, with({{"SUM_HERE", true}}, rows),
-      with({{"TWO", true}}, finish)};
+      rows, with({{"SUM_HERE", true}}, rows), with({{"TWO", true}}, finish)};
   return all[kernel];
 }
 
@@ -387,10 +388,41 @@ std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& ticket, const Te
   return {gx, grad_alpha, grad_w, grad_b};
 }
 
+std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& params, double) {
+  const Tensor &alpha = params[0], &shift = params[1], &weight = params[2], &bias = params[3];
+  const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
+  const RowPlan& p = row_plan(DERF_FWD, x);
+  Tensor y = empty(x.sizes(), x), ticket = empty({1}, p.acc, x);
+  Args a{to};
+  a.ptr(x), a.ptr(alpha), a.ptr(shift), a.ptr(weight), a.ptr(bias), a.ptr(y), a.ptr(ticket);
+  run_rows(DERF_FWD, p, to, a, std::nullopt);
+  return {y, ticket};
+}
+
+std::vector<Tensor> derf_backward(const Tensor& x, const Tensor& ticket, const Tensor& grad_y,
+                                  const RowParams& params, double) {
+  const Tensor &alpha = params[0], &shift = params[1], &weight = params[2];
+  const launch::Target to = launch::target_of(x);
+  const c10::OptionalDeviceGuard guard(launch::guarded(to));
+  const RowPlan& p = row_plan(DERF_BWD, x);
+  Tensor gx = empty(x.sizes(), x), grad_alpha = empty(alpha.sizes(), alpha), grad_shift = empty(shift.sizes(), shift);
+  Tensor grad_w = empty(weight.sizes(), weight), grad_b = empty(weight.sizes(), weight);
+  Tensor part = empty({p.progs * (2 * p.C + 2)}, p.acc, x);
+  Args a{to};
+  a.ptr(x), a.ptr(grad_y), a.ptr(alpha), a.ptr(shift), a.ptr(weight), a.ptr(gx), a.ptr(grad_alpha), a.ptr(grad_shift);
+  a.ptr(grad_w), a.ptr(grad_b), a.ptr(part), a.ptr(ticket);
+  const bool here = p.sums_here;
+  run_rows(DERF_BWD, p, to, a, std::nullopt, here);
+  if (!here) sum_columns(part, grad_w, grad_b, p.progs, p.C, to);
+  return {gx, grad_alpha, grad_shift, grad_w, grad_b};
+}
+
 // The per-row and per-entry kinds' passes, found by the CPU kinds' names (cpu_rows.h) when bound
-const std::array<RowKind, 3> kRowKinds = {{{"scalenorm", scalenorm_forward, scalenorm_backward, nullptr},
+const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", scalenorm_forward, scalenorm_backward, nullptr},
                                            {"rmsnorm", rmsnorm_forward, rmsnorm_backward, nullptr},
-                                           {"dyt", dyt_forward, dyt_backward, nullptr}}};
+                                           {"dyt", dyt_forward, dyt_backward, nullptr},
+                                           {"derf", derf_forward, derf_backward, nullptr}}};
 // kRowKinds' entry for each of ::kRowKinds, by name
 std::array<const RowKind*, ::kRowKinds.size()> rows_by_index{};
 

@@ -15,6 +15,8 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/full.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/ops/erf.h>
+#include <ATen/ops/exp.h>
 #include <ATen/ops/tanh.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -84,7 +86,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            arg("momentum"), arg("eps"), arg("warmup"), arg("rate"), arg("bound_as"));
   m.def("channel_step", &channel_step, arg("x"), arg("mask"), arg("weight"), arg("bias"), arg("config"),
         arg("update"), arg("mode"), arg("given_mean"), arg("given_inv"));
-  m.def("row_step", &row_step, arg("kind"), arg("x"), arg("p0"), arg("p1"), arg("p2"), arg("eps"),
+  m.def("row_step", &row_step, arg("kind"), arg("x"), arg("p0"), arg("p1"), arg("p2"), arg("p3"), arg("eps"),
         arg("bound_as") = -1);
   m.def("bind_gpu", [](const py::dict& kernels, py::object planner, py::object from_node) {
     gpu::bind(kernels, std::move(planner), std::move(from_node));

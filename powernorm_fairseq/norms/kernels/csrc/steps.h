@@ -210,9 +210,9 @@ const RowKind& row_passes(int64_t kind, int64_t bound_as) {
 
 struct RowStep : torch::autograd::Function<RowStep> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
-                        int64_t kind, double eps, int64_t bound_as) {
-    auto f = row_passes(kind, bound_as).forward(x, {p0, p1, p2}, eps);
-    ctx->save_for_backward({x, f[1], p0, p1});  // no kind's backward reads a third parameter
+                        const Tensor& p3, int64_t kind, double eps, int64_t bound_as) {
+    auto f = row_passes(kind, bound_as).forward(x, {p0, p1, p2, p3}, eps);
+    ctx->save_for_backward({x, f[1], p0, p1, p2});  // no kind's backward reads a fourth parameter
     ctx->saved_data["step"] = kind * 2 + (bound_as == GPU);  // one integer, as ChannelStep's
     ctx->saved_data["eps"] = eps;
     return f[0];  // (N, C), as ChannelStep's y
@@ -221,10 +221,10 @@ struct RowStep : torch::autograd::Function<RowStep> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &stat = saved[1], &gy = grads[0];
-    const RowParams p{saved[2], saved[3], Tensor()};
+    const RowParams p{saved[2], saved[3], saved[4], Tensor()};
     const int64_t step = ctx->saved_data["step"].toInt(), kind = step / 2, bound_as = step % 2 ? GPU : -1;
     const RowKind& k = kRowKinds[kind];
-    variable_list out(7);
+    variable_list out(8);
     std::vector<Tensor> g;
     if (at::GradMode::is_enabled() && gy.requires_grad()) {  // a graph of the gradient
       TORCH_CHECK(k.twice != nullptr, k.name, " has no second derivative here (a backward with create_graph=True "
@@ -240,13 +240,13 @@ struct RowStep : torch::autograd::Function<RowStep> {
 };
 
 Tensor row_step(int64_t kind, const Tensor& x, const Tensor& p0, const std::optional<Tensor>& p1,
-                const std::optional<Tensor>& p2, double eps, int64_t bound_as) {
+                const std::optional<Tensor>& p2, const std::optional<Tensor>& p3, double eps, int64_t bound_as) {
   TORCH_CHECK(kind >= 0 && kind < int64_t(kRowKinds.size()), "unknown row kind ", kind, " (0 to ",
               kRowKinds.size() - 1, ": row_kind_index gives one)");
   check_bound(bound_as);
   const Tensor empty = nothing_like(x);
   return shaped(RowStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), p0, p1 ? *p1 : empty, p2 ? *p2 : empty,
-                               kind, eps, bound_as), x);
+                               p3 ? *p3 : empty, kind, eps, bound_as), x);
 }
 
 // ops.py's ``observed``, but for torch.compile's test: whether something may watch or transform the ops
