@@ -10,6 +10,7 @@ import tarfile
 import pytest
 
 from support import BIN, ROOT, TINY, cli, norm_query, once, processes_mentioning, stand_ins
+from powernorm_fairseq.norms.placement import PLACEMENTS
 
 pytestmark = pytest.mark.slow
 
@@ -581,7 +582,7 @@ def test_language_model_train_script_options():
 
 @pytest.mark.parametrize("script", ["train.sh", "train-lm.sh"])
 @pytest.mark.parametrize("flags, message", [
-    (["--placement", "mid"], "--placement must be one of {pre,post,sandwich,deepnorm,rezero}, got 'mid'"),
+    (["--placement", "mid"], "--placement must be one of {" + ",".join(PLACEMENTS) + "}, got 'mid'"),
     (["--qk-norm", "bn"], "--qk-norm must be one of {"),
     (["--seed", "-1"], "--seed must be a non-negative integer, got '-1'"),
 ])

@@ -220,7 +220,9 @@ def test_powernorm_flags_lists_every_flag_the_models_take():
         flags = {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
         assert {f for f in flags if not f.startswith("--no-")} <= listed
     assert "| `--pn-alpha-fwd` | `0.9` |" in out
-    assert "| `--norm-placement` | `pre` | `pre,post,sandwich,deepnorm,rezero` |" in out
+    from powernorm_fairseq.norms.placement import PLACEMENTS
+
+    assert f"| `--norm-placement` | `pre` | `{','.join(PLACEMENTS)}` |" in out
 
 
 def test_the_console_shows_an_epochs_last_validation():
