@@ -15,6 +15,7 @@ import pytest
 
 from support import BIN, ROOT, TINY, stand_ins
 from test_recipes import recipe
+from powernorm_fairseq.cli.reproduce.rows import TABLES
 
 pytestmark = pytest.mark.slow
 #: the smallest runs that show each property: three epochs (evaluate.sh averages the last three), then a score
@@ -176,8 +177,8 @@ def test_bad_input_is_one_line_before_anything_is_written(toy_data, tmp_path, ca
     monkeypatch.delenv("POWERNORM_REGISTRY", raising=False)  # main() sets it for the scripts it starts
     base = ["--table", "quickstart", "--data", str(toy_data), "--out", str(out)]
     for flags, message in (
-            (["--table", "iwslt15"], "argument --table: invalid choice: 'iwslt15' (choose from 'iwslt14', 'wmt14', "
-                                     "'twt', 'lm-ptb', 'lm-wikitext103', 'quickstart')"),
+            (["--table", "iwslt15"], "argument --table: invalid choice: 'iwslt15' (choose from "
+                                     + ", ".join(map(repr, TABLES)) + ")"),
             (["--rows", "ln", "bn"], "--rows: 'bn' is not a row of --table quickstart; choose from ln, pn"),
             (["--seeds", "1", "0"], "argument --seeds: --seeds must be from 1 to 4294967295, got 0"),
             (["--seeds", "4294967296"], "argument --seeds: --seeds must be from 1 to 4294967295, got 4294967296"),

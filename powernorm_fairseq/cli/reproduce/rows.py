@@ -11,7 +11,7 @@ from ...common.files import check_regular_file
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: configs/ and scripts/
 CONFIGS = ROOT / "configs"
 SCRIPTS = ROOT / "scripts"
-TABLES = ("iwslt14", "wmt14", "twt", "lm-ptb", "lm-wikitext103", "quickstart")
+TABLES = ("iwslt14", "wmt14", "twt", "lm-ptb", "lm-wikitext103", "quickstart", "field")
 
 
 @dataclass(frozen=True)
