@@ -58,9 +58,9 @@ def records(path):
 
 
 @pytest.mark.parametrize("name, kind, metrics, updates", [
-    ("bn", "bn", {"dist_mu", "dist_var", "grad_mu", "grad_var"}, [4, 8, 12, 16]),
-    ("pn-v", "pn-v", {"dist_psi2", "grad_psi2"}, [4, 8, 12, 16]),
-    ("pn", "pn", {"dist_psi2", "grad_psi2"}, [4, 8, 12, 16]),
+    ("bn", "bn", {"dist_mu", "dist_var", "grad_mu", "grad_var", "tid_mu", "tid_sigma"}, [4, 8, 12, 16]),
+    ("pn-v", "pn-v", {"dist_psi2", "grad_psi2", "tid_psi"}, [4, 8, 12, 16]),
+    ("pn", "pn", {"dist_psi2", "grad_psi2", "tid_psi"}, [4, 8, 12, 16]),
 ])
 def test_logged_statistics_are_finite_and_nonzero(runs, name, kind, metrics, updates):
     rows = records(runs / name / "train.log")
@@ -74,7 +74,7 @@ def test_logged_statistics_are_finite_and_nonzero(runs, name, kind, metrics, upd
 
 def test_simple_and_json_logs_read_the_same(runs):
     simple = sorted(read_diagnostics(runs / "bn-simple" / "train.log"))
-    assert len(simple) == 4 * 5 * 4 and simple == sorted(read_diagnostics(runs / "bn" / "train.log"))
+    assert len(simple) == 6 * 5 * 4 and simple == sorted(read_diagnostics(runs / "bn" / "train.log"))
 
 
 def test_layernorm_logs_no_statistics(runs):
@@ -112,7 +112,7 @@ def test_analyze_writes_every_plot_and_table(runs, toy_data, tmp_path):
                "--ablation", ablation, "--landscape", "--data", toy_data, "--batches", "2",
                "--max-tokens", "300", "--steps", "3")
     assert "ln/train.log: no diag/ metrics" in proc.stderr
-    for png in ("statistics", "gradients", "spectrum", "batch_size", "landscape"):
+    for png in ("statistics", "gradients", "discrepancy", "spectrum", "batch_size", "landscape"):
         pixels = image.imread(out / f"{png}.png")
         assert pixels.ndim == 3 and pixels.shape[0] > 300 and pixels.shape[1] > 500
         assert pixels.std() > 0.05  # not a blank canvas

@@ -68,7 +68,13 @@ def test_batchnorm_distances_and_gradient_terms():
     var = (((xr - mu) ** 2) * keep).sum((0, 1)) / X.shape[0]
     g_mu, g_var = stat_grads(lambda: (xr - mu) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias,
                              [mu, var], grad_y)
-    assert set(got) == {f"diag/bn/enc.final/{m}" for m in ("dist_mu", "dist_var", "grad_mu", "grad_var")}
+    assert set(got) == {f"diag/bn/enc.final/{m}" for m in ("dist_mu", "dist_var", "grad_mu", "grad_var", "tid_mu",
+                                                           "tid_sigma")}
+    sigma_b = torch.sqrt(X.var(0, unbiased=False) + 1e-5)
+    assert got["diag/bn/enc.final/tid_mu"] == pytest.approx(((running[0] - X.mean(0)).abs() / sigma_b).mean().item(),
+                                                            rel=1e-9)
+    assert got["diag/bn/enc.final/tid_sigma"] == pytest.approx(
+        (torch.sqrt(running[1] + 1e-5) / sigma_b - 1).abs().mean().item(), rel=1e-9)
     assert got["diag/bn/enc.final/dist_mu"] == pytest.approx((X.mean(0) - running[0]).norm().item() / C, rel=1e-9)
     assert got["diag/bn/enc.final/dist_var"] == pytest.approx((X.var(0, unbiased=False) - running[1]).norm().item() / C,
                                                               rel=1e-9)
@@ -107,7 +113,13 @@ def test_original_batchnorm_measures_its_filled_batch():
     g_mu, g_var = stat_grads(lambda: (rows - mu) / torch.sqrt(var + 1e-5) * norm.weight + norm.bias,
                              [mu, var], grad_y.reshape(T * B, C))
     prefix = "diag/bn-original/enc.final"
-    assert set(got) == {f"{prefix}/{m}" for m in ("dist_mu", "dist_var", "grad_mu", "grad_var")}
+    assert set(got) == {f"{prefix}/{m}" for m in ("dist_mu", "dist_var", "grad_mu", "grad_var", "tid_mu",
+                                                  "tid_sigma")}
+    sigma_b = torch.sqrt(var.detach() + 1e-5)  # Wang et al.'s TID, as their code measures it
+    assert got[f"{prefix}/tid_mu"] == pytest.approx(((running[0] - mu.detach()).abs() / sigma_b).mean().item(),
+                                                    rel=1e-9)
+    assert got[f"{prefix}/tid_sigma"] == pytest.approx(
+        (torch.sqrt(running[1] + 1e-5) / sigma_b - 1).abs().mean().item(), rel=1e-9)
     assert got[f"{prefix}/dist_mu"] == pytest.approx((mu - running[0]).norm().item() / C, rel=1e-9)
     assert got[f"{prefix}/dist_var"] == pytest.approx((var - running[1]).norm().item() / C, rel=1e-9)
     assert got[f"{prefix}/grad_mu"] == pytest.approx(g_mu, rel=1e-9)
@@ -124,7 +136,11 @@ def test_pn_v_distance_and_gradient_term():
     keep = (~pad.t()).unsqueeze(-1).double()
     psi2 = (xr * xr * keep).sum((0, 1)) / keep.sum()
     (g_psi2,) = stat_grads(lambda: xr / torch.sqrt(psi2 + 1e-5) * norm.weight + norm.bias, [psi2], grad_y)
-    assert set(got) == {"diag/pn-v/enc.final/dist_psi2", "diag/pn-v/enc.final/grad_psi2"}
+    assert set(got) == {"diag/pn-v/enc.final/dist_psi2", "diag/pn-v/enc.final/grad_psi2",
+                        "diag/pn-v/enc.final/tid_psi"}
+    psi2_b = (ref.real(x, pad) ** 2).mean(0)
+    assert got["diag/pn-v/enc.final/tid_psi"] == pytest.approx(
+        (torch.sqrt(running + 1e-5) / torch.sqrt(psi2_b + 1e-5) - 1).abs().mean().item(), rel=1e-9)
     assert got["diag/pn-v/enc.final/dist_psi2"] == pytest.approx(
         ((ref.real(x, pad) ** 2).mean(0) - running).norm().item() / C, rel=1e-9)
     assert got["diag/pn-v/enc.final/grad_psi2"] == pytest.approx(g_psi2, rel=1e-9)
@@ -159,7 +175,7 @@ def test_interval_skips_other_updates_and_eval():
     model, norm, diag = probed("bn", interval=3)
     x, pad, grad_y = batch(5)
     assert logged(norm, x, pad, grad_y, diag, step=4) == {}
-    assert len(logged(norm, x, pad, grad_y, diag, step=6)) == 4
+    assert len(logged(norm, x, pad, grad_y, diag, step=6)) == 6
     norm.eval()
     with metrics.aggregate(new_root=True) as agg:
         norm(x, pad)

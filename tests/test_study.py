@@ -585,6 +585,31 @@ def test_a_read_only_out_and_a_full_disk_at_the_report_are_one_line(study, demo,
     assert (out / "study.md").read_text() == before and not list(out.glob(".*.tmp")) and not list(out.glob(".*png"))
 
 
+def test_a_switch_axis_gives_each_norm_a_column_with_the_flag_on(demo, tmp_path):
+    """--switches: each of the models' on/off flags a column beside its norm (its cells hold it in their
+    name and train with it), paired by seed against the first norm without it; an unknown one is refused."""
+    out = tmp_path / "switched"
+    sh("scripts/norm-study.sh", "--task", "classification", "--lrs", "0.1", "--depths", "2", "--widths", "32",
+       "--norms", "ln", "--placement", "pre", "--switches", "none", "norm-depth-scaling", "--seeds", "1", "2",
+       "--max-update", "4", "--log-interval", "2", "--threads", "1", "--jobs", "2", "--data", demo, "--out", out)
+    names = sorted(p.name for p in (out / "cells").iterdir())
+    assert names == sorted(f"d2-w32-ln{s}-xavier-kaiming-lr0.1-s{seed}" for s in ("", "-norm-depth-scaling")
+                           for seed in (1, 2)), names
+    from powernorm_fairseq.common.checkpoints import load
+
+    for name in names:
+        cfg = load(str(out / "cells" / name / "checkpoint_last.pt"))["cfg"]["model"]
+        assert cfg.norm_depth_scaling == ("scaling" in name), name
+    text = (out / "study.md").read_text()
+    assert "| lr | ln | ln +norm-depth-scaling |" in text
+    rows = {r["norm"]: r for r in json.loads((out / "study.json").read_text())["seeds"]}
+    assert rows["ln +norm-depth-scaling"]["difference"]["n"] == 2 and rows["ln"]["difference"] is None
+    bad = sh("scripts/norm-study.sh", "--task", "classification", "--switches", "depth-scaling", "--data", demo,
+             "--out", tmp_path / "bad", check=False)
+    assert bad.returncode == 2 and "--switches: 'depth-scaling' is not an on/off flag of the models; choose from " \
+        "none, " in bad.stderr.splitlines()[-1] and not (tmp_path / "bad").exists()
+
+
 def test_a_study_over_placements_groups_its_tables_and_pairs_them(demo, tmp_path):
     """--placements and --qk-norms join the grid: a table per placement (rezero's cells take norm none),
     names that hold the placement, and the paired differences to the first norm and the first placement."""

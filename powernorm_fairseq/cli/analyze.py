@@ -7,7 +7,8 @@ Each input gives one analysis, a CSV and PNG plots in ``--out``:
   to a file such as the ``train.log`` of ``scripts/train.sh``), or directories
   holding them (``*.log``). -> ``statistics.csv``,
   ``statistics.png`` (batch vs running statistics distance, Figures 2 and 4),
-  ``gradients.png`` (gradient terms of the statistics, Figures 3 and 4).
+  ``gradients.png`` (gradient terms of the statistics, Figures 3 and 4),
+  ``discrepancy.png`` (the training-inference discrepancy, TID, of Wang et al., 2022).
 * ``--checkpoints``: -> ``spectrum.csv``, ``spectrum.png``: singular values of
   the embedding matrix divided by the largest, one curve per checkpoint
   (Figure 6).
@@ -62,6 +63,8 @@ LABELS = {
     "psi2": r"$\frac{1}{d}\|\psi_B^2 - \psi^2\|_2$",
     "grad_mu": r"$\|\partial L/\partial\mu_B\|_2$", "grad_var": r"$\|\partial L/\partial\sigma_B^2\|_2$",
     "grad_psi2": r"$\|\partial L/\partial\psi^2\|_2$",
+    "tid_mu": r"mean $|\mu - \mu_B| / \sigma_B$", "tid_sigma": r"mean $|\sigma / \sigma_B - 1|$",
+    "tid_psi": r"mean $|\psi / \psi_B - 1|$",
 }
 
 
@@ -131,8 +134,8 @@ def statistics(logs):
 
 def plot_statistics(rows, prefix, out, title, plt):
     """One panel per metric; per run the mean over its layers, shaded from min to max layer."""
-    metrics = sorted({r[3] for r in rows if r[3].startswith(prefix)}, key=["dist_mu", "dist_var", "dist_psi2",
-                                                                       "grad_mu", "grad_var", "grad_psi2"].index)
+    metrics = sorted({r[3] for r in rows if r[3].startswith(prefix)}, key=[
+        "dist_mu", "dist_var", "dist_psi2", "grad_mu", "grad_var", "grad_psi2", "tid_mu", "tid_sigma", "tid_psi"].index)
     if not metrics:
         return None
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4), squeeze=False)
@@ -149,8 +152,8 @@ def plot_statistics(rows, prefix, out, title, plt):
                             color=line.get_color(), alpha=0.15, lw=0)
         ax.set_yscale("log")
         ax.set_xlabel("update (optimizer steps)")
-        ax.set_ylabel(LABELS[metric.replace("dist_", "")] + (" (activation units)" if prefix == "dist" else
-                                                              " (summed loss / statistic)"))
+        ax.set_ylabel(LABELS[metric.replace("dist_", "")] + {"dist": " (activation units)", "tid": " (ratio)"}.get(
+            prefix, " (summed loss / statistic)"))
         ax.set_title(metric)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, title="norm (run)", title_fontsize=8)
@@ -303,7 +306,9 @@ def main(argv=None):
             results.append(("statistics", [("statistics.csv", STATISTICS_COLUMNS, rows)], [
                 ("statistics.png", plot_statistics(rows, "dist", out, "Batch vs running statistics", plt)),
                 ("gradients.png", plot_statistics(rows, "grad", out, "Gradient terms of the batch statistics",
-                                                  plt))]))
+                                                  plt)),
+                ("discrepancy.png", plot_statistics(rows, "tid", out, "Training-inference discrepancy (Wang et al., "
+                                                    "2022)", plt))]))
         if args.checkpoints:
             rows = spectrum(args.checkpoints, args.embedding)
             results.append(("spectrum", [("spectrum.csv", SPECTRUM_COLUMNS, rows)],

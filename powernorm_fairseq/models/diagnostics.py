@@ -11,6 +11,13 @@ updated it:
   Figures 2 and 4). With a layer scale (``--layer-scale``, pn's group
   scaling) the statistics are those of the scaled input the norm normalises;
   for bn-original those of its layer-scaled, pad-filled T x B positions.
+* ``tid_mu``, ``tid_sigma`` (bn, bn-original), ``tid_psi`` (pn-v, pn): the
+  training-inference discrepancy of Wang, Wu and Huang (2022, "Understanding
+  the Failure of Batch Normalization for Transformers in NLP", arXiv
+  2210.05153), as their code measures it: the channels' mean of |mu - mu_B| /
+  sigma_B and of |sigma / sigma_B - 1| (psi for sigma without centring), each
+  sigma_B = sqrt(var_B + eps), the norm's own eps. Here against the running
+  statistics before this batch updated them: what inference would have used.
 * ``grad_mu``, ``grad_var`` (bn, bn-original), ``grad_psi2`` (pn-v, pn): ||dL/ds||_2, the
   gradient of the back-propagated loss with respect to the statistic the
   forward pass divided by: the g_mu and g_sigma^2 of Eq. 3, the g_psi^2 of
@@ -57,6 +64,17 @@ def batch_view(norm, x, pad_mask):
     1/sqrt(s + eps) it is divided by; each norm says (:meth:`Norm.diagnostics_view`).
     """
     return norm.diagnostics_view(x, pad_mask)
+
+
+def discrepancy(stats, eps):
+    """The training-inference discrepancy of each statistic (the module doc): {name: value}."""
+    if "psi2" in stats:
+        batch, running = stats["psi2"]
+        return {"psi": ((running + eps).sqrt() / (batch + eps).sqrt() - 1).abs().mean().item()}
+    (mean_b, mean_r), (var_b, var_r) = stats["mu"], stats["var"]
+    sigma_b = (var_b + eps).sqrt()
+    return {"mu": ((mean_r - mean_b).abs() / sigma_b).mean().item(),
+            "sigma": ((var_r + eps).sqrt() / sigma_b - 1).abs().mean().item()}
 
 
 def gradient_terms(grad_y, weight, xf, mean, inv):
@@ -114,6 +132,8 @@ class NormDiagnostics:
         for key, (batch, running) in stats.items():
             dist = (batch - running).norm().item() / batch.numel()  # the paper's (1/d) ||.||
             metrics.log_scalar(f"{prefix}/dist_{key}", dist, priority=PRIORITY)
+        for key, value in discrepancy(stats, norm.eps).items():
+            metrics.log_scalar(f"{prefix}/tid_{key}", value, priority=PRIORITY)
         self.pending[id(norm)] = (prefix, xh_of)
 
     def _watch_gradient(self, norm, args, output):

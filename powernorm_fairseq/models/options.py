@@ -139,9 +139,8 @@ class _ModelNormConfig(FairseqDataclass):
     fixnorm: bool = _flag(False, "unit-length word embeddings times a learned scale (needs tied embeddings)",
                           FUNCTION, action="store_true")
     pn_eps: float = _flag(1e-5, "PN and PN-V epsilon", FUNCTION, kinds=("pn", "pn-v"), type=positive)
-    pn_group_scaling: Optional[bool] = _flag(None, "per-token RMS scaling over groups = heads before PN, as "
-                                             "in the authors' code (default: on); the pn-only spelling of "
-                                             "--layer-scale", FUNCTION, kinds=("pn",),
+    pn_group_scaling: Optional[bool] = _flag(None, "the pn-only spelling of --layer-scale (default: on, as the "
+                                             "authors' code)", FUNCTION, kinds=("pn",),
                                              action=argparse.BooleanOptionalAction)
     layer_scale: Optional[bool] = _flag(None, "the paper's layer scale (Appendix A): per-token RMS scaling "
                                         "over groups = heads before every bn, pn-v and pn (default: on for "
@@ -160,8 +159,8 @@ class _ModelNormConfig(FairseqDataclass):
     norm_groups: Optional[int] = _flag(None, "channel groups of groupnorm (default: the attention heads)",
                                        FUNCTION, kinds=("groupnorm",), type=at_least(1, "--norm-groups"),
                                        metavar="G")
-    norm_causal: bool = _flag(False, "decoder norms of batch statistics use their running ones in training too: no "
-                              "token sees a later one through them", FUNCTION, kinds=RUNNING_STAT_TYPES,
+    norm_causal: bool = _flag(False, "decoder norms of batch statistics use their running ones in training too "
+                              "(no leak of later tokens)", FUNCTION, kinds=RUNNING_STAT_TYPES,
                               action="store_true")
     # how the model is trained: free to change on resume (the change is logged)
     small_init: bool = _flag(False, "attention ~ N(0, sqrt(2/5d)), FFN ~ N(0, sqrt(2/(d+d_ff)))", TRAINING,
@@ -176,16 +175,16 @@ class _ModelNormConfig(FairseqDataclass):
     norm_momentum: Optional[float] = _flag(None, "running-statistics momentum of bn, pn-v and bn-original "
                                            "(default: 0.1; 0.05 for bn-original, as in the authors' code)",
                                            TRAINING, type=fraction("--norm-momentum"))
-    norm_sync: Optional[str] = _flag(None, "bn, pn-v, pn statistics across data-parallel workers: batch (the global "
-                                     "batch, exact gradient), running (per-worker batch, shared running "
-                                     "statistics), none (default: batch; none with --pn-backward reference)",
+    norm_sync: Optional[str] = _flag(None, "batch statistics across data-parallel workers: the global batch's, "
+                                     "shared running ones, or none (default: batch; none with --pn-backward "
+                                     "reference)",
                                      TRAINING, **_choice(SYNC_MODES))
-    norm_diagnostics: bool = _flag(False, "log batch vs running statistics and their gradient terms (diag/... "
+    norm_diagnostics: bool = _flag(False, "log batch vs running statistics, their gradient terms and TID (diag/... "
                                    "metrics)", TRAINING, action="store_true")
     norm_diagnostics_interval: int = _flag(1, "measure every N updates", TRAINING,
                                            type=at_least(1, "--norm-diagnostics-interval"), metavar="N")
-    allow_setting_changes: bool = _flag(False, "load a checkpoint trained with other function settings: a deliberate "
-                                        "fine-tune into another model, each change logged", TRAINING,
+    allow_setting_changes: bool = _flag(False, "load a checkpoint of other function settings (a deliberate "
+                                        "fine-tune; each change logged)", TRAINING,
                                         action="store_true")
     # fmt: on
 

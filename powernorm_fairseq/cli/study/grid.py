@@ -59,16 +59,32 @@ def norms_of(args, placement):
     return ["none"] if placement == "rezero" else args.norms
 
 
+def switches_of(args):
+    """The model switches of ``--switches`` (none: the model as the other axes give it)."""
+    return getattr(args, "switches", None) or ["none"]
+
+
+def columns(args, placement):
+    """A table's columns: each norm of ``placement`` with each switch."""
+    return [(n, s) for n in norms_of(args, placement) for s in switches_of(args)]
+
+
+def column(norm, switch):
+    return norm + (f" +{switch}" if switch != "none" else "")
+
+
 def cells(args):
-    """Every cell of the grid. A cell's name holds its placement and QK-norm
-    only where they are axes (``--placements``, ``--qk-norms``), so that a
-    study of one placement keeps the names it always had."""
-    grid = [dict(depth=d, width=w, norm=n, init=i, lr=lr, seed=s, placement=p, qk=q)
+    """Every cell of the grid. A cell's name holds its placement, QK-norm and
+    switch only where they are axes (``--placements``, ``--qk-norms``,
+    ``--switches``), so that a study of one placement keeps the names it always had."""
+    grid = [dict(depth=d, width=w, norm=n, init=i, lr=lr, seed=s, placement=p, qk=q, switch=sw)
             for p in args.placements for q in args.qk_norms for d in args.depths for w in args.widths
-            for i in args.inits for lr in args.lrs for n in norms_of(args, p) for s in args.seeds]
+            for i in args.inits for lr in args.lrs for n in norms_of(args, p) for sw in switches_of(args)
+            for s in args.seeds]
     for cell in grid:
         axes = (f"-{cell['placement']}" if args.placement_axis else "") + (
-            f"-qk{cell['qk']}" if cell["qk"] != "none" else "")
+            f"-qk{cell['qk']}" if cell["qk"] != "none" else "") + (
+            f"-{cell['switch']}" if cell["switch"] != "none" else "")
         cell["name"] = (f"d{cell['depth']}-w{cell['width']}-{cell['norm']}{axes}-{cell['init'].replace(':', '')}"
                         f"-lr{cell['lr']:g}-s{cell['seed']}")
     return grid
@@ -77,7 +93,7 @@ def cells(args):
 def series(args, cell):
     """A cell's line in the figures and row label in the tables: its norm, and its placement and
     QK-norm where they are axes."""
-    return " ".join([cell["placement"]] * args.placement_axis + [cell["norm"]]
+    return " ".join([cell["placement"]] * args.placement_axis + [column(cell["norm"], cell.get("switch", "none"))]
                     + [f"qk {cell['qk']}"] * (cell["qk"] != "none"))
 
 
@@ -104,6 +120,8 @@ def train_argv(args, cell, save_dir):
             "--clip-norm", "0", "--num-workers", "0"]
     if cell["qk"] != "none":
         argv += ["--qk-norm", cell["qk"]]
+    if cell.get("switch", "none") != "none":
+        argv.append("--" + cell["switch"])
     if args.optimizer == "adam":
         argv += ["--adam-betas", "(0.9, 0.98)"]
     if args.warmup_updates:

@@ -36,6 +36,8 @@ def parser():
                    "rezero's cells take --norm-type none")
     p.add_argument("--qk-norms", nargs="+", metavar="KIND", help="--qk-norm as an axis: per-token kinds, or none "
                    "(default: none)")
+    p.add_argument("--switches", nargs="+", metavar="FLAG", help="an axis of the model's on/off flags, each a "
+                   f"column beside its norm: none or {', '.join(model_switches())} (default: none)")
     p.add_argument("--warmup-updates", type=at_least(0, "--warmup-updates"), metavar="N",
                    help="linear warmup, then inverse square root (0: a fixed learning rate)")
     p.add_argument("--max-epochs", type=at_least(1, "--max-epochs"), metavar="N")
@@ -59,6 +61,15 @@ def parser():
     return p
 
 
+def model_switches():
+    """The plugin models' on/off flags that change what a model computes (NormConfig's store_true
+    function settings), as ``--switches`` takes them."""
+    from ...models.options import FUNCTION, norm_fields
+
+    return [f.name.replace("_", "-") for f in norm_fields() if f.metadata["argparse"].get("action") == "store_true"
+            and f.metadata["role"] == FUNCTION]
+
+
 def check(args, p):
     from ...models.options import init_scheme
     from ...norms import NORM_TYPES
@@ -74,6 +85,11 @@ def check(args, p):
     args.placements = args.placements or [args.placement]
     args.placement = "per cell" if args.placement_axis else args.placement  # settings.json: one, or the grid's
     args.qk_norms = args.qk_norms or ["none"]
+    args.switches = args.switches or ["none"]
+    for switch in args.switches:
+        if switch not in ("none", *model_switches()):
+            p.error(f"--switches: {switch!r} is not an on/off flag of the models; choose from none, "
+                    f"{', '.join(model_switches())}")
     for kind in args.qk_norms:
         if kind not in QK_KINDS + ("none",):
             p.error(f"--qk-norms: {kind!r} cannot normalise a head's queries and keys; choose from "
@@ -87,7 +103,7 @@ def check(args, p):
         args.inits = [init_scheme(i) for i in args.inits]
     except argparse.ArgumentTypeError as err:
         p.error(str(err).replace("--init", "--inits"))
-    for key in ("lrs", "depths", "widths", "norms", "inits", "seeds", "placements", "qk_norms"):
+    for key in ("lrs", "depths", "widths", "norms", "inits", "seeds", "placements", "qk_norms", "switches"):
         values = getattr(args, key)
         if len(set(values)) != len(values):
             p.error(f"--{key} lists a value twice: {' '.join(map(str, values))}")
@@ -130,7 +146,8 @@ def check_fairseq_args(args):
     stock.ArgumentParser.error = error
     try:
         for cell in cells(args):
-            kind = (cell["depth"], cell["width"], cell["norm"], cell["init"], cell["placement"], cell["qk"])
+            kind = (cell["depth"], cell["width"], cell["norm"], cell["init"], cell["placement"], cell["qk"],
+                    cell["switch"])
             if kind in seen:
                 continue
             seen.add(kind)

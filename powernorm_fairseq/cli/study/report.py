@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...common.files import atomic_path
-from .grid import METRIC, dims, norms_of, series
+from .grid import METRIC, column, columns, dims, series, switches_of
 from .out import read_probe
 from ..stats import mean_sd, paired
 
@@ -48,7 +48,7 @@ def report(args, grid, results):
     tables = []
     for (placement, qk, depth, w, init), members in groups.items():
         d, ffn, heads = dims(w)
-        norms = norms_of(args, placement)
+        norms = [column(n, s) for n, s in columns(args, placement)]
         where = (f"{placement}, " if args.placement_axis else "") + (f"qk-norm {qk}, " if qk != "none" else "")
         lines += [f"## {where}depth {depth}, width {w} ({d}/{ffn}, {heads} heads), init {init}", "",
                   "| lr | " + " | ".join(norms) + " |", "|---" * (len(norms) + 1) + "|"]
@@ -57,7 +57,8 @@ def report(args, grid, results):
             row = [f"{lr:g}"]
             entry = dict(lr=lr, norms={})
             for norm in norms:
-                runs = [results.get(c["name"]) for c in members if c["lr"] == lr and c["norm"] == norm]
+                runs = [results.get(c["name"]) for c in members
+                        if c["lr"] == lr and column(c["norm"], c.get("switch", "none")) == norm]
                 done = [r for r in runs if r]
                 if len(done) < len(runs):
                     row.append(f"{len(done)}/{len(runs)} done")
@@ -110,7 +111,7 @@ def seed_report(args, grid, results, lines, metric_label, metric_fmt):
     first placement's first norm)."""
     if len(args.seeds) < 2:
         return []
-    base, first = args.norms[0], args.placements[0]
+    base, first = column(args.norms[0], switches_of(args)[0]), args.placements[0]
     axis = args.placement_axis
     out = []
     against = f" and to {first}" if axis else ""
@@ -124,8 +125,9 @@ def seed_report(args, grid, results, lines, metric_label, metric_fmt):
         for c in grid:
             r = results.get(c["name"])
             if r and (c["depth"], c["width"], c["init"], c["lr"]) == (depth, w, init, lr):
-                values[c["placement"], c["qk"], c["norm"]][c["seed"]] = r["metric"]
-        for placement, qk, norm in dict.fromkeys((c["placement"], c["qk"], c["norm"]) for c in grid):
+                values[c["placement"], c["qk"], column(c["norm"], c.get("switch", "none"))][c["seed"]] = r["metric"]
+        for placement, qk, norm in dict.fromkeys((c["placement"], c["qk"], column(c["norm"], c.get("switch", "none")))
+                                                 for c in grid):
             v = [x for x in values[placement, qk, norm].values() if math.isfinite(x)]
             if not v:
                 continue
