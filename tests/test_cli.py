@@ -264,7 +264,8 @@ def test_checkpoint_without_user_dir(toy_data, trained, tmp_path):
       "decoder_norm_self": "adanorm", "decoder_norm_cross": "groupnorm", "decoder_norm_ff": "none"},
      ["--detachnorm-detach", "mean", "--adanorm-scale", "2", "--norm-groups", "2"]),
     ({"norm_type": "bn-original", "decoder_norm_type": "rmsnorm"}, []),
-], ids=["six-kinds", "bn-original"])
+    ({"norm_type": "derf", "decoder_norm_type": "dyt", "qk_norm": "derf"}, ["--derf-alpha-init", "0.7"]),
+], ids=["six-kinds", "bn-original", "derf-dyt"])
 def test_more_norm_kinds_train_and_generate(toy_data, tmp_path, norms, flags):
     """Every other kind, in as few runs as their sublayers allow."""
     given = [a for key, kind in norms.items() for a in ("--" + key.replace("_", "-"), kind)]
