@@ -204,6 +204,7 @@ using RowParams = std::array<Tensor, 4>;
 // {dL/dx, one gradient per parameter}; the GPU's (gpu_passes.h) are found by the CPU's names
 struct RowKind {
   const char* name;
+  int reads;  // how many of its parameters, from the first, its backward (and twice) reads: 1 to 3
   std::vector<Tensor> (*forward)(const Tensor& x, const RowParams& p, double eps);
   std::vector<Tensor> (*backward)(const Tensor& x, const Tensor& stat, const Tensor& grad_y, const RowParams& p,
                                   double eps);

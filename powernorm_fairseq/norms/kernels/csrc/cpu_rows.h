@@ -397,9 +397,9 @@ std::vector<Tensor> derf_twice(const Tensor& x, const Tensor& grad_y, const RowP
 }
 
 // The per-row and per-entry kinds by name (their descriptors: contract.RowKind in each kind's module)
-const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", scalenorm_forward, scalenorm_backward, nullptr},
-                                           {"rmsnorm", rmsnorm_forward, rmsnorm_backward, nullptr},
-                                           {"dyt", dyt_forward, dyt_backward, dyt_twice},
-                                           {"derf", derf_forward, derf_backward, derf_twice}}};
+const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", 1, scalenorm_forward, scalenorm_backward, nullptr},
+                                           {"rmsnorm", 1, rmsnorm_forward, rmsnorm_backward, nullptr},
+                                           {"dyt", 2, dyt_forward, dyt_backward, dyt_twice},
+                                           {"derf", 3, derf_forward, derf_backward, derf_twice}}};
 
 }  // namespace

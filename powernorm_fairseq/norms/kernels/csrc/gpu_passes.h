@@ -419,10 +419,10 @@ std::vector<Tensor> derf_backward(const Tensor& x, const Tensor& ticket, const T
 }
 
 // The per-row and per-entry kinds' passes, found by the CPU kinds' names (cpu_rows.h) when bound
-const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", scalenorm_forward, scalenorm_backward, nullptr},
-                                           {"rmsnorm", rmsnorm_forward, rmsnorm_backward, nullptr},
-                                           {"dyt", dyt_forward, dyt_backward, nullptr},
-                                           {"derf", derf_forward, derf_backward, nullptr}}};
+const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", 1, scalenorm_forward, scalenorm_backward, nullptr},
+                                           {"rmsnorm", 1, rmsnorm_forward, rmsnorm_backward, nullptr},
+                                           {"dyt", 2, dyt_forward, dyt_backward, nullptr},
+                                           {"derf", 3, derf_forward, derf_backward, nullptr}}};
 // kRowKinds' entry for each of ::kRowKinds, by name
 std::array<const RowKind*, ::kRowKinds.size()> rows_by_index{};
 

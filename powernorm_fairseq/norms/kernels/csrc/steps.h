@@ -212,7 +212,12 @@ struct RowStep : torch::autograd::Function<RowStep> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
                         const Tensor& p3, int64_t kind, double eps, int64_t bound_as) {
     auto f = row_passes(kind, bound_as).forward(x, {p0, p1, p2, p3}, eps);
-    ctx->save_for_backward({x, f[1], p0, p1, p2});  // no kind's backward reads a fourth parameter
+    // the parameters its backward reads, and no more: each saved tensor is host time on a small layer
+    switch (kRowKinds[kind].reads) {
+      case 1: ctx->save_for_backward({x, f[1], p0}); break;
+      case 2: ctx->save_for_backward({x, f[1], p0, p1}); break;
+      default: ctx->save_for_backward({x, f[1], p0, p1, p2});
+    }
     ctx->saved_data["step"] = kind * 2 + (bound_as == GPU);  // one integer, as ChannelStep's
     ctx->saved_data["eps"] = eps;
     return f[0];  // (N, C), as ChannelStep's y
@@ -221,7 +226,8 @@ struct RowStep : torch::autograd::Function<RowStep> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor &x = saved[0], &stat = saved[1], &gy = grads[0];
-    const RowParams p{saved[2], saved[3], saved[4], Tensor()};
+    RowParams p;
+    for (size_t i = 2; i < saved.size(); ++i) p[i - 2] = saved[i];
     const int64_t step = ctx->saved_data["step"].toInt(), kind = step / 2, bound_as = step % 2 ? GPU : -1;
     const RowKind& k = kRowKinds[kind];
     variable_list out(8);
