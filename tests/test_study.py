@@ -311,6 +311,7 @@ def test_print_commands_and_bad_grids(study, demo, tmp_path, capsys):
                            (["--data", str(demo), "--qk-norms", "pn"],
                             "--qk-norms: 'pn' cannot normalise a head's queries and keys; choose from ln,"),
                            (["--data", str(demo), "--placements", "pre", "pre"], "--placements lists a value twice"),
+                           (["--data", str(demo), "--qk-norms", "ln", "ln"], "--qk-norms lists a value twice: ln ln"),
                            (["--data", str(demo), "--placements", "deepnorm", "--", "--small-init"],
                             "--small-init contradicts --norm-placement deepnorm")):
         with pytest.raises(SystemExit) as end:

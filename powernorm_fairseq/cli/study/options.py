@@ -106,7 +106,7 @@ def check(args, p):
     for key in ("lrs", "depths", "widths", "norms", "inits", "seeds", "placements", "qk_norms", "switches"):
         values = getattr(args, key)
         if len(set(values)) != len(values):
-            p.error(f"--{key} lists a value twice: {' '.join(map(str, values))}")
+            p.error(f"--{key.replace('_', '-')} lists a value twice: {' '.join(map(str, values))}")
     slurm_check(args, p)
     args.jobs = args.jobs or 1
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
