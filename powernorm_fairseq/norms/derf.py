@@ -11,10 +11,11 @@ import math
 from typing import Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..common.flags import positive
-from .base import Flag, Norm
+from .base import Flag
+from .entry import EntryNorm
 from .kernels.contract import RowKind, row_kind
 from .kernels.functions import row_norm
 from .kernels.plain import _acc, _into, _rows
@@ -58,35 +59,13 @@ def _twice(x, grad_y, alpha, shift, weight, bias):
 DERF = row_kind(RowKind("derf", ("alpha", "shift", "weight", "bias"), False, _forward, _backward, _twice))
 
 
-class Derf(Norm):
+class Derf(EntryNorm):
     """Derf (arXiv 2512.10938): gamma * erf(alpha x + s) + beta per entry, learned scalars alpha and s."""
 
-    def __init__(self, dim: int, alpha_init: float = 0.5, device=None, dtype=None):
-        super().__init__()
-        if not alpha_init > 0:
-            raise ValueError(f"alpha_init must be positive, got {alpha_init}")
-        self.dim, self.alpha_init = dim, alpha_init
-        self.alpha = nn.Parameter(torch.full((), alpha_init, device=device, dtype=dtype))
-        self.shift = nn.Parameter(torch.zeros((), device=device, dtype=dtype))
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
-
+    SCALARS = ("shift",)
     flags = {"derf_alpha_init": Flag(0.5, "Derf's alpha at initialisation (x-transformers: 0.5)", "training",
                                      dict(type=positive, metavar="A"))}
-
-    @classmethod
-    def options(cls, cfg, heads: int, final: bool = False) -> dict:
-        return dict(alpha_init=getattr(cfg, "derf_alpha_init", 0.5))
-
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
-        with torch.no_grad():
-            self.alpha.fill_(self.alpha_init)
-            self.shift.zero_()
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         params = self._parameters
         return row_norm(DERF, x, (params["alpha"], params["shift"], params["weight"], params["bias"]))
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, alpha_init={self.alpha_init}"

@@ -10,10 +10,11 @@ rival of ``none`` in the norm grids.
 from typing import Optional
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..common.flags import positive
-from .base import Flag, Norm
+from .base import Flag
+from .entry import EntryNorm
 from .kernels.contract import RowKind, row_kind
 from .kernels.functions import row_norm
 from .kernels.plain import _acc, _into, _rows
@@ -52,36 +53,15 @@ def _twice(x, grad_y, alpha, weight, bias):
 DYT = row_kind(RowKind("dyt", ("alpha", "weight", "bias"), False, _forward, _backward, _twice))
 
 
-class DyT(Norm):
+class DyT(EntryNorm):
     """DyT (Zhu et al., 2025, Eq. 1): gamma * tanh(alpha x) + beta per entry,
     one learned scalar alpha; no statistics."""
 
-    def __init__(self, dim: int, alpha_init: float = 0.5, device=None, dtype=None):
-        super().__init__()
-        if not alpha_init > 0:
-            raise ValueError(f"alpha_init must be positive, got {alpha_init}")
-        self.dim, self.alpha_init = dim, alpha_init
-        self.alpha = nn.Parameter(torch.full((), alpha_init, device=device, dtype=dtype))
-        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
-
     flags = {"dyt_alpha_init": Flag(0.5, "DyT's alpha at initialisation (Zhu et al., 2025: 0.5)", "training",
                                     dict(type=positive, metavar="A"))}
-
-    @classmethod
-    def options(cls, cfg, heads: int, final: bool = False) -> dict:
-        return dict(alpha_init=getattr(cfg, "dyt_alpha_init", 0.5))
-
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
-        with torch.no_grad():
-            self.alpha.fill_(self.alpha_init)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         # per entry, one fused pass each way (kernels/functions.py, FusedRowNorm): padding rows are computed and
         # never mixed into a real one; the output keeps x's dtype, as every norm's does
         params = self._parameters  # not nn.Module's __getattr__, a call each
         return row_norm(DYT, x, (params["alpha"], params["weight"], params["bias"]))
-
-    def extra_repr(self) -> str:
-        return f"{self.dim}, alpha_init={self.alpha_init}"
