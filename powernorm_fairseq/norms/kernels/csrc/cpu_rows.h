@@ -153,39 +153,42 @@ inline float tanh_of(float x) {
 }
 inline double tanh_of(double x) { return std::tanh(x); }
 
-// DyT (Zhu et al., 2025, Eq. 1), contract "dyt_forward": y = w * tanh(a * x) + b per entry. The ticket is
-// the GPU kernels' (gpu.py); none here.
-template <typename T>
-std::vector<Tensor> dyt_forward_impl(const Tensor& x, const Tensor& alpha, const Tensor& weight, const Tensor& bias) {
+// The per-entry kinds, y = w f(a x + s) + b (DyT: f = tanh, s = 0; Derf: f = erf): contract "<kind>_forward",
+// no statistic (the GPU's ticket in its place). ``f`` is the kind's float or double function.
+template <typename T, typename F>
+std::vector<Tensor> entry_forward_impl(const Tensor& x, double a, double sh, const Tensor& weight, const Tensor& bias,
+                                       F f) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1);
-  const A a = A(doubles(alpha)[0]);
   const std::vector<A> w = channels<A>(weight, C), b = channels<A>(bias, C);
   Tensor y = at::empty({N, C}, x.options());
   const RowsOf<T> xp(x);
   T* yp = y.data_ptr<T>();
   at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
     const A *__restrict__ wp = w.data(), *__restrict__ bp = b.data();
+    const A al = A(a), s0 = A(sh);  // locals: read through the closure, they kept the loop from vectorizing
     for (int64_t n = begin; n < end; ++n) {
       const T* __restrict__ xr = xp(n);
       T* __restrict__ yr = yp + n * C;
 #pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yr[c] = put<T>(tanh_of(a * val(xr[c])) * wp[c] + bp[c]);
+      for (int64_t c = 0; c < C; ++c) yr[c] = put<T>(f(al * val(xr[c]) + s0) * wp[c] + bp[c]);
     }
   });
   return {y, at::empty({0}, x.options().dtype(stat_dtype<T>()))};
 }
 
-// Contract "dyt_backward": with t = tanh(a x) and d = dy * w * (1 - t^2), dL/dx = a d, dL/da = the sum of
-// d x, dL/dw = the sum over rows of dy t, dL/db = the sum over rows of dy; the sums in doubles, in order.
-template <typename T>
-std::vector<Tensor> dyt_backward_impl(const Tensor& x, const Tensor& gy, const Tensor& alpha, const Tensor& weight) {
+// Contract "<kind>_backward": with u = a x + s, d = dy * w * f'(u), dL/dx = a d, dL/da = the sum of d x, (with
+// Shift) dL/ds = the sum of d, dL/dw = the sum over rows of dy f(u), dL/db = the sum over rows of dy; the sums
+// in doubles, in order. ``slope(u, &f_u)`` gives f'(u) and sets f(u), from what the two share.
+template <typename T, bool Shift, typename S>
+std::vector<Tensor> entry_backward_impl(const Tensor& x, const Tensor& gy, const Tensor& alpha, double sh,
+                                        const Tensor& weight, at::ScalarType shift_dtype, S slope) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1);
   const A a = A(doubles(alpha)[0]);
   const std::vector<A> w = channels<A>(weight, C);
   Tensor gx = at::empty({N, C}, x.options());
-  Sums<A> sums(2 * C + 1);  // dL/dw's, dL/db's, then dL/da's
+  Sums<A> sums(2 * C + 2);  // dL/dw's, dL/db's, then dL/da's and dL/ds's
   const RowsOf<T> xp(x);
   const T* gp = gy.data_ptr<T>();
   T* op = gx.data_ptr<T>();
@@ -193,50 +196,59 @@ std::vector<Tensor> dyt_backward_impl(const Tensor& x, const Tensor& gy, const T
     std::vector<A> stage(2 * C, A(0));
     A *__restrict__ sw = stage.data(), *__restrict__ sb = sw + C;
     const A* __restrict__ wp = w.data();
-    const A al = a;  // a local: read through the closure, it kept the loop below from vectorizing
+    const A al = a, s0 = A(sh);
     double* dst = sums.local();
     for (int64_t n = begin; n < end; ++n) {
       const T* __restrict__ xr = xp(n);
       const T* __restrict__ gr = gp + n * C;
       T* __restrict__ out = op + n * C;
-      A da = 0;
-#pragma omp simd reduction(+ : da)
+      A da = 0, ds = 0;
+#pragma omp simd reduction(+ : da, ds)
       for (int64_t c = 0; c < C; ++c) {
-        const A xv = val(xr[c]), g = val(gr[c]), t = tanh_of(al * xv), d = g * wp[c] * (A(1) - t * t);
+        A fu;
+        const A xv = val(xr[c]), g = val(gr[c]), d = g * wp[c] * slope(al * xv + s0, fu);
         out[c] = put<T>(al * d);
-        sw[c] += g * t;
+        sw[c] += g * fu;
         sb[c] += g;
         da += d * xv;
+        if (Shift) ds += d;
       }
-      dst[2 * C] += double(da);  // a row's sum, added in doubles: the rows' terms cancel
+      dst[2 * C] += double(da);  // a row's sums, added in doubles: the rows' terms cancel
+      if (Shift) dst[2 * C + 1] += double(ds);
       if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
     }
     flush(stage, dst);
   });
   const std::vector<double> s = sums.total();
-  return {gx, from({s[2 * C]}, alpha.scalar_type(), true), from({s.begin(), s.begin() + C}, weight.scalar_type()),
-          from({s.begin() + C, s.begin() + 2 * C}, weight.scalar_type())};
+  std::vector<Tensor> grads{gx, from({s[2 * C]}, alpha.scalar_type(), true)};
+  if (Shift) grads.push_back(from({s[2 * C + 1]}, shift_dtype, true));
+  grads.push_back(from({s.begin(), s.begin() + C}, weight.scalar_type()));
+  grads.push_back(from({s.begin() + C, s.begin() + 2 * C}, weight.scalar_type()));
+  return grads;
 }
 
+// DyT (Zhu et al., 2025, Eq. 1): y = w * tanh(a * x) + b, f'(u) = 1 - tanh(u)^2
 std::vector<Tensor> dyt_forward(const Tensor& x, const RowParams& p, double) {  // p: alpha, w, b
   check_rows(x);
-  const Tensor &alpha = p[0], &weight = p[1], &bias = p[2];
-  TORCH_CHECK(alpha.numel() == 1, "alpha: one value");
+  TORCH_CHECK(p[0].numel() == 1, "alpha: one value");
   std::vector<Tensor> out;
-  DISPATCH(x, "dyt_forward", [&] { out = dyt_forward_impl<scalar_t>(x, alpha, weight, bias); });
+  DISPATCH(x, "dyt_forward", [&] {
+    out = entry_forward_impl<scalar_t>(x, doubles(p[0])[0], 0.0, p[1], p[2], [](auto u) { return tanh_of(u); });
+  });
   return out;
 }
 
 std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor&, const Tensor& grad_y, const RowParams& p,
                                  double) {
   check_rows(x);
-  const Tensor &alpha = p[0], &weight = p[1];
-  TORCH_CHECK(alpha.numel() == 1, "alpha: one value");
+  TORCH_CHECK(p[0].numel() == 1, "alpha: one value");
   std::vector<Tensor> out;
-  DISPATCH(x, "dyt_backward", [&] { out = dyt_backward_impl<scalar_t>(x, grad_y.contiguous(), alpha, weight); });
+  DISPATCH(x, "dyt_backward", [&] {
+    out = entry_backward_impl<scalar_t, false>(x, grad_y.contiguous(), p[0], 0.0, p[1], p[0].scalar_type(),
+                                               [](auto u, auto& t) { t = tanh_of(u); return 1 - t * t; });
+  });
   return out;
 }
-
 
 // DyT's gradients in ATen ops, which autograd differentiates again: t = tanh(alpha x), y = w t + b
 std::vector<Tensor> dyt_twice(const Tensor& x, const Tensor& grad_y, const RowParams& p) {
@@ -300,82 +312,16 @@ inline double erf_with(double u, double) { return std::erf(u); }
 
 constexpr double kTwoOverSqrtPi = 1.12837916709551257;
 
-// Derf ("Stronger Normalization-Free Transformers", arXiv 2512.10938), contract "derf_forward": y = w *
-// erf(a x + s) + b per entry; no statistic (the GPU's ticket in its place).
-template <typename T>
-std::vector<Tensor> derf_forward_impl(const Tensor& x, const Tensor& alpha, const Tensor& shift, const Tensor& weight,
-                                      const Tensor& bias) {
-  using A = at::opmath_type<T>;
-  const int64_t N = rows_in(x), C = x.size(-1);
-  const A a = A(doubles(alpha)[0]), sh = A(doubles(shift)[0]);
-  const std::vector<A> w = channels<A>(weight, C), b = channels<A>(bias, C);
-  Tensor y = at::empty({N, C}, x.options());
-  const RowsOf<T> xp(x);
-  T* yp = y.data_ptr<T>();
-  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    const A *__restrict__ wp = w.data(), *__restrict__ bp = b.data();
-    const A al = a, s0 = sh;
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp(n);
-      T* __restrict__ yr = yp + n * C;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) yr[c] = put<T>(erf_of(al * val(xr[c]) + s0) * wp[c] + bp[c]);
-    }
-  });
-  return {y, at::empty({0}, x.options().dtype(stat_dtype<T>()))};
-}
-
-// Contract "derf_backward": with u = a x + s and d = dy * w * erf'(u), dL/dx = a d, dL/da = the sum of d x,
-// dL/ds = the sum of d, dL/dw = the sum over rows of dy erf(u), dL/db = the sum over rows of dy.
-template <typename T>
-std::vector<Tensor> derf_backward_impl(const Tensor& x, const Tensor& gy, const Tensor& alpha, const Tensor& shift,
-                                       const Tensor& weight) {
-  using A = at::opmath_type<T>;
-  const int64_t N = rows_in(x), C = x.size(-1);
-  const A a = A(doubles(alpha)[0]), sh = A(doubles(shift)[0]);
-  const std::vector<A> w = channels<A>(weight, C);
-  Tensor gx = at::empty({N, C}, x.options());
-  Sums<A> sums(2 * C + 2);  // dL/dw's, dL/db's, then dL/da's and dL/ds's
-  const RowsOf<T> xp(x);
-  const T* gp = gy.data_ptr<T>();
-  T* op = gx.data_ptr<T>();
-  at::parallel_for(0, N, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<A> stage(2 * C, A(0));
-    A *__restrict__ sw = stage.data(), *__restrict__ sb = sw + C;
-    const A* __restrict__ wp = w.data();
-    const A al = a, s0 = sh, k = A(kTwoOverSqrtPi);
-    double* dst = sums.local();
-    for (int64_t n = begin; n < end; ++n) {
-      const T* __restrict__ xr = xp(n);
-      const T* __restrict__ gr = gp + n * C;
-      T* __restrict__ out = op + n * C;
-      A da = 0, ds = 0;
-#pragma omp simd reduction(+ : da, ds)
-      for (int64_t c = 0; c < C; ++c) {
-        const A xv = val(xr[c]), g = val(gr[c]), u = al * xv + s0, e = exp_of(-u * u), d = g * wp[c] * k * e;
-        out[c] = put<T>(al * d);
-        sw[c] += g * erf_with(u, e);
-        sb[c] += g;
-        da += d * xv;
-        ds += d;
-      }
-      dst[2 * C] += double(da);
-      dst[2 * C + 1] += double(ds);
-      if ((n - begin) % kFlush == kFlush - 1) flush(stage, dst);
-    }
-    flush(stage, dst);
-  });
-  const std::vector<double> s = sums.total();
-  return {gx, from({s[2 * C]}, alpha.scalar_type(), true), from({s[2 * C + 1]}, shift.scalar_type(), true),
-          from({s.begin(), s.begin() + C}, weight.scalar_type()),
-          from({s.begin() + C, s.begin() + 2 * C}, weight.scalar_type())};
-}
-
+// Derf ("Stronger Normalization-Free Transformers", arXiv 2512.10938): y = w * erf(a x + s) + b, f'(u) =
+// (2 / sqrt(pi)) exp(-u^2), whose exp the backward's erf shares (erf_with)
 std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& p, double) {  // p: alpha, shift, w, b
   check_rows(x);
   TORCH_CHECK(p[0].numel() == 1 && p[1].numel() == 1, "alpha and shift: one value each");
   std::vector<Tensor> out;
-  DISPATCH(x, "derf_forward", [&] { out = derf_forward_impl<scalar_t>(x, p[0], p[1], p[2], p[3]); });
+  DISPATCH(x, "derf_forward", [&] {
+    out = entry_forward_impl<scalar_t>(x, doubles(p[0])[0], doubles(p[1])[0], p[2], p[3],
+                                       [](auto u) { return erf_of(u); });
+  });
   return out;
 }
 
@@ -384,7 +330,15 @@ std::vector<Tensor> derf_backward(const Tensor& x, const Tensor&, const Tensor& 
   check_rows(x);
   TORCH_CHECK(p[0].numel() == 1 && p[1].numel() == 1, "alpha and shift: one value each");
   std::vector<Tensor> out;
-  DISPATCH(x, "derf_backward", [&] { out = derf_backward_impl<scalar_t>(x, grad_y.contiguous(), p[0], p[1], p[2]); });
+  DISPATCH(x, "derf_backward", [&] {
+    using A = at::opmath_type<scalar_t>;
+    out = entry_backward_impl<scalar_t, true>(x, grad_y.contiguous(), p[0], doubles(p[1])[0], p[2],
+                                              p[1].scalar_type(), [](A u, A& f) {
+      const A e = exp_of(-u * u);
+      f = erf_with(u, e);
+      return A(kTwoOverSqrtPi) * e;
+    });
+  });
   return out;
 }
 
