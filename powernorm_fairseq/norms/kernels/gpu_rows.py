@@ -180,80 +180,14 @@ if triton is not None:
         t = tl.where(au < 0.0625, near, (1.0 - e) / (1.0 + e))
         return tl.where(u < 0, -t, t)
 
-    @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _dyt_forward(X, ALPHA, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr, WIDE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-        """y = w tanh(alpha x) + b per entry (Zhu et al., 2025, Eq. 1), a wide row in blocks of columns;
-        program 0 sets the backward's arrival ticket to 0."""
-        cols = tl.arange(0, BLOCK_C)
-        a = _f(tl.load(ALPHA), F64)
-        if tl.program_id(0) == 0:
-            tl.store(TICKET, 0.0)
-        start = tl.program_id(0) * per_prog
-        for r0 in range(0, per_prog, BLOCK_N):
-            for c0 in range(0, C, BLOCK_C):
-                cc = c0 + cols
-                _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
-                w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
-                b = _f(tl.load(B + cc, mask=cc < C, other=0.0), F64)
-                tl.store(Y + at, (_tanh(a * x) * w[None, :] + b[None, :]).to(Y.dtype.element_ty), mask=m2)
-
-    @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _dyt_backward(X, GY, ALPHA, W, GX, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
-                      F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_C: tl.constexpr):
-        """dL/dx = alpha d, d = dy w (1 - t^2), t = tanh(alpha x). Each program's sums go to PART: dy t
-        (dL/dw) in its row of a (P, C) block, dy (dL/db) in a second, d x (dL/dalpha) in a (P,) one; in
-        registers, or with WIDE in PART itself, added to block by block (as _rmsnorm_backward's). The last
-        program adds dL/dalpha's P sums, and the two blocks' (SUM_HERE) or leaves them to _sum_columns."""
-        cols = tl.arange(0, BLOCK_C)
-        P = tl.num_programs(0)
-        pid = tl.program_id(0).to(tl.int64)
-        pw, pb = PART + pid * C, PART + (P + pid) * C
-        a = _f(tl.load(ALPHA), F64)
-        gw = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
-        gb = gw
-        ga = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
-        if WIDE:
-            for c0 in range(0, C, BLOCK_C):
-                tl.store(pw + c0 + cols, gw, mask=c0 + cols < C)
-                tl.store(pb + c0 + cols, gw, mask=c0 + cols < C)
-        start = tl.program_id(0) * per_prog
-        for r0 in range(0, per_prog, BLOCK_N):
-            for c0 in range(0, C, BLOCK_C):
-                cc = c0 + cols
-                _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
-                gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
-                w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
-                t = _tanh(a * x)
-                d = gy * w[None, :] * (1 - t * t)
-                tl.store(GX + at, (a * d).to(GX.dtype.element_ty), mask=m2)
-                ga += tl.sum(d * x, axis=1)
-                if WIDE:  # one program reads back what it wrote: a barrier orders it
-                    tl.store(pw + cc, tl.load(pw + cc, mask=cc < C, other=0.0) + tl.sum(gy * t, axis=0), mask=cc < C)
-                    tl.store(pb + cc, tl.load(pb + cc, mask=cc < C, other=0.0) + tl.sum(gy, axis=0), mask=cc < C)
-                    tl.debug_barrier()
-                else:
-                    gw += tl.sum(gy * t, axis=0)
-                    gb += tl.sum(gy, axis=0)
-        if not WIDE:
-            tl.store(pw + cols, gw, mask=cols < C)
-            tl.store(pb + cols, gb, mask=cols < C)
-        tl.store(PART + 2 * P * C + pid, tl.sum(ga, axis=0))
-        if _last_to_arrive(TICKET):  # the programs' sums, in a fixed order
-            if SUM_HERE:
-                _sum_parts(PART, GW, C, cols, BLOCK_C)
-                _sum_parts(PART + P * C, GB, C, cols, BLOCK_C)
-            _sum_parts(PART + 2 * P * C, GA, 1, tl.arange(0, 1), 1)
-
-    @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _derf_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
-                      WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-        """y = w erf(alpha x + s) + b per entry (Derf), a wide row in blocks of columns; program 0 sets the
+    @triton.jit
+    def _entry_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
+                       WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, ERF: tl.constexpr):
+        """The per-entry kinds' y = w f(u) + b, a wide row in blocks of columns: DyT's f = tanh, u = alpha x
+        (Zhu et al., 2025, Eq. 1), or with ERF Derf's f = erf, u = alpha x + s; program 0 sets the
         backward's arrival ticket to 0."""
         cols = tl.arange(0, BLOCK_C)
         a = _f(tl.load(ALPHA), F64)
-        s = _f(tl.load(SHIFT), F64)
         if tl.program_id(0) == 0:
             tl.store(TICKET, 0.0)
         start = tl.program_id(0) * per_prog
@@ -263,21 +197,26 @@ if triton is not None:
                 _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
                 w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
                 b = _f(tl.load(B + cc, mask=cc < C, other=0.0), F64)
-                tl.store(Y + at, (tl.math.erf(a * x + s) * w[None, :] + b[None, :]).to(Y.dtype.element_ty), mask=m2)
+                if ERF:
+                    fu = tl.math.erf(a * x + _f(tl.load(SHIFT), F64))
+                else:
+                    fu = _tanh(a * x)
+                tl.store(Y + at, (fu * w[None, :] + b[None, :]).to(Y.dtype.element_ty), mask=m2)
 
-    @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _derf_backward(X, GY, ALPHA, SHIFT, W, GX, GA, GS, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
-                       F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_C: tl.constexpr):
-        """With u = alpha x + s and d = dy w (2 / sqrt(pi)) exp(-u^2): dL/dx = alpha d. Each program's sums
-        go to PART as _dyt_backward's, and d x (dL/dalpha) and d (dL/ds) each in a (P,) block after them;
-        the last program adds the scalars' P sums, and the two (P, C) blocks' (SUM_HERE)."""
+    @triton.jit
+    def _entry_backward(X, GY, ALPHA, SHIFT, W, GX, GA, GS, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
+                        F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_C: tl.constexpr, ERF: tl.constexpr):
+        """dL/dx = alpha d with d = dy w f'(u) (DyT: 1 - tanh(u)^2; ERF, Derf: (2 / sqrt(pi)) exp(-u^2)).
+        Each program's sums go to PART: dy f(u) (dL/dw) in its row of a (P, C) block, dy (dL/db) in a
+        second, d x (dL/dalpha) in a (P,) one, and with ERF d (dL/ds) in another; in registers, or with
+        WIDE in PART itself, added to block by block (as _rmsnorm_backward's). The last program adds the
+        scalars' P sums, and the two blocks' (SUM_HERE) or leaves them to _sum_columns."""
         cols = tl.arange(0, BLOCK_C)
         P = tl.num_programs(0)
         pid = tl.program_id(0).to(tl.int64)
         pw, pb = PART + pid * C, PART + (P + pid) * C
         a = _f(tl.load(ALPHA), F64)
-        s = _f(tl.load(SHIFT), F64)
         gw = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
         gb = gw
         ga = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
@@ -293,30 +232,62 @@ if triton is not None:
                 _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
                 gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
                 w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
-                u = a * x + s
-                d = gy * w[None, :] * (1.1283791670955126 * tl.exp(-u * u))
+                if ERF:
+                    u = a * x + _f(tl.load(SHIFT), F64)
+                    fu = tl.math.erf(u)
+                    d = gy * w[None, :] * (1.1283791670955126 * tl.exp(-u * u))
+                    gs += tl.sum(d, axis=1)
+                else:
+                    fu = _tanh(a * x)
+                    d = gy * w[None, :] * (1 - fu * fu)
                 tl.store(GX + at, (a * d).to(GX.dtype.element_ty), mask=m2)
                 ga += tl.sum(d * x, axis=1)
-                gs += tl.sum(d, axis=1)
-                e = tl.math.erf(u)
                 if WIDE:  # one program reads back what it wrote: a barrier orders it
-                    tl.store(pw + cc, tl.load(pw + cc, mask=cc < C, other=0.0) + tl.sum(gy * e, axis=0), mask=cc < C)
+                    tl.store(pw + cc, tl.load(pw + cc, mask=cc < C, other=0.0) + tl.sum(gy * fu, axis=0), mask=cc < C)
                     tl.store(pb + cc, tl.load(pb + cc, mask=cc < C, other=0.0) + tl.sum(gy, axis=0), mask=cc < C)
                     tl.debug_barrier()
                 else:
-                    gw += tl.sum(gy * e, axis=0)
+                    gw += tl.sum(gy * fu, axis=0)
                     gb += tl.sum(gy, axis=0)
         if not WIDE:
             tl.store(pw + cols, gw, mask=cols < C)
             tl.store(pb + cols, gb, mask=cols < C)
         tl.store(PART + 2 * P * C + pid, tl.sum(ga, axis=0))
-        tl.store(PART + 2 * P * C + P + pid, tl.sum(gs, axis=0))
+        if ERF:
+            tl.store(PART + 2 * P * C + P + pid, tl.sum(gs, axis=0))
         if _last_to_arrive(TICKET):  # the programs' sums, in a fixed order
             if SUM_HERE:
                 _sum_parts(PART, GW, C, cols, BLOCK_C)
                 _sum_parts(PART + P * C, GB, C, cols, BLOCK_C)
             _sum_parts(PART + 2 * P * C, GA, 1, tl.arange(0, 1), 1)
-            _sum_parts(PART + 2 * P * C + P, GS, 1, tl.arange(0, 1), 1)
+            if ERF:
+                _sum_parts(PART + 2 * P * C + P, GS, 1, tl.arange(0, 1), 1)
+
+    @triton.jit(do_not_specialize=["N", "per_prog"])
+    def _dyt_forward(X, ALPHA, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr, WIDE: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        _entry_forward(X, ALPHA, ALPHA, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64, WIDE, BLOCK_N, BLOCK_C,
+                       False)
+
+    @triton.jit(do_not_specialize=["N", "per_prog"])
+    def _dyt_backward(X, GY, ALPHA, W, GX, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
+                      F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_C: tl.constexpr):
+        _entry_backward(X, GY, ALPHA, ALPHA, W, GX, GA, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog, F64,
+                        WIDE, SUM_HERE, BLOCK_N, BLOCK_C, False)
+
+    @triton.jit(do_not_specialize=["N", "per_prog"])
+    def _derf_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
+                      WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        _entry_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64, WIDE, BLOCK_N, BLOCK_C,
+                       True)
+
+    @triton.jit(do_not_specialize=["N", "per_prog"])
+    def _derf_backward(X, GY, ALPHA, SHIFT, W, GX, GA, GS, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
+                       F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
+        _entry_backward(X, GY, ALPHA, SHIFT, W, GX, GA, GS, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
+                        F64, WIDE, SUM_HERE, BLOCK_N, BLOCK_C, True)
 
     @triton.jit(do_not_specialize=["P"])
     def _sum_columns(PART, OUT, OUT2, P, C, TWO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):
