@@ -77,6 +77,17 @@ def batch_norm(x, pad, w, b, eps=1e-5):
     return (x - mu) / torch.sqrt(var + eps) * w + b, mu, var * X.shape[0] / (X.shape[0] - 1)
 
 
+def rbn_penalty(x, pad, running_mean, running_var, momentum, penalty_mean, penalty_var):
+    """Regularized BN's penalty (Wang, Wu and Huang 2022; ``loss_diff`` of their MaskBatchNorm3d), with its
+    order: the running statistics first updated with this batch's mean and unbiased variance, then
+    penalty_mean * sum (mu - mu_B)^2 + penalty_var * sum |var - var_B|; the new running statistics too."""
+    X = real(x, pad)
+    mu_b, var_b = X.mean(0), X.var(0, unbiased=True)
+    mean = (1 - momentum) * running_mean + momentum * mu_b.detach()
+    var = (1 - momentum) * running_var + momentum * var_b.detach()
+    return penalty_mean * ((mean - mu_b) ** 2).sum() + penalty_var * (var - var_b).abs().sum(), mean, var
+
+
 def original_batch_norm(x, pad, w, b, running_mean, running_var, training=True, momentum=0.05, eps=1e-5):
     """The authors' "batch" norm (MaskSyncBatchNorm), transcribed: divide each
     token by its RMS over channels, put the mean of the real tokens into every

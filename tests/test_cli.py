@@ -263,15 +263,17 @@ def test_checkpoint_without_user_dir(toy_data, trained, tmp_path):
     ({"norm_type": "rmsnorm", "encoder_norm_ff": "layernorm-simple", "decoder_norm_type": "detachnorm",
       "decoder_norm_self": "adanorm", "decoder_norm_cross": "groupnorm", "decoder_norm_ff": "none"},
      ["--detachnorm-detach", "mean", "--adanorm-scale", "2", "--norm-groups", "2"]),
-    ({"norm_type": "bn-original", "decoder_norm_type": "rmsnorm"}, []),
+    ({"norm_type": "bn-original", "encoder_norm_ff": "rbn", "decoder_norm_type": "rmsnorm"},
+     ["--rbn-penalty-mean", "0.5"]),
     ({"norm_type": "derf", "decoder_norm_type": "dyt", "qk_norm": "derf"}, ["--derf-alpha-init", "0.7"]),
-], ids=["six-kinds", "bn-original", "derf-dyt"])
+], ids=["six-kinds", "bn-original-rbn", "derf-dyt"])
 def test_more_norm_kinds_train_and_generate(toy_data, tmp_path, norms, flags):
     """Every other kind, in as few runs as their sublayers allow."""
     given = [a for key, kind in norms.items() for a in ("--" + key.replace("_", "-"), kind)]
     proc = cli("fairseq-train", *train_args(toy_data, tmp_path, *given, *flags, max_update=12))
     curve = losses(proc.stdout + proc.stderr)
     assert len(curve) == 12 and all(math.isfinite(v) for v in curve) and curve[-1] < curve[0]
+    assert (proc.stdout.count('"rbn_penalty": ') == 12) == ("rbn" in norms.values())  # its regulariser, logged
     gen = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", tmp_path / "checkpoint_last.pt",
               "--beam", "2", "--batch-size", "8", "--required-batch-size-multiple", "1")
     assert len([l for l in gen.stdout.splitlines() if l.startswith("H-")]) == 27

@@ -18,6 +18,8 @@ T, C = 6, 8
 SPLITS = [([0, 1], [2, 3, 4]), ([0, 1, 2], [3, 4]), ([0], [1, 2, 3, 4])]
 LENGTHS = [[6, 2, 5, 1, 3], [4, 6, 3, 0, 0], [1, 6, 6, 2, 4]]
 OPTIONS = {"bn": {}, "pn-v": {}, "pn": dict(warmup_updates=1, layer_scale=True, groups=2)}
+#: rbn: bn's kernels, and a penalty whose statistics are the global batch's under sync batch
+PENALIZED = {"rbn": dict(penalty_mean=0.3, penalty_var=0.2)}
 
 
 def steps():
@@ -32,7 +34,7 @@ def steps():
 
 def make(kind, sync):
     torch.manual_seed(0)
-    norm = build_norm(kind, C, sync=sync, **OPTIONS[kind]).double()
+    norm = build_norm(kind, C, sync=sync, **{**OPTIONS, **PENALIZED}[kind]).double()
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
         norm.bias.uniform_(-0.2, 0.2)
@@ -40,7 +42,10 @@ def make(kind, sync):
 
 
 def run(norm, rows=None):
-    """Per step: output, input gradient and buffers, on ``rows`` (a worker's sentences) or all."""
+    """Per step: output, input gradient and buffers, on ``rows`` (a worker's sentences) or all. An
+    rbn penalty enters the loss as fairseq's trainer adds it: 1 / workers of it on each worker."""
+    from powernorm_fairseq.norms.rbn import regularization
+
     out = []
     for t, (x, pad, grad_y) in enumerate(steps()):
         if rows is not None:
@@ -48,14 +53,15 @@ def run(norm, rows=None):
             x, pad, grad_y = x[:, idx], pad[idx], grad_y[:, idx]
         x = x.clone().requires_grad_(True)
         y = norm(x, pad)
-        y.backward(grad_y)
+        loss, penalty = (y * grad_y).sum(), regularization(norm)
+        (loss if penalty is None else loss + penalty / (1 if rows is None else 2)).backward()
         out.append((y.detach(), x.grad, {k: v.clone() for k, v in norm.named_buffers()}))
     return out
 
 
 #: every (kind, sync, backend) the tests below run on two workers; None: the automatic backend
 RUNS = [(kind, sync, backend) for backend in kernels.BACKENDS for sync in ("batch", "running") for kind in OPTIONS]
-RUNS.append(("bn", "none", None))
+RUNS += [("rbn", "batch", backend) for backend in kernels.BACKENDS] + [("bn", "none", None)]
 
 
 def available(backend):
@@ -88,7 +94,7 @@ def worker(rank, port, path):
             if available(backend):
                 with kernels.use(backend):
                     runs[f"{kind}/{sync}/{backend}"] = run(make(kind, sync), [split[rank] for split in SPLITS])
-                if backend in ("cpu", "triton") and sync != "none":
+                if backend in ("cpu", "triton") and sync != "none" and kind in OPTIONS:
                     counts[f"{kind}/{sync}/{backend}"] = count(make(kind, sync), backend)
         torch.save({"runs": runs, "counts": counts}, f"{path}.{rank}")
     finally:
@@ -129,7 +135,7 @@ def backend(request):
         yield request.param
 
 
-@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn"])
+@pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "rbn"])
 def test_batch_sync_equals_one_process_on_the_whole_batch(kind, spawned, backend):
     whole = run(make(kind, "batch"))  # one process: no collectives
     halves = two_workers(spawned, kind, "batch", backend)
@@ -186,7 +192,7 @@ def test_reference_backward_refuses_sync():
         build_norm("bn", C, sync="all")
 
 
-@pytest.mark.parametrize("norm", ["bn", "pn"])
+@pytest.mark.parametrize("norm", ["rbn", "pn"])
 def test_two_worker_fairseq_train(toy_data, tmp_path, norm):
     """fairseq-train on two CPU processes: gloo, a TCP rendezvous, one process per rank.
 
@@ -208,7 +214,8 @@ def test_two_worker_fairseq_train(toy_data, tmp_path, norm):
     assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     assert "distributed init (rank 1)" in logs[1] and "num_updates\": \"6\"" in logs[0]
     state = torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)
-    assert state["cfg"]["model"].norm_sync is None  # the default: batch for bn, pn-v and pn
+    assert state["cfg"]["model"].norm_sync is None  # the default: batch for bn, rbn, pn-v and pn
+    assert ('"rbn_penalty": ' in logs[0]) == (norm == "rbn")  # logged beside the loss
 
 
 @pytest.mark.parametrize("backend", ["cpu", "triton"])

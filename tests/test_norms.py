@@ -63,7 +63,7 @@ def test_registry_is_the_source_of_kinds_options_and_running_statistics():
     from powernorm_fairseq.models.diagnostics import NormDiagnostics
     from powernorm_fairseq.modules.transformer_layer import norm_options
 
-    assert RUNNING_STAT_TYPES == ("bn", "pn", "pn-v", "bn-original")
+    assert RUNNING_STAT_TYPES == ("bn", "pn", "pn-v", "bn-original", "rbn")
     assert {cls for cls in NormDiagnostics.PROBED} == {build_norm(k, C).__class__ for k in RUNNING_STAT_TYPES}
     cfg = Namespace(norm_sync=None, norm_momentum=None, layer_scale=None, pn_group_scaling=None, pn_eps=1e-5,
                     pn_alpha_fwd=0.9, pn_alpha_bwd=0.9, pn_warmup_updates=3, pn_backward="paper",
@@ -77,9 +77,9 @@ def test_registry_is_the_source_of_kinds_options_and_running_statistics():
 
 
 def test_registry_and_unknown_kind():
-    assert set(NORM_TYPES) == {"ln", "bn", "pn", "pn-v", "bn-original", "scalenorm", "rmsnorm", "layernorm-simple",
-                               "detachnorm", "adanorm", "groupnorm", "dyt", "derf", "none"}
-    with pytest.raises(ValueError, match="unknown norm type 'rms'.*ln, bn, pn, pn-v, bn-original, scalenorm, rmsnorm"):
+    assert set(NORM_TYPES) == {"ln", "bn", "pn", "pn-v", "bn-original", "rbn", "scalenorm", "rmsnorm",
+                               "layernorm-simple", "detachnorm", "adanorm", "groupnorm", "dyt", "derf", "none"}
+    with pytest.raises(ValueError, match="unknown norm type 'rms'.*ln, bn, pn, pn-v, bn-original, rbn, scalenorm"):
         build_norm("rms", C)
 
 
@@ -351,10 +351,15 @@ def test_batch_of_one_token(kind):
     if kind == "bn-original":  # every position holds the token: zero variance over T*B rows
         torch.testing.assert_close(y, norm.bias.detach().expand_as(y))
         torch.testing.assert_close(norm.running_var, 0.95 * before["running_var"])
-    elif kind == "bn":
+    elif kind in ("bn", "rbn"):
         torch.testing.assert_close(y[4, 1], norm.bias.detach())
         assert torch.equal(norm.running_var, before["running_var"])
-        torch.testing.assert_close(norm.running_mean, 0.9 * before["running_mean"] + 0.1 * token)
+        m = norm.momentum
+        torch.testing.assert_close(norm.running_mean, (1 - m) * before["running_mean"] + m * token)
+        if kind == "rbn":  # no variance estimate: no penalty either
+            from powernorm_fairseq.norms.rbn import regularization
+
+            assert regularization(norm).item() == 0
     else:
         torch.testing.assert_close(norm.running_psi2, 0.9 * before["running_psi2"] + 0.1 * token ** 2)
 
@@ -400,6 +405,38 @@ def test_original_batch_norm_depends_on_padding_where_bn_does_not():
     assert ratio > 1.05  # a smaller variance to divide by: larger outputs
     with pytest.raises(ValueError, match="never synchronised.*sync='none'"):
         build_norm("bn-original", C, sync="batch")
+
+
+@pytest.mark.parametrize("layout", ["tbc", "btc"])
+@pytest.mark.parametrize("mask", ["bool", "0/1"])
+def test_rbn_is_bn_with_the_penalty_of_its_reference(layout, mask):
+    """Regularized BN: bn's output, running statistics and gradients, and the penalty that
+    regularization() hands the loss, with its gradient through the batch statistics; two steps, so
+    that the second starts from running statistics of the first."""
+    from powernorm_fairseq.norms.rbn import regularization
+
+    norm = affine(build_norm("rbn", C, penalty_mean=0.3, penalty_var=0.2).double()).train()
+    assert norm.momentum == 0.05 and regularization(norm) is None
+    for seed in (130, 131):
+        x, pad, grad_y = batch(seed)
+        rm, rv = norm.running_mean.clone(), norm.running_var.clone()
+        xr = x.clone().requires_grad_(True)
+        given = pad if mask == "bool" else pad.long()
+        y = norm(xr.transpose(0, 1), given, batch_first=True).transpose(0, 1) if layout == "btc" else norm(xr, given)
+        penalty = regularization(norm)
+        assert regularization(norm) is None  # taken once
+        (gx,) = torch.autograd.grad((y * grad_y).sum() + penalty, xr)
+
+        xs = x.clone().requires_grad_(True)
+        y_ref, _, _ = ref.batch_norm(xs, pad, norm.weight.detach(), norm.bias.detach())
+        p_ref, mean, var = ref.rbn_penalty(xs, pad, rm, rv, 0.05, 0.3, 0.2)
+        (gx_ref,) = torch.autograd.grad((y_ref * grad_y).sum() + p_ref, xs)
+        torch.testing.assert_close(y.detach(), y_ref.detach())
+        torch.testing.assert_close(penalty.detach(), p_ref.detach())
+        torch.testing.assert_close(gx, gx_ref)
+        torch.testing.assert_close((norm.running_mean, norm.running_var), (mean, var))
+    norm.eval()(x, pad)
+    assert regularization(norm) is None  # eval adds nothing
 
 
 @pytest.mark.parametrize("kind, reference", [

@@ -42,6 +42,7 @@ PATCHED = {
     "bf16 without a TPU": "fairseq.dataclass.utils.convert_namespace_to_omegaconf",
     "NaN detector": "fairseq.nan_detector.NanDetector.add_hooks",
     "diverged updates": "fairseq.trainer.Trainer.train_step",
+    "norm regularizers": "fairseq.trainer.Trainer.train_step",
     "weights-only checkpoints": "argparse.Namespace in torch.serialization.get_safe_globals()",
     "weights-only loads in fairseq": "torch.load",
     # it acts on fairseq_cli.interactive alone (imported only by fairseq-interactive): installed, it has
@@ -157,3 +158,45 @@ def test_the_usage_error_patch_reaches_fairseqs_parsers_only(capsys):
         fairseqs.parse_args(["--max-update", "x"])
     err = capsys.readouterr().err
     assert "usage:" not in err and err.strip().count("\n") == 0 and "error: argument --max-update" in err
+
+
+def test_rbn_penalty_weighs_the_same_at_any_world_size_and_update_frequency(toy_data, tmp_path):
+    """fairseq's trainer adds each forward's rbn penalty to whatever the criterion returns, weighted
+    1 / (forwards in the update x workers): an update of two forwards has the gradient of the summed
+    losses plus the mean of the two penalties, over the tokens. The loss it logs is the criterion's."""
+    import copy
+
+    import torch
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.options import get_training_parser, parse_args_and_arch
+    from fairseq.trainer import Trainer
+
+    from powernorm_fairseq.norms.rbn import regularization
+
+    argv = train_args(toy_data, tmp_path, "--norm-type", "rbn", "--decoder-norm-type", "rbn", "--rbn-penalty-mean",
+                      "3", "--rbn-penalty-var", "0.5", "--dropout", "0", "--cpu")
+    cfg = convert_namespace_to_omegaconf(parse_args_and_arch(get_training_parser(), list(map(str, argv))))
+    task = tasks.setup_task(cfg.task)
+    torch.manual_seed(0)
+    model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+    task.load_dataset("valid")
+    data = task.dataset("valid")
+    batches = [data.collater([data[i] for i in range(k, k + 6)]) for k in (0, 6)]
+    before = copy.deepcopy(model)
+
+    def gradients(weight):
+        """The reference: one backward of both forwards' criterion losses and weight x their penalties."""
+        ref = copy.deepcopy(before).train()
+        total, size = 0, 0
+        for sample in batches:
+            loss, sample_size, _ = criterion(ref, sample)
+            total, size = total + loss + weight * regularization(ref), size + sample_size
+        total.backward()
+        return [p.grad / size for p in ref.parameters()]
+
+    trainer = Trainer(cfg, task, model, criterion)
+    trainer.train_step(batches)
+    got = [p.grad for p in model.parameters()]
+    close = [all(torch.allclose(a, b, rtol=1e-4, atol=1e-7) for a, b in zip(got, gradients(w))) for w in (0.5, 1, 0)]
+    assert close == [True, False, False]  # the mean of the penalties: not their sum, nor none

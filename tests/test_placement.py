@@ -181,6 +181,8 @@ def test_deepnorm_constants_and_initialisation(toy_data):
     (["--norm-depth-scaling", "--norm-placement", "post", "--decoder-layer-placements", "post,pre"], None),
     (["--norm-placement", "rezero", "--norm-type", "none", "--decoder-norm-type", "none", "--decoder-layer-norms",
       "none,ln"], "not ln"),
+    (["--encoder-layer-norms", "bn,rbn", "--checkpoint-activations"], "rbn's penalty needs the graph of each"),
+    (["--norm-type", "rbn", "--norm-placement", "output", "--rbn-penalty-var", "0"], None),
 ])
 def test_combinations_train_or_are_refused_in_one_line(toy_data, flags, message):
     if message is None:

@@ -25,6 +25,14 @@ def positive(text):
     return value
 
 
+def non_negative(text):
+    """A finite float >= 0."""
+    value = float(text)
+    if not value >= 0 or not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def fraction(flag: str):
     """A float in (0, 1); the error names ``flag``."""
     def parse(text):

@@ -2,23 +2,23 @@
 Figures 2-4, logged through fairseq's metrics during training.
 
 Every ``interval`` updates, for every batch-statistic norm of a training model
-(``bn``, ``bn-original``, ``pn-v``, ``pn``), with s_B a statistic of the
+(``bn``, ``rbn``, ``bn-original``, ``pn-v``, ``pn``), with s_B a statistic of the
 batch's real tokens and s the running statistic as it stood before this batch
 updated it:
 
-* ``dist_mu``, ``dist_var`` (bn, bn-original), ``dist_psi2`` (pn-v, pn):
+* ``dist_mu``, ``dist_var`` (bn, rbn, bn-original), ``dist_psi2`` (pn-v, pn):
   (1/d) ||s_B - s||_2 over the d channels, the paper's dist (Section 3,
   Figures 2 and 4). With a layer scale (``--layer-scale``, pn's group
   scaling) the statistics are those of the scaled input the norm normalises;
   for bn-original those of its layer-scaled, pad-filled T x B positions.
-* ``tid_mu``, ``tid_sigma`` (bn, bn-original), ``tid_psi`` (pn-v, pn): the
+* ``tid_mu``, ``tid_sigma`` (bn, rbn, bn-original), ``tid_psi`` (pn-v, pn): the
   training-inference discrepancy of Wang, Wu and Huang (2022, "Understanding
   the Failure of Batch Normalization for Transformers in NLP", arXiv
   2210.05153), as their code measures it: the channels' mean of |mu - mu_B| /
   sigma_B and of |sigma / sigma_B - 1| (psi for sigma without centring), each
   sigma_B = sqrt(var_B + eps), the norm's own eps. Here against the running
   statistics before this batch updated them: what inference would have used.
-* ``grad_mu``, ``grad_var`` (bn, bn-original), ``grad_psi2`` (pn-v, pn): ||dL/ds||_2, the
+* ``grad_mu``, ``grad_var`` (bn, rbn, bn-original), ``grad_psi2`` (pn-v, pn): ||dL/ds||_2, the
   gradient of the back-propagated loss with respect to the statistic the
   forward pass divided by: the g_mu and g_sigma^2 of Eq. 3, the g_psi^2 of
   Eq. 6 (Figures 3 and 4). For pn outside warmup that statistic is the running

@@ -143,8 +143,8 @@ class _ModelNormConfig(FairseqDataclass):
                                              "authors' code)", FUNCTION, kinds=("pn",),
                                              action=argparse.BooleanOptionalAction)
     layer_scale: Optional[bool] = _flag(None, "the paper's layer scale (Appendix A): per-token RMS scaling "
-                                        "over groups = heads before every bn, pn-v and pn (default: on for "
-                                        "pn, off for bn and pn-v)", FUNCTION, kinds=("bn", "pn-v", "pn"),
+                                        "over groups = heads before every bn, rbn, pn-v and pn (default: "
+                                        "on for pn, off for the others)", FUNCTION, kinds=("bn", "rbn", "pn-v", "pn"),
                                         action=argparse.BooleanOptionalAction)
     pn_backward: str = _flag("paper", "PN backward: Algorithm 2 of the paper, or the authors' released code",
                              FUNCTION, kinds=("pn",), **_choice(("paper", "reference")))
@@ -172,8 +172,9 @@ class _ModelNormConfig(FairseqDataclass):
     pn_alpha_bwd: float = _flag(0.9, "PN running nu decay, in (0, 1)", TRAINING, type=fraction("--pn-alpha-bwd"))
     pn_warmup_updates: Optional[int] = _flag(None, "PN forwards that use batch statistics (default: "
                                              "--warmup-updates)", TRAINING, type=at_least(0))
-    norm_momentum: Optional[float] = _flag(None, "running-statistics momentum of bn, pn-v and bn-original "
-                                           "(default: 0.1; 0.05 for bn-original, as in the authors' code)",
+    norm_momentum: Optional[float] = _flag(None, "running-statistics momentum of bn, rbn, pn-v and bn-original "
+                                           "(default: 0.1; 0.05 for bn-original and rbn, as in their authors' "
+                                           "code)",
                                            TRAINING, type=fraction("--norm-momentum"))
     norm_sync: Optional[str] = _flag(None, "batch statistics across data-parallel workers: the global batch's, "
                                      "shared running ones, or none (default: batch; none with --pn-backward "
@@ -277,6 +278,10 @@ def check_args(args, sides=("encoder", "decoder")):
             "bn-original reproduces the released code, which never synchronised statistics "
             f"across workers: use --norm-sync none (got --norm-sync {args.norm_sync})"
         )
+    if "rbn" in kinds and any(getattr(args, f, False) for f in ("checkpoint_activations", "offload_activations")):
+        raise PowerNormConfigError(
+            "rbn's penalty needs the graph of each forward, which --checkpoint-activations (fairseq's reentrant "
+            "checkpointing) does not keep: drop --checkpoint-activations, or use bn")
     for side in ("encoder", "decoder"):
         dim = getattr(args, f"{side}_embed_dim", None)  # a language model has no encoder
         if dim and "groupnorm" in kinds and args.norm_groups and dim % args.norm_groups:

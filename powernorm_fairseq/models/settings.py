@@ -47,9 +47,9 @@ def _side(cfg, name):
 
 def _layer_scale(cfg, kinds):
     """The layer scale of each kind of the model that has one: --layer-scale if
-    given, else on for pn (unless --no-pn-group-scaling), off for bn and pn-v."""
+    given, else on for pn (unless --no-pn-group-scaling), off for bn, rbn and pn-v."""
     given = _get(cfg, "layer_scale")
-    default = {"bn": False, "pn-v": False, "pn": _get(cfg, "pn_group_scaling") is not False}
+    default = {"bn": False, "rbn": False, "pn-v": False, "pn": _get(cfg, "pn_group_scaling") is not False}
     return ", ".join(f"{kind} {'on' if (default[kind] if given is None else given) else 'off'}"
                      for kind in sorted(kinds & set(default)))
 

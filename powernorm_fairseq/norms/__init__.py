@@ -15,6 +15,7 @@ from .derf import Derf
 from .dyt import DyT
 from .layernorm import AdaNorm, DetachNorm, GroupNorm, LayerNorm, LayerNormSimple
 from .powernorm import PowerNorm, PowerNormV
+from .rbn import RegularizedBatchNorm
 from .rmsnorm import RMSNorm
 from .scalenorm import ScaleNorm
 
@@ -24,6 +25,7 @@ NORMS = {
     "pn": PowerNorm,
     "pn-v": PowerNormV,
     "bn-original": OriginalBatchNorm,
+    "rbn": RegularizedBatchNorm,
     "scalenorm": ScaleNorm,
     "rmsnorm": RMSNorm,
     "layernorm-simple": LayerNormSimple,

@@ -26,7 +26,7 @@ Each entry names the test that fails without it.
 """
 
 from ..common.checkpoints import allow_fairseq_checkpoints
-from . import archives, checkpoints, compat, datafiles, diverged, errors, savedir, shutdown
+from . import archives, checkpoints, compat, datafiles, diverged, errors, regularizers, savedir, shutdown
 from .base import Patch, installs_once
 
 __all__ = ["AT_START", "AT_IMPORT", "WITH_THE_MODELS", "Patch", "for_the_models", "install", "installs_once"]
@@ -111,6 +111,10 @@ WITH_THE_MODELS = (
           "a step whose gradients are NaN/Inf ends the run in one line naming the update",
           diverged.name_the_diverged_update,
           "test_reproduce.py::test_a_diverged_run_says_so_with_its_update"),
+    Patch("norm regularizers",
+          "rbn's penalty enters the loss of any criterion, weighted for the update's forwards and workers",
+          regularizers.add_norm_regularizers,
+          "test_patches.py::test_rbn_penalty_weighs_the_same_at_any_world_size_and_update_frequency"),
     Patch("bf16 without a TPU",
           "fairseq 0.12 makes --bf16 imply --tpu, and dies without torch_xla",
           compat.bf16_without_tpu,
