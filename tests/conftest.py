@@ -14,6 +14,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # A command the tests run that crashes (SIGSEGV, SIGABRT) prints where, in every thread, on its stderr.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+# The one-node cluster's jobs take seconds: a look at its queue every 2 s at most, not up to 30 s.
+os.environ.setdefault("POWERNORM_SLURM_POLL", "2")
 
 import pytest  # noqa: E402
 

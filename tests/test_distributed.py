@@ -113,7 +113,16 @@ def spawned(tmp_path_factory):
     Forks of this process (its imports made, one thread each: OMP_NUM_THREADS
     in conftest.py), not fresh interpreters: 12 CPU-seconds less."""
     def make_all(root):
-        mp.start_processes(worker, args=(free_port(), str(root / "result")), nprocs=2, start_method="fork")
+        import time
+
+        workers = mp.start_processes(worker, args=(free_port(), str(root / "result")), nprocs=2, join=False,
+                                     start_method="fork")
+        deadline = time.time() + 300  # a fork that inherits a held lock waits for ever: fail, not hang
+        while not workers.join(timeout=5):
+            if time.time() > deadline:
+                for p in workers.processes:
+                    p.kill()
+                raise AssertionError("the two forked workers did not finish within 300 s")
 
     root = once(tmp_path_factory, "two-workers", make_all)
     return [torch.load(root / f"result.{r}", weights_only=True) for r in (0, 1)]

@@ -387,7 +387,7 @@ def test_train_script_options(tmp_path):
                  "--dry-run", "--gpus", "0", "--", "--max-update", "10")
     assert "--norm-type bn" in dry.stdout and "--seed 3" in dry.stdout and dry.stdout.rstrip().endswith("10")
     bad = sh("scripts/train.sh", "--norm", "layer", "--dry-run", check=False)
-    assert bad.returncode == 2 and "--norm must be one of {ln,bn,pn,pn-v,bn-original,scalenorm," in bad.stderr
+    assert bad.returncode == 2 and "--norm must be one of {ln,bn,pn,pn-v,bn-original,rbn,scalenorm," in bad.stderr
     assert bad.stderr.rstrip().endswith("got 'layer'")
     nodict = recipe("scripts/train.sh", "--data", tmp_path, "--gpus", "0", "--save-dir", tmp_path / "run",
                     check=False)

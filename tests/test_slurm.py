@@ -49,6 +49,25 @@ def slurm_args(monkeypatch, argv):
     return args
 
 
+def test_the_queue_is_looked_at_every_2_s_and_less_often_while_nothing_changes(monkeypatch):
+    """Up to every 30 s, or POWERNORM_SLURM_POLL seconds; a value that is not one is one line."""
+    from powernorm_fairseq.cli import slurm as launcher
+
+    slept = []
+    monkeypatch.setattr(launcher.time, "sleep", slept.append)
+    for cap, most in ((None, 30), ("5", 5), ("1", 1)):
+        monkeypatch.delenv("POWERNORM_SLURM_POLL") if cap is None else monkeypatch.setenv("POWERNORM_SLURM_POLL", cap)
+        slept.clear()
+        delay = launcher.polls()
+        for changed in [False] * 12 + [True]:
+            delay(changed)
+        assert slept[0] == min(3, most) and max(slept) == most and slept[-1] == min(2, most), (cap, slept)
+    for bad in ("soon", "0.5", "nan"):
+        monkeypatch.setenv("POWERNORM_SLURM_POLL", bad)
+        with pytest.raises(launcher.SlurmError, match=f"POWERNORM_SLURM_POLL={bad}: the most seconds between"):
+            launcher.polls()
+
+
 def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_path, capsys,  # noqa: F811
                                                                    monkeypatch):
     from powernorm_fairseq.cli import study as norm_study

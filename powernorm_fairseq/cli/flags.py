@@ -39,6 +39,8 @@ def markdown() -> str:
         cells = [f"`{c}`" if i < 3 and c else c for i, c in enumerate(row)]
         if row[2] in (kinds, "{" + kinds + "}"):  # the kinds table lists them once
             cells[2] = "any kind"
+        if row[1] == "see meaning":  # the meaning says what the default is
+            cells[1] = "—"
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 

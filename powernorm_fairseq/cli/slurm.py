@@ -30,7 +30,9 @@ from .layout import Out
 
 #: what a launcher needs of SLURM's client on this machine
 TOOLS = ("sbatch", "squeue", "scontrol", "scancel", "srun")
-POLL = (2.0, 30.0)  # seconds between two looks at the queue: the first, and the most it grows to
+#: seconds between two looks at the queue: the first, and the most it grows to while nothing changes
+#: (``POWERNORM_SLURM_POLL`` seconds, if set: a cluster whose jobs are short, or this project's tests)
+POLL = (2.0, 30.0)
 WARNED = 90 + 60  # submitit's warning comes 90 s before the time limit (--signal=USR2@90); a minute's slack
 
 
@@ -280,9 +282,17 @@ def locked(out):
 
 def polls():
     """Sleep between looks at the queue, longer while nothing changes: ``delay = polls(); delay(changed)``."""
-    state = {"delay": POLL[0]}
+    given = os.environ.get("POWERNORM_SLURM_POLL", "").strip()
+    try:
+        most = float(given) if given else POLL[1]
+    except ValueError:
+        most = float("nan")
+    if not most >= 1:  # NaN too
+        raise SlurmError(f"POWERNORM_SLURM_POLL={given}: the most seconds between two looks at the queue, >= 1")
+    first = min(POLL[0], most)
+    state = {"delay": first}
 
     def wait(changed):
-        state["delay"] = POLL[0] if changed else min(POLL[1], state["delay"] * 1.5)
+        state["delay"] = first if changed else min(most, state["delay"] * 1.5)
         time.sleep(state["delay"])
     return wait

@@ -46,8 +46,7 @@ def _sum(t: Tensor, synced: bool) -> Tensor:
 
 
 class RegularizedBatchNorm(MaskedBatchNorm):
-    """Regularized BN (Wang, Wu and Huang, 2022): bn, and a penalty on the gap between its batch and
-    running statistics added to the training loss (``regularization``)."""
+    """Regularized BN (Wang, Wu and Huang, 2022): bn, and a loss penalty on its batch vs running statistics."""
 
     flags = {
         "rbn_penalty_mean": Flag(0.1, "RBN's weight of sum (mu - mu_B)^2 (the authors' pre-norm 0.1; post-norm 60)",
