@@ -26,7 +26,10 @@ authors' weight. :func:`regularization` collects it: fairseq's trainer adds it
 
 Defaults: lambda_mu 0.1, lambda_var 0.01 and momentum 0.05, the authors'
 pre-norm IWSLT14 setting (``batch_diff_0.1_0.01``); their post-norm one is
-``--rbn-penalty-mean 60 --rbn-penalty-var 0``.
+``--rbn-penalty-mean 60 --rbn-penalty-var 0``. The weights are relative to a
+loss summed over a batch of 4,096 tokens: a criterion that sums over
+sentences (a classifier's) weighs the same penalty about 100 times more
+(docs/study.md measures what that does).
 """
 
 from typing import Optional
