@@ -1,5 +1,7 @@
 """The norm library against independent references of its formulas."""
 
+import copy
+
 import pytest
 import torch
 
@@ -423,6 +425,7 @@ def test_rbn_is_bn_with_the_penalty_of_its_reference(layout, mask):
         xr = x.clone().requires_grad_(True)
         given = pad if mask == "bool" else pad.long()
         y = norm(xr.transpose(0, 1), given, batch_first=True).transpose(0, 1) if layout == "btc" else norm(xr, given)
+        assert regularization(copy.deepcopy(norm)) is None  # a copy (an EMA's) takes no graph along
         penalty = regularization(norm)
         assert regularization(norm) is None  # taken once
         (gx,) = torch.autograd.grad((y * grad_y).sum() + penalty, xr)

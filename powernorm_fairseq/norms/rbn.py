@@ -95,6 +95,11 @@ class RegularizedBatchNorm(MaskedBatchNorm):
         p = self.penalty_mean * (rm - mean).pow(2).sum() + self.penalty_var * (rv - var).abs().sum()
         return torch.where(n > 1, p, torch.zeros_like(p))  # no real token (or one): no statistic, no update
 
+    def __getstate__(self):
+        """A copy (``copy.deepcopy``, an EMA's, pickle) leaves the last forward's penalty behind: a
+        tensor of that forward's graph, which cannot be copied and is not part of the model."""
+        return {**super().__getstate__(), "last_penalty": None}
+
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, penalty_mean={self.penalty_mean}, penalty_var={self.penalty_var}"
 
