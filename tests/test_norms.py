@@ -409,15 +409,17 @@ def test_original_batch_norm_depends_on_padding_where_bn_does_not():
         build_norm("bn-original", C, sync="batch")
 
 
-@pytest.mark.parametrize("layout", ["tbc", "btc"])
-@pytest.mark.parametrize("mask", ["bool", "0/1"])
-def test_rbn_is_bn_with_the_penalty_of_its_reference(layout, mask):
+@pytest.mark.parametrize("layout, mask, groups", [("tbc", "bool", 0), ("btc", "bool", 0), ("tbc", "0/1", 0),
+                                                   ("btc", "0/1", 2)])
+def test_rbn_is_bn_with_the_penalty_of_its_reference(layout, mask, groups):
     """Regularized BN: bn's output, running statistics and gradients, and the penalty that
-    regularization() hands the loss, with its gradient through the batch statistics; two steps, so
-    that the second starts from running statistics of the first."""
+    regularization() hands the loss, with its gradient through the batch statistics (of the
+    layer-scaled input with ``groups``); two steps, so that the second starts from running statistics
+    of the first."""
     from powernorm_fairseq.norms.rbn import regularization
 
-    norm = affine(build_norm("rbn", C, penalty_mean=0.3, penalty_var=0.2).double()).train()
+    scale = dict(layer_scale=True, groups=groups) if groups else {}
+    norm = affine(build_norm("rbn", C, penalty_mean=0.3, penalty_var=0.2, **scale).double()).train()
     assert norm.momentum == 0.05 and regularization(norm) is None
     for seed in (130, 131):
         x, pad, grad_y = batch(seed)
@@ -431,8 +433,9 @@ def test_rbn_is_bn_with_the_penalty_of_its_reference(layout, mask):
         (gx,) = torch.autograd.grad((y * grad_y).sum() + penalty, xr)
 
         xs = x.clone().requires_grad_(True)
-        y_ref, _, _ = ref.batch_norm(xs, pad, norm.weight.detach(), norm.bias.detach())
-        p_ref, mean, var = ref.rbn_penalty(xs, pad, rm, rv, 0.05, 0.3, 0.2)
+        xg = ref.group_scale(xs, groups) if groups else xs
+        y_ref, _, _ = ref.batch_norm(xg, pad, norm.weight.detach(), norm.bias.detach())
+        p_ref, mean, var = ref.rbn_penalty(xg, pad, rm, rv, 0.05, 0.3, 0.2)
         (gx_ref,) = torch.autograd.grad((y_ref * grad_y).sum() + p_ref, xs)
         torch.testing.assert_close(y.detach(), y_ref.detach())
         torch.testing.assert_close(penalty.detach(), p_ref.detach())
