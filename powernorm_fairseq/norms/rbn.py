@@ -3,8 +3,10 @@ Normalization for Transformers in NLP", NeurIPS 2022,
 https://arxiv.org/abs/2210.05153; their code: github.com/wjxts/RegularizedBN,
 ``MaskBatchNorm3d.loss_diff``).
 
-bn's forward and backward over the batch's real tokens, on every backend, and
-in training a penalty on the gap between the batch's statistics and the
+bn's forward and backward over the batch's real tokens, on every backend (this
+project's bn: sqrt(var + eps), an unbiased running variance; the authors' BN
+divides by sqrt(max(var, eps)) and averages the biased one), and in training a
+penalty on the gap between the batch's statistics and the
 running ones (the training-inference discrepancy):
 
     P = lambda_mu * sum_c (mu_c - mu_B,c)^2 + lambda_var * sum_c |var_c - var_B,c|
