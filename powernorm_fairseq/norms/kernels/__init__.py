@@ -79,7 +79,7 @@ _CHOSEN = {}
 def _chosen_on(forced_name, device) -> str:
     """Traced code's choice, a constant of its graph: for ``device``, as :func:`select` makes it (the
     ``forced_name`` argument: a guard, so that a graph under another use() is traced anew)."""
-    return _remembered(torch.empty(1, device=device)).NAME
+    return (_CHOSEN.get((forced_name, _environment, device)) or _select(torch.empty(1, device=device))).NAME
 
 
 # torch._dynamo.assume_constant_result's mark, without importing torch._dynamo (seconds, in every process)
@@ -88,13 +88,8 @@ _chosen_on._dynamo_marked_constant = True
 
 def select(x: torch.Tensor):
     """The backend module for input ``x``."""
-    if torch.compiler.is_compiling():  # no guard on _CHOSEN, which the first eager step fills
+    if torch.compiler.is_compiling() and 0 not in x.shape:  # no guard on _CHOSEN, which eager steps fill
         return _MODULES[_chosen_on(_forced, x.device)]
-    return _remembered(x)
-
-
-def _remembered(x: torch.Tensor):
-    """:func:`_select`'s choice, remembered per (forced, environment, device)."""
     if (_forced, _environment, x.device) in _CHOSEN and 0 not in x.shape:  # no call: a step is host time
         return _CHOSEN[_forced, _environment, x.device]
     k = _select(x)
