@@ -53,7 +53,10 @@ def add_norm_regularizers():
 
     @functools.wraps(original)
     def train_step(self, samples, raise_oom=False):
-        if not _has_penalties(self.model):
+        penalized = self.__dict__.get("_norm_penalties")
+        if penalized is None:  # once per trainer: its model is fixed, and the walk would cost every update
+            penalized = self._norm_penalties = _has_penalties(self.model)
+        if not penalized:
             return original(self, samples, raise_oom)
         task_step = self.task.train_step
         weight = 1.0 / (max(len(samples), 1) * self.data_parallel_world_size)
