@@ -73,6 +73,8 @@ def test_registry_is_the_source_of_kinds_options_and_running_statistics():
     for kind in NORM_TYPES:  # every kind builds from its declared options
         build_norm(kind, C, **norm_options(cfg, kind, heads=2))
     assert norm_options(cfg, "groupnorm", heads=2) == {"groups": 2}
+    weights = norm_options(Namespace(**vars(cfg), rbn_penalty_mean=60.0, rbn_penalty_var=0.0), "rbn", heads=2)
+    assert (weights["penalty_mean"], weights["penalty_var"]) == (60.0, 0.0)  # rbn's own flags reach it
     assert norm_options(cfg, "pn", heads=2)["layer_scale"] and not norm_options(cfg, "bn", heads=2)["layer_scale"]
     with pytest.raises(ValueError, match="unknown norm type 'rms'"):
         norm_options(cfg, "rms", heads=2)

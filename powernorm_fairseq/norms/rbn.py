@@ -71,8 +71,8 @@ class RegularizedBatchNorm(MaskedBatchNorm):
 
     @classmethod
     def options(cls, cfg, heads, final=False):
-        return dict(super().options(cfg, heads, final), penalty_mean=getattr(cfg, "rbn_penalty_mean", 0.1),
-                    penalty_var=getattr(cfg, "rbn_penalty_var", 0.01))
+        weights = {name[4:]: getattr(cfg, name, flag.default) for name, flag in cls.flags.items()}  # rbn_...
+        return dict(super().options(cfg, heads, final), **weights)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         y = super().normalize(x, pad_mask)
