@@ -73,6 +73,11 @@ def column(norm, switch):
     return norm + (f" +{switch}" if switch != "none" else "")
 
 
+def column_of(cell):
+    """The column of a cell's table: its norm, with its switch where it has one."""
+    return column(cell["norm"], cell.get("switch", "none"))
+
+
 def cells(args):
     """Every cell of the grid. A cell's name holds its placement, QK-norm and
     switch only where they are axes (``--placements``, ``--qk-norms``,
@@ -93,7 +98,7 @@ def cells(args):
 def series(args, cell):
     """A cell's line in the figures and row label in the tables: its norm, and its placement and
     QK-norm where they are axes."""
-    return " ".join([cell["placement"]] * args.placement_axis + [column(cell["norm"], cell.get("switch", "none"))]
+    return " ".join([cell["placement"]] * args.placement_axis + [column_of(cell)]
                     + [f"qk {cell['qk']}"] * (cell["qk"] != "none"))
 
 

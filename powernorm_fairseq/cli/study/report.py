@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...common.files import atomic_path
-from .grid import METRIC, column, columns, dims, series, switches_of
+from .grid import METRIC, column, column_of, columns, dims, series, switches_of
 from .out import read_probe
 from ..stats import mean_sd, paired
 
@@ -58,7 +58,7 @@ def report(args, grid, results):
             entry = dict(lr=lr, norms={})
             for norm in norms:
                 runs = [results.get(c["name"]) for c in members
-                        if c["lr"] == lr and column(c["norm"], c.get("switch", "none")) == norm]
+                        if c["lr"] == lr and column_of(c) == norm]
                 done = [r for r in runs if r]
                 if len(done) < len(runs):
                     row.append(f"{len(done)}/{len(runs)} done")
@@ -125,8 +125,8 @@ def seed_report(args, grid, results, lines, metric_label, metric_fmt):
         for c in grid:
             r = results.get(c["name"])
             if r and (c["depth"], c["width"], c["init"], c["lr"]) == (depth, w, init, lr):
-                values[c["placement"], c["qk"], column(c["norm"], c.get("switch", "none"))][c["seed"]] = r["metric"]
-        for placement, qk, norm in dict.fromkeys((c["placement"], c["qk"], column(c["norm"], c.get("switch", "none")))
+                values[c["placement"], c["qk"], column_of(c)][c["seed"]] = r["metric"]
+        for placement, qk, norm in dict.fromkeys((c["placement"], c["qk"], column_of(c))
                                                  for c in grid):
             v = [x for x in values[placement, qk, norm].values() if math.isfinite(x)]
             if not v:
