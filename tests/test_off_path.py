@@ -176,13 +176,18 @@ VARYING = [(kind, backend, "tbc-bool") for kind in ("pn", "bn", "pn-v", "dyt") f
 VARYING += [("derf", backend, "tbc-bool") for backend in ("cpu", "triton")]
 VARYING += [(kind, "cpu", "tbc-bool") for kind in ("ln", "scalenorm", "rmsnorm")]
 VARYING += [("pn", backend, "btc-int") for backend in BACKENDS]
+# rbn: bn's kernels and a penalty in plain PyTorch, whose value and gradient must be eager's too
+VARYING += [("rbn", backend, "btc-int") for backend in BACKENDS]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, backend, layout", VARYING, ids=["-".join(v) for v in VARYING])
 def test_compiled_steps_at_lengths_that_vary_compile_two_graphs_and_match_eager(kind, backend, layout):
     """torch.compile over 12 batches of 8 lengths: at most 2 graphs (the first
-    length's, then a dynamic one), with eager's numbers, running statistics included."""
+    length's, then a dynamic one), with eager's numbers, running statistics included
+    (and rbn's penalty, with its gradient, in the loss)."""
+    from powernorm_fairseq.norms.rbn import regularization
+
     backend_or_fail(backend)
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -204,8 +209,11 @@ def test_compiled_steps_at_lengths_that_vary_compile_two_graphs_and_match_eager(
                 xr = x.clone().requires_grad_(True)
                 model.zero_grad()
                 y = call(xr, mask)
-                y.backward(dy)
-                outs.append([y.detach(), xr.grad] + [p.grad for p in model.parameters()] + list(model.buffers()))
+                loss, penalty = (y * dy).sum(), regularization(model)
+                assert (penalty is not None) == (kind == "rbn")
+                (loss if penalty is None else loss + penalty).backward()
+                outs.append([y.detach(), xr.grad] + [p.grad for p in model.parameters()] + list(model.buffers())
+                            + ([penalty.detach()] if penalty is not None else []))
             for a, b in zip(*outs):
                 torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     assert counting.graphs <= 2, counting.graphs
