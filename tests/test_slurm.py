@@ -147,7 +147,7 @@ def until(what, timeout=120):
         value = what()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(0.2)  # each look runs squeue or scontrol: a process and a call to the controller
     raise AssertionError(f"timed out waiting for {what.__doc__}")
 
 

@@ -371,6 +371,16 @@ def descendants(pid):
     return found
 
 
+def test_the_pools_fork_server_preloads_modules_that_exist():
+    """multiprocessing's fork server passes over a preload that fails to import, and each worker would then
+    import it itself, as slowly as a worker started afresh."""
+    import importlib.util
+
+    from powernorm_fairseq.cli.study.launchers import PRELOAD
+
+    assert [m for m in PRELOAD if importlib.util.find_spec(m) is None] == []
+
+
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
 def test_a_signal_ends_every_cell_of_a_parallel_study(demo, tmp_path, signal_name):
     """SIGTERM to the script (a scheduler), or SIGINT to its process group
@@ -592,7 +602,7 @@ def test_a_switch_axis_gives_each_norm_a_column_with_the_flag_on(demo, tmp_path)
     out = tmp_path / "switched"
     sh("scripts/norm-study.sh", "--task", "classification", "--lrs", "0.1", "--depths", "2", "--widths", "32",
        "--norms", "ln", "--placement", "pre", "--switches", "none", "norm-depth-scaling", "--seeds", "1", "2",
-       "--max-update", "4", "--log-interval", "2", "--threads", "1", "--jobs", "2", "--data", demo, "--out", out)
+       "--max-update", "4", "--log-interval", "2", "--threads", "1", "--data", demo, "--out", out)
     names = sorted(p.name for p in (out / "cells").iterdir())
     assert names == sorted(f"d2-w32-ln{s}-xavier-kaiming-lr0.1-s{seed}" for s in ("", "-norm-depth-scaling")
                            for seed in (1, 2)), names
@@ -617,7 +627,7 @@ def test_a_study_over_placements_groups_its_tables_and_pairs_them(demo, tmp_path
     out = tmp_path / "placed"
     sh("scripts/norm-study.sh", "--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32",
        "--norms", "ln", "pn", "--placements", "pre", "rezero", "--qk-norms", "none", "rmsnorm", "--seeds", "1", "2",
-       "--max-update", "4", "--log-interval", "2", "--threads", "1", "--jobs", "2", "--data", demo, "--out", out)
+       "--max-update", "4", "--log-interval", "2", "--threads", "1", "--data", demo, "--out", out)
     names = sorted(p.name for p in (out / "cells").iterdir())
     assert len(names) == 12 and "d1-w32-ln-pre-xavier-kaiming-lr0.1-s1" in names
     assert "d1-w32-none-rezero-qkrmsnorm-xavier-kaiming-lr0.1-s2" in names

@@ -163,7 +163,7 @@ def cli(tool, *args, check=True, cwd=ROOT, timeout=600, input=None, env=None, en
 #: the console scripts the recipes call that a stand-in runs in a fork (each imports torch, or is called
 #: many times); the scripts the recipes signal or kill run as they are (tests pass no stand-ins there)
 STAND_IN_TOOLS = ("fairseq-preprocess", "fairseq-train", "fairseq-generate", "fairseq-interactive", "fairseq-eval-lm",
-                  "powernorm-average", "sacremoses")
+                  "powernorm-average", "powernorm-score", "sacremoses")
 
 
 def norm_query():

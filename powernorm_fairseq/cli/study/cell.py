@@ -1,5 +1,6 @@
 """One cell: its probe at init, fairseq's trainer (resumable), and its result.json."""
 
+import copy
 import json
 import logging
 import math
@@ -67,14 +68,14 @@ def run_cell(args, cell, verbose=False):
                 return result
             return measure_landscape(args, cell, root, result)
         start = time.time() - earlier_seconds(root)  # a requeued cell's seconds count every job's
-        train_args = parse(train_argv(args, cell, root))
+        cfg = configuration(parse(train_argv(args, cell, root)))
         record_settings(args)
         probe = read_probe(args, cell)
         if probe is None:  # not measured yet, or removed or cut short since: measured (again)
-            probe = initial_probe(train_args, LOSS[args.task])
+            probe = initial_probe(copy.deepcopy(cfg), LOSS[args.task])
             with atomic_path(root / "init.json") as tmp:
                 Path(tmp).write_text(json.dumps(probe, indent=1))
-        status = train(train_args, root / "train.log", verbose)
+        status = train(cfg, root / "train.log", verbose)
         result = dict(cell, status=status, initial_loss=probe["loss"], seconds=round(time.time() - start, 1))
         if status == "finished":  # the numbers saved with the last checkpoint, not a log a kill may have cut
             end = end_of_run(root / "checkpoint_last.pt")
@@ -119,18 +120,24 @@ def converged(final, initial, majority, frac):
     return bool(math.isfinite(final) and final < frac * initial and final < majority)
 
 
-def train(train_args, log_path, verbose):
-    """fairseq's trainer, its log (fairseq's console lines) to ``log_path``:
+def configuration(train_args):
+    """fairseq's configuration of parsed fairseq-train flags, made once per cell: its probe takes a copy
+    (hydra's composition took some 0.3 s a time)."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    return convert_namespace_to_omegaconf(train_args)
+
+
+def train(cfg, log_path, verbose):
+    """fairseq's trainer on configuration ``cfg``, its log (fairseq's console lines) to ``log_path``:
     "finished", or "diverged" when fairseq stops on a non-finite gradient.
     It runs in this process, or (``--distributed-world-size`` N > 1) in the N
     processes fairseq spawns, each through :func:`_main`."""
     from fairseq import distributed_utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     diverged = Path(log_path).with_name(".diverged")
     diverged.unlink(missing_ok=True)
-    distributed_utils.call_main(convert_namespace_to_omegaconf(train_args), _main, log_path=str(log_path),
-                                verbose=verbose)
+    distributed_utils.call_main(cfg, _main, log_path=str(log_path), verbose=verbose)
     return "diverged" if diverged.exists() else "finished"
 
 

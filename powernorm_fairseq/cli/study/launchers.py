@@ -7,6 +7,11 @@ from .cell import run_cell
 
 #: a cell whose worker process dies this many times (killed, or a crash) ends without a result
 STRIKES = 2
+#: what the pool's fork server imports once, before it forks each worker: torch, fairseq and its trainer
+#: (torch._dynamo, which torch.optim imports as a training builds its optimizer), the plugin and the cell.
+#: A worker spawned afresh spent some 5 s of CPU on these imports, and a pool started again after a worker
+#: died spent them again; a fork server holds no threads and no CUDA state, so its forks are safe
+PRELOAD = ("torch", "torch._dynamo", "fairseq", "fairseq_cli.train", "powernorm_fairseq", __name__)
 
 
 def run_all(args, todo):
@@ -58,7 +63,8 @@ def _one_pool(args, cells, hit):
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))
     pool = ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_worker, initargs=(args.verbose,))
     pending = {pool.submit(run_cell, args, cell, False): cell for cell in cells}
     started, ended = set(), False

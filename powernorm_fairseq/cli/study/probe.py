@@ -9,15 +9,14 @@ from pathlib import Path
 from ...common.files import atomic_path
 
 
-def initial_probe(train_args, loss_key, batches=4):
+def initial_probe(cfg, loss_key, batches=4):
     """Per-layer gradient norms of the per-example (per-token) training loss,
     and that loss in bits, of the model as freshly initialised with the cell's
     seed, in training mode without dropout, averaged over the first batches of
-    the training data (Figures 2 and 3 of the sentiment study)."""
+    the training data (Figures 2 and 3 of the sentiment study). ``cfg``: the cell's fairseq configuration,
+    which the probe may change (a copy)."""
     from fairseq import tasks, utils
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    cfg = convert_namespace_to_omegaconf(train_args)
     utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model).float()
