@@ -22,9 +22,8 @@ from test_faults import malicious_checkpoint
 from test_study import demo  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slow
-#: a cell per placement, both at once: one cancelled, one pre-empted; long enough (40 short epochs, a checkpoint
-#: each) to stop each mid-training
-GRID = ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32", "--norms", "ln",
+#: 2 placements x 2 norms; long enough (40 short epochs, a checkpoint each) to stop mid-training
+GRID = ["--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32", "--norms", "ln", "pn",
         "--placements", "pre", "post", "--max-epochs", "40", "--log-interval", "20", "--launcher", "slurm",
         "--partition", "study", "--cpus-per-task", "1", "--mem-per-node", "1", "--max-parallel", "2",
         "--timeout-min", "10", "--sbatch", "mail-type=NONE"]
@@ -142,6 +141,19 @@ def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_pat
                                                         cells(args)[0], out)
 
 
+def refused_in_process(main, argv, env, capsys):
+    """(exit status, last line of stderr) of a command's ``main(argv)`` that refuses its input, run in this
+    process with a run's environment (the cluster's clients, its SLURM_CONF): what the command's process says,
+    without a fresh interpreter's imports."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("PATH", "SLURM_CONF"):
+            patch.setenv(key, env[key])
+        patch.delenv("POWERNORM_REGISTRY", raising=False)  # main() sets it for the scripts it starts
+        with pytest.raises(SystemExit) as end:
+            main(argv)
+    return end.value.code, capsys.readouterr().err.strip().splitlines()
+
+
 def until(what, timeout=120):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -186,7 +198,7 @@ def preempt(cluster, job):
 
 
 def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_result(cluster, demo,  # noqa: F811
-                                                                                         tmp_path):
+                                                                                         tmp_path, capsys):
     out = tmp_path / "study"
     command = ["bash", "scripts/norm-study.sh", *GRID, "--data", str(demo), "--out", str(out)]
     run = dict(cwd=ROOT, env={**cluster, "POWERNORM_HEARTBEAT": "2"}, text=True)
@@ -198,9 +210,9 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
         return path.exists() and json.loads(path.read_text())
 
     jobs = until(submitted)
-    assert len(jobs) == 2 and len({j.split("_")[0] for j in jobs.values()}) == 1  # one array, a task per cell
+    assert len(jobs) == 4 and len({j.split("_")[0] for j in jobs.values()}) == 1  # one array, a task per cell
     script = next((out / "slurm").glob("*_submission.sh")).read_text()
-    assert re.search(r"#SBATCH --array=0-1%2\n", script) and "#SBATCH --cpus-per-task=1\n" in script
+    assert re.search(r"#SBATCH --array=0-3%2\n", script) and "#SBATCH --cpus-per-task=1\n" in script
     assert "#SBATCH --time=10\n" in script and "#SBATCH --signal=USR2@90\n" in script
     assert "#SBATCH --partition=study\n" in script and "#SBATCH --mem=1GB\n" in script
     assert "#SBATCH --mail-type=NONE\n" in script  # --sbatch: any other option of sbatch
@@ -257,7 +269,7 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     # the rerun resubmits the cancelled cell only, which resumes from its checkpoint
     proc = subprocess.run(command, capture_output=True, **run)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "norm-study: 2 cells, 1 finished, 1 to run" in proc.stderr
+    assert "norm-study: 4 cells, 3 finished, 1 to run" in proc.stderr
     assert f"{cancelled}: job {jobs[cancelled]} ended without a result; resubmitted" in proc.stderr
     assert "0 cell(s) already pending or running on the cluster, 1 submitted" in proc.stderr
     now = json.loads((out / "jobs.json").read_text())
@@ -266,23 +278,25 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
     log = (out / "cells" / cancelled / "train.log").read_text()
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ [1-9]\d* updates\)", log)
     results = {p.parent.name: json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")}
-    assert len(results) == 2 and len({r["updates"] for r in results.values()}) == 1  # the resumed ones too
+    assert len(results) == 4 and len({r["updates"] for r in results.values()}) == 1  # the resumed ones too
     md = (out / "study.md").read_text()
     assert "pending" not in md and "## pre, depth 1" in md and "## post, depth 1" in md
 
     # a second rerun submits nothing, and the cluster has no job of the study
     scripts = sorted((out / "slurm").glob("*_submission.sh"))
     proc = subprocess.run(command, capture_output=True, **run)
-    assert proc.returncode == 0 and "2 cells, 2 finished, 0 to run" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "4 cells, 4 finished, 0 to run" in proc.stderr, proc.stderr[-3000:]
     assert "0 submitted" in proc.stderr and json.loads((out / "jobs.json").read_text()) == now
     assert sorted((out / "slurm").glob("*_submission.sh")) == scripts and squeue(cluster) == []
 
     # what the cluster refuses (a GPU on a node without one) is one line, and leaves no job script behind
+    from powernorm_fairseq.cli.study import command as norm_study
+
     gpus = tmp_path / "gpus"
-    proc = subprocess.run([*command[:-1], str(gpus), "--gpus-per-node", "1"], capture_output=True, **run)
-    error = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and error[-1].startswith("norm-study.sh: error: --launcher slurm: sbatch refused "
-                                                         "the cells: "), proc.stderr[-2000:]
+    code, error = refused_in_process(norm_study.main, [*command[2:-1], str(gpus), "--gpus-per-node", "1"],
+                                     run["env"], capsys)
+    assert code == 2 and error[-1].startswith("norm-study.sh: error: --launcher slurm: sbatch refused the cells: "), \
+        error[-20:]
     assert not any("sbatch: error" in line for line in error[:-1]) and not (gpus / "slurm").exists()
     assert sorted(p.name for p in gpus.iterdir() if p.name.startswith(".")) == []  # no lock file either
 
@@ -432,12 +446,15 @@ def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_ru
                                 text=True).stdout for i in ours}
     assert all("JobState=" in text and "JobState=CANCELLED" not in text for text in states.values()), states
     # a partition too small, and one sbatch refuses: one line, no run left behind
-    wide = subprocess.run([*command[:cut], "--nodes", "2", *command[cut:]], capture_output=True, **run)
-    assert wide.returncode == 2 and wide.stderr.strip().splitlines()[-1] == (
-        "reproduce.sh: error: --nodes 2: partition study has 1 node(s); a job of 2 would pend for ever")
-    refused = subprocess.run([*command[:cut], "--partition", "nosuch", "--out", str(tmp_path / "refused"),
-                              *command[cut:]], capture_output=True, **run)
-    assert refused.returncode == 2 and "sbatch refused the trainings" in refused.stderr.strip().splitlines()[-1]
+    from powernorm_fairseq.cli import reproduce
+
+    code, error = refused_in_process(reproduce.main, [*command[2:cut], "--nodes", "2", *command[cut:]], run["env"],
+                                     capsys)
+    assert code == 2 and error[-1] == (
+        "reproduce.sh: error: --nodes 2: partition study has 1 node(s); a job of 2 would pend for ever"), error
+    code, error = refused_in_process(reproduce.main, [*command[2:cut], "--partition", "nosuch", "--out",
+                                                      str(tmp_path / "refused"), *command[cut:]], run["env"], capsys)
+    assert code == 2 and "sbatch refused the trainings" in error[-1], error[-20:]
     assert not list((tmp_path / "refused").rglob("run.json"))
 
     scripts = sorted((out / "slurm").glob("*_submission.sh"))
