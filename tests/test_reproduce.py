@@ -102,11 +102,19 @@ def test_a_local_table_resumes_after_ctrl_c_and_equals_the_recipes_by_hand(toy_d
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "4 runs, 4 scored, 0 to run" in again.stderr, again.stderr[-3000:]
-    changed = subprocess.run([*command[:-1], "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert changed.returncode == 2 and changed.stderr.strip().splitlines()[-1] == (
+    from powernorm_fairseq.cli import reproduce
+
+    capsys.readouterr()
+    with monkeypatch.context() as patch:  # its main here, as the script runs it: the refusal, without the imports
+        patch.setenv("PATH", env["PATH"])
+        patch.delenv("POWERNORM_REGISTRY", raising=False)  # main() sets it for the scripts it starts
+        with pytest.raises(SystemExit) as end:
+            reproduce.main([*command[2:-1], "4"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert end.value.code == 2 and error[-1] == (
         f"reproduce.sh: error: {out}/runs/ln-seed1 was started with another fairseq-train flags (--tensorboard-logdir "
         "'', now --tensorboard-logdir 4); give another --out, or remove the run's directory to start it again"), \
-        changed.stderr[-2000:]
+        error[-20:]
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name not in
             ("table.md", "table.json", "metric.png", "valid_loss.png")} == \
         {p: t for p, t in before.items() if p.name not in ("table.md", "table.json", "metric.png", "valid_loss.png")}
