@@ -236,6 +236,51 @@ def test_the_console_shows_an_epochs_last_validation():
     assert shown == ["epoch   1 | train loss 9.750 | valid loss 8.250 | 1,000 words/s | 20 updates | 0:00:12"]
 
 
+def test_the_heartbeat_reads_each_log_on_from_where_it_stopped(tmp_path, monkeypatch):
+    """A launcher's heartbeat (cli/progress.py's ``where`` with the dict it keeps) says, at every point of a
+    growing log, a line still being written among them, what a reading of the whole log says; it reads only
+    what the log gained; a log replaced, or cut shorter, is read again from its start."""
+    from powernorm_fairseq.cli import progress
+
+    records = ["2026-11-24 10:00:00 | INFO | fairseq_cli.train | {'optimization': {'max_epoch': 4, 'max_update': 0}}"]
+    for epoch in (1, 2, 3):
+        for k in (10, 20, 30):
+            records.append(f"2026-11-24 10:00:{k:02} | INFO | train_inner | epoch {epoch:03}:     {k} / 40 "
+                           f"loss=9.5, wps={1000 + k}, ups=2.0, num_updates={40 * (epoch - 1) + k}, lr=0.001, wall={k}")
+        records.append(f"2026-11-24 10:00:40 | INFO | train | epoch {epoch:03} | loss 9.25 | wps 1200 | "
+                       f"num_updates {40 * epoch} | wall {40 * epoch}")
+    text = "".join(line + "\n" for line in records).encode()
+    log, read, bytes_read = tmp_path / "train.log", {}, []
+    monkeypatch.setattr(progress.time, "time", lambda: 1e9)  # the same age for both readings
+    real_open = open
+
+    def counting(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        if "b" in mode:
+            read_at = f.read
+            f.read = lambda size=-1: bytes_read.append(len(chunk := read_at(size))) or chunk
+        return f
+
+    monkeypatch.setattr("builtins.open", counting)
+    longest, before = max(len(line) + 1 for line in records), 0
+    for cut in list(range(0, len(text), 97)) + [len(text)]:  # mid-line cuts too
+        log.write_bytes(text[:cut])
+        os.utime(log, (1e9 - 5, 1e9 - 5))
+        bytes_read.clear()
+        on = progress.where(log, read)
+        assert bytes_read[0] <= cut - before + longest, (cut, bytes_read)  # what it gained, and a partial line
+        assert on == progress.where(log) and bytes_read[1] == cut, cut
+        before = cut
+    assert "epoch 3/4" in progress.where(log, read)
+    log.write_bytes(text[:len(text) // 2])  # cut shorter (a run started again in its directory)
+    os.utime(log, (1e9 - 5, 1e9 - 5))
+    assert progress.where(log, read) == progress.where(log) != progress.where(tmp_path / "none", {})
+    log.unlink()
+    log.write_bytes(text)  # replaced
+    os.utime(log, (1e9 - 5, 1e9 - 5))
+    assert progress.where(log, read) == progress.where(log)
+
+
 @pytest.mark.slow
 def test_a_training_s_console_says_where_it_is_at_least_every_heartbeat(tmp_path):
     """The console filter (cli/progress.py, what every recipe pipes fairseq-train through), fed a real

@@ -155,12 +155,12 @@ def heartbeat(prog, logs):
 
     from .progress import HEARTBEAT, where
 
-    stop = threading.Event()
+    stop, read = threading.Event(), {}  # each log read on from where the last beat stopped
 
     def beat():
         while not stop.wait(HEARTBEAT):
             for name, path in logs().items():
-                line = where(path)
+                line = where(path, read)
                 if line:
                     print(f"{prog}: {name}: {line}", file=sys.stderr, flush=True)
 

@@ -22,6 +22,7 @@ It imports neither torch nor fairseq, so it starts at once.
 import argparse
 import datetime
 import json
+import locale
 import os
 import re
 import signal
@@ -40,6 +41,9 @@ LIMITS = re.compile(r"'max_(epoch|update)': (\d+)")  # fairseq's configuration, 
 #: fairseq's record every --log-interval updates: "epoch 002:     18 / 62 loss=9.678, ..., num_updates=80, ..."
 INNER = re.compile(r"^epoch (\d+):\s+(\d+) / (\d+) (.*)$")
 REFUSED = 3  # the exit status of a run refused before it trained
+#: how a log's bytes are read: as open() reads text here, lines ended as universal newlines end them
+ENCODING = locale.getpreferredencoding(False)
+NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 def epoch_stats(tag: str, body: str):
@@ -173,18 +177,31 @@ class Summary:
 HEARTBEAT = float(os.environ.get("POWERNORM_HEARTBEAT") or 55)
 
 
-def where(path):
-    """The heartbeat line of a run's log, from its newest records; None before its first."""
-    summary = Summary()
+def where(path, read=None):
+    """The heartbeat line of a run's log, from its newest records; None before its first. ``read``: a dict
+    the caller keeps between calls, in which the reading of each log goes on from where the last call
+    stopped (a training's log only grows: a long run's was read whole every heartbeat); a log replaced, or
+    cut shorter, is read again from its start, and a line still being written is read once it is whole."""
     if not Path(path).is_file():  # a log that is not a regular file: no heartbeat of it
         return None
     try:
-        with open(path, errors="replace") as f:
-            for line in f:
-                summary.lines(line.rstrip("\n"))
-        age = time.time() - os.path.getmtime(path)
+        stat = os.stat(path)
+        known = None if read is None else read.get(str(path))
+        if known is None or known[0] != (stat.st_dev, stat.st_ino) or stat.st_size < known[1]:
+            known = [(stat.st_dev, stat.st_ino), 0, Summary()]  # the file, the bytes read, their summary
+        with open(path, "rb") as f:
+            f.seek(known[1])
+            whole = f.read(max(stat.st_size - known[1], 0)).rpartition(b"\n")[0]
+        if whole:
+            known[1] += len(whole) + 1
+            for line in NEWLINE.split(whole.decode(ENCODING, errors="replace")):
+                known[2].lines(line)
+        if read is not None:
+            read[str(path)] = known
+        age = time.time() - stat.st_mtime
     except OSError:
         return None
+    summary = known[2]
     return summary.heartbeat(age) if summary.last else None
 
 
