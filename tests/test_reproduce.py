@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from support import BIN, ROOT, TINY, stand_ins
+from support import BIN, ROOT, TINY, refused_in_process, stand_ins
 from test_recipes import recipe
 from powernorm_fairseq.cli.reproduce.rows import TABLES
 
@@ -104,14 +104,8 @@ def test_a_local_table_resumes_after_ctrl_c_and_equals_the_recipes_by_hand(toy_d
     assert again.returncode == 0 and "4 runs, 4 scored, 0 to run" in again.stderr, again.stderr[-3000:]
     from powernorm_fairseq.cli import reproduce
 
-    capsys.readouterr()
-    with monkeypatch.context() as patch:  # its main here, as the script runs it: the refusal, without the imports
-        patch.setenv("PATH", env["PATH"])
-        patch.delenv("POWERNORM_REGISTRY", raising=False)  # main() sets it for the scripts it starts
-        with pytest.raises(SystemExit) as end:
-            reproduce.main([*command[2:-1], "4"])
-    error = capsys.readouterr().err.strip().splitlines()
-    assert end.value.code == 2 and error[-1] == (
+    code, error = refused_in_process(reproduce.main, [*command[2:-1], "4"], env, capsys)
+    assert code == 2 and error[-1] == (
         f"reproduce.sh: error: {out}/runs/ln-seed1 was started with another fairseq-train flags (--tensorboard-logdir "
         "'', now --tensorboard-logdir 4); give another --out, or remove the run's directory to start it again"), \
         error[-20:]

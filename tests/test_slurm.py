@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from support import ROOT, slurm
+from support import ROOT, refused_in_process, slurm
 from test_faults import malicious_checkpoint
 from test_study import demo  # noqa: F401 (the fixture)
 
@@ -139,19 +139,6 @@ def test_the_launcher_flags_are_checked_before_anything_is_written(demo, tmp_pat
     assert (args.cpus_per_task, args.threads, settings(args)["workers_per_cell"]) == (2, 2, 2)
     assert "--distributed-world-size" not in train_argv(args.__class__(**{**vars(args), "gpus_per_node": 1}),
                                                         cells(args)[0], out)
-
-
-def refused_in_process(main, argv, env, capsys):
-    """(exit status, last line of stderr) of a command's ``main(argv)`` that refuses its input, run in this
-    process with a run's environment (the cluster's clients, its SLURM_CONF): what the command's process says,
-    without a fresh interpreter's imports."""
-    with pytest.MonkeyPatch.context() as patch:
-        for key in ("PATH", "SLURM_CONF"):
-            patch.setenv(key, env[key])
-        patch.delenv("POWERNORM_REGISTRY", raising=False)  # main() sets it for the scripts it starts
-        with pytest.raises(SystemExit) as end:
-            main(argv)
-    return end.value.code, capsys.readouterr().err.strip().splitlines()
 
 
 def until(what, timeout=120):

@@ -191,7 +191,7 @@ def where(path, read=None):
             known = [(stat.st_dev, stat.st_ino), 0, Summary()]  # the file, the bytes read, their summary
         with open(path, "rb") as f:
             f.seek(known[1])
-            whole = f.read(max(stat.st_size - known[1], 0)).rpartition(b"\n")[0]
+            whole = f.read(stat.st_size - known[1]).rpartition(b"\n")[0]
         if whole:
             known[1] += len(whole) + 1
             for line in NEWLINE.split(whole.decode(ENCODING, errors="replace")):

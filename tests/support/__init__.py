@@ -32,6 +32,21 @@ def once(tmp_path_factory, name, make):
 
 
 
+def refused_in_process(main, argv, env, capsys):
+    """(exit status, stderr's lines) of a command's ``main(argv)`` that refuses its input, run in this
+    process with a run's ``env`` (its PATH, and the cluster's SLURM_CONF where it has one): what the
+    command's process says, without a fresh interpreter's imports."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("PATH", "SLURM_CONF"):
+            if key in env:
+                patch.setenv(key, env[key])
+        patch.delenv("POWERNORM_REGISTRY", raising=False)  # main() sets it for the scripts it starts
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as end:
+            main(argv)
+    return end.value.code, capsys.readouterr().err.strip().splitlines()
+
+
 def fast_for(values, fast):
     """``values`` to parametrize a fast test by, each one outside ``fast`` in the
     slow tier: where every case compiles (a second or more each), the fast
