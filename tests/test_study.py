@@ -154,7 +154,9 @@ def cell_results(out):
     return {p.parent.name: json.loads(p.read_text()) for p in (out / "cells").glob("*/result.json")}
 
 
-def test_the_study_writes_its_table_figures_and_landscape(study, demo, monkeypatch):
+def test_the_study_writes_its_table_figures_and_landscape(study, demo, tmp_path, monkeypatch):
+    import shutil
+
     out, proc = study
     results = cell_results(out)
     assert len(results) == 6 and "6 to run" in proc.stderr and "[6/6]" in proc.stderr
@@ -172,7 +174,9 @@ def test_the_study_writes_its_table_figures_and_landscape(study, demo, monkeypat
     drawn, save = {}, plots.save_figure
     monkeypatch.setattr(plots, "save_figure", lambda fig, path, plt: drawn.setdefault(Path(path).name, fig)
                         and save(fig, path, plt))
-    norm_study.main([*GRID, "--data", str(demo), "--out", str(out), "--landscape", *MORE])
+    again = tmp_path / "study"  # a copy: the other tests copy the shared one, a figure being rewritten too
+    shutil.copytree(out, again)
+    norm_study.main([*GRID, "--data", str(demo), "--out", str(again), "--landscape", *MORE])
     legends = {name: [[t.get_text() for t in legend.get_texts()] for legend in fig.legends]
                for name, fig in drawn.items()}
     lines = [line for ax in drawn["loss.png"].axes for line in ax.lines]
