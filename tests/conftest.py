@@ -21,8 +21,8 @@ import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # for `import support`, `import reference`
 
-from support import (ROOT, TINY_LM, USER_DIR, Command, cli, interpreter, make_lm_data, make_toy_data,  # noqa: E402
-                     once, train_args)
+from support import (ROOT, TINY_LM, USER_DIR, Command, changed_since_made, cli, interpreter,  # noqa: E402
+                     make_lm_data, make_toy_data, once, shared_base, train_args)
 
 
 def pytest_configure(config):
@@ -38,6 +38,15 @@ def pytest_configure(config):
     interpreter.install()  # without the interpreter's repeated patching (support/interpreter.py)
     if not collecting:  # the CPU kernels load, or build, before the first test, not inside the first using them
         cpu.available()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_directories_stay_as_made(tmp_path_factory):
+    """The directories ``once`` makes are shared by every test and worker: at the end of each worker's
+    session, none holds a file written, removed or added since it was made (a test writes in a copy)."""
+    yield
+    changed = changed_since_made(shared_base(tmp_path_factory))
+    assert not changed, f"written in a shared directory after it was made (write in a copy): {changed}"
 
 
 @pytest.fixture(scope="session")

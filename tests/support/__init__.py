@@ -2,6 +2,7 @@
 console scripts (``commands.py``, through ``forkserver.py``), the toy
 corpora and tiny models (``toy.py``), and :func:`once`."""
 
+import json
 import os
 
 import pytest
@@ -18,17 +19,41 @@ def once(tmp_path_factory, name, make):
 
     from filelock import FileLock
 
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # the session's directory, above each worker's own
+    base = shared_base(tmp_path_factory)
     path, made = base / name, base / f"{name}.made"
     with FileLock(str(base / f"{name}.lock")):
         if not made.exists():
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir()
             make(path)
-            made.touch()
+            made.with_suffix(".tmp").write_text(json.dumps(manifest(path)))
+            made.with_suffix(".tmp").rename(made)
     return path
+
+
+def shared_base(tmp_path_factory):
+    """The session's directory, above each xdist worker's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def manifest(path):
+    """Each file under ``path``: its size and modification time, to tell that no test wrote there. A
+    lock file is left out: a command that reads there (a rerun that finds its work done) takes it."""
+    return {str(f.relative_to(path)): [f.stat().st_size, f.stat().st_mtime_ns]
+            for f in sorted(path.rglob("*")) if f.is_file() and f.suffix != ".lock"}
+
+
+def changed_since_made(base):
+    """The shared directories under ``base`` that differ from what :func:`once` made, each with the
+    files written, removed or added since."""
+    changed = {}
+    for made in sorted(base.glob("*.made")):
+        before, now = json.loads(made.read_text()), manifest(made.with_suffix(""))
+        diff = sorted(f for f in before.keys() | now.keys() if before.get(f) != now.get(f))
+        if diff:
+            changed[made.stem] = diff
+    return changed
 
 
 
