@@ -39,7 +39,7 @@ def test_a_local_table_resumes_after_ctrl_c_and_equals_the_recipes_by_hand(toy_d
     out = tmp_path / "out"
     command = ["bash", "scripts/reproduce.sh", *GRID, "--data", str(toy_data), "--out", str(out), "--",
                *FAIRSEQ]
-    env = environment(stand_ins())
+    env = environment(stand_ins(modules=False))  # the command itself: in the group the Ctrl-C reaches
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)
     deadline = time.time() + 300

@@ -188,7 +188,10 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
                                                                                          tmp_path, capsys):
     out = tmp_path / "study"
     command = ["bash", "scripts/norm-study.sh", *GRID, "--data", str(demo), "--out", str(out)]
-    run = dict(cwd=ROOT, env={**cluster, "POWERNORM_HEARTBEAT": "2"}, text=True)
+    from support import BIN, stand_ins
+
+    run = dict(cwd=ROOT, env={**cluster, "PATH": f"{stand_ins()}:{BIN}:{cluster['PATH']}", "POWERNORM_HEARTBEAT": "2"},
+               text=True)
     first = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
 
     def submitted():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from support import BIN, ROOT, build_model, once
-from test_recipes import recipe, sh
+from test_recipes import recipe
 from powernorm_fairseq.norms import NORM_TYPES
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ def demo(tmp_path_factory):
 def study(demo, tmp_path_factory):
     """The test grid, run once per session (its console output kept beside it)."""
     def make(out):
-        proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape", *MORE)
+        proc = recipe("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape", *MORE)
         (out / "console.txt").write_text(proc.stderr)
 
     out = once(tmp_path_factory, "study", make)
@@ -236,7 +236,7 @@ def test_a_rerun_skips_every_cell_and_an_interrupted_one_resumes(study, demo, tm
     (out / "cells" / measured / "result.json").write_text(json.dumps(plain))
     before = {n: (out / "cells" / n / "result.json").stat().st_mtime_ns for n in results if n not in (name, measured)}
     start = time.time()
-    proc = sh("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape", *MORE)
+    proc = recipe("scripts/norm-study.sh", *GRID, "--data", demo, "--out", out, "--landscape", *MORE)
     assert "4 finished, 2 to run" in proc.stderr and time.time() - start < 30
     assert {n: (out / "cells" / n / "result.json").stat().st_mtime_ns for n in before} == before
     assert cell_results(out)[measured]["lipschitz"] > 0
@@ -604,9 +604,9 @@ def test_a_switch_axis_gives_each_norm_a_column_with_the_flag_on(demo, tmp_path)
     """--switches: each of the models' on/off flags a column beside its norm (its cells hold it in their
     name and train with it), paired by seed against the first norm without it; an unknown one is refused."""
     out = tmp_path / "switched"
-    sh("scripts/norm-study.sh", "--task", "classification", "--lrs", "0.1", "--depths", "2", "--widths", "32",
-       "--norms", "ln", "--placement", "pre", "--switches", "none", "norm-depth-scaling", "--seeds", "1", "2",
-       "--max-update", "4", "--log-interval", "2", "--threads", "1", "--data", demo, "--out", out)
+    recipe("scripts/norm-study.sh", "--task", "classification", "--lrs", "0.1", "--depths", "2", "--widths", "32",
+           "--norms", "ln", "--placement", "pre", "--switches", "none", "norm-depth-scaling", "--seeds", "1", "2",
+           "--max-update", "4", "--log-interval", "2", "--threads", "1", "--data", demo, "--out", out)
     names = sorted(p.name for p in (out / "cells").iterdir())
     assert names == sorted(f"d2-w32-ln{s}-xavier-kaiming-lr0.1-s{seed}" for s in ("", "-norm-depth-scaling")
                            for seed in (1, 2)), names
@@ -619,8 +619,8 @@ def test_a_switch_axis_gives_each_norm_a_column_with_the_flag_on(demo, tmp_path)
     assert "| lr | ln | ln +norm-depth-scaling |" in text
     rows = {r["norm"]: r for r in json.loads((out / "study.json").read_text())["seeds"]}
     assert rows["ln +norm-depth-scaling"]["difference"]["n"] == 2 and rows["ln"]["difference"] is None
-    bad = sh("scripts/norm-study.sh", "--task", "classification", "--switches", "depth-scaling", "--data", demo,
-             "--out", tmp_path / "bad", check=False)
+    bad = recipe("scripts/norm-study.sh", "--task", "classification", "--switches", "depth-scaling", "--data", demo,
+                 "--out", tmp_path / "bad", check=False)
     assert bad.returncode == 2 and "--switches: 'depth-scaling' is not an on/off flag of the models; choose from " \
         "none, " in bad.stderr.splitlines()[-1] and not (tmp_path / "bad").exists()
 
@@ -629,9 +629,9 @@ def test_a_study_over_placements_groups_its_tables_and_pairs_them(demo, tmp_path
     """--placements and --qk-norms join the grid: a table per placement (rezero's cells take norm none),
     names that hold the placement, and the paired differences to the first norm and the first placement."""
     out = tmp_path / "placed"
-    sh("scripts/norm-study.sh", "--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32",
-       "--norms", "ln", "pn", "--placements", "pre", "rezero", "--qk-norms", "none", "rmsnorm", "--seeds", "1", "2",
-       "--max-update", "4", "--log-interval", "2", "--threads", "1", "--data", demo, "--out", out)
+    recipe("scripts/norm-study.sh", "--task", "classification", "--lrs", "0.1", "--depths", "1", "--widths", "32",
+           "--norms", "ln", "pn", "--placements", "pre", "rezero", "--qk-norms", "none", "rmsnorm", "--seeds", "1", "2",
+           "--max-update", "4", "--log-interval", "2", "--threads", "1", "--data", demo, "--out", out)
     names = sorted(p.name for p in (out / "cells").iterdir())
     assert len(names) == 12 and "d1-w32-ln-pre-xavier-kaiming-lr0.1-s1" in names
     assert "d1-w32-none-rezero-qkrmsnorm-xavier-kaiming-lr0.1-s2" in names

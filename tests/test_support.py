@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-from support import (BIN, Command, cli, commands, interpreter, lm_corpus, norm_query, processes_mentioning, stand_ins,
-                     toy_corpus)
+from support import (BIN, ROOT, Command, cli, commands, interpreter, lm_corpus, norm_query, processes_mentioning,
+                     stand_ins, toy_corpus)
 
 from powernorm_fairseq.norms import NORM_TYPES
 
@@ -109,11 +109,35 @@ def test_a_forked_python_c_is_the_fresh_one(code, tmp_path, monkeypatch):
         started.returncode == 1 and started.stdout == "started\n")
 
 
+def test_a_forked_python_m_is_the_fresh_one(tmp_path):
+    """``python -m MODULE`` in a fork (tool ``python``): the module run as ``__main__`` (its spec, the file
+    as sys.argv[0], the working directory first on sys.path), an import beside it, its output and exit
+    status, as a fresh interpreter's."""
+    package = tmp_path / "pk"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helper.py").write_text("VALUE = 7\n")
+    (package / "__main__.py").write_text(
+        "import sys\nfrom pk.helper import VALUE\nmain = sys.modules['__main__']\n"
+        "print(sys.argv, repr(sys.path[0]), __name__, __spec__.name, main.__spec__.name, VALUE)\n"
+        "if sys.argv[1] != '0':\n    sys.exit(int(sys.argv[1]))\n")
+    for code in ("3", "0"):  # its own exit, and the end of the module
+        forked = cli("python", "-m", "pk", code, "x", check=False, cwd=tmp_path)
+        started = subprocess.run([sys.executable, "-m", "pk", code, "x"], capture_output=True, text=True,
+                                 cwd=tmp_path)
+        assert (forked.returncode, forked.stdout, forked.stderr) == \
+            (started.returncode, started.stdout, started.stderr)
+        assert started.returncode == int(code) and started.stdout == (
+            f"[{str(package / '__main__.py')!r}, {code!r}, 'x'] {str(tmp_path)!r} __main__ pk.__main__ pk.__main__ 7\n")
+
+
 def test_a_stand_in_is_the_console_script_it_stands_in_for(tmp_path):
     """A recipe's stand-in (support.commands.stand_ins) runs its command in a
     fork with the caller's streams, directory and environment, exits with its
     status, passes a signal on, and ends by it; its ``python`` answers the
-    registry query of scripts/lib.sh and runs anything else."""
+    registry query of scripts/lib.sh, runs ``python -m`` of the plugin's
+    table and study commands in a fork (as the fresh interpreter would:
+    the same refusal), and runs anything else."""
     path = f"{stand_ins(tmp_path / 'bin')}:{BIN}:{os.environ['PATH']}"
     (tmp_path / "gen.out").write_text("H-0\t-0.1\tthis is a house\n")
     sh = "cd {0} && sacremoses -q -l en tokenize < gen.out > tok.out; echo $? $PWD; sacremoses -l en bad-command"
@@ -127,6 +151,12 @@ def test_a_stand_in_is_the_console_script_it_stands_in_for(tmp_path):
     from powernorm_fairseq.norms.qk_norm import QK_KINDS
 
     assert answer.stdout.split("\n")[:4] == [*map(" ".join, (NORM_TYPES, PLACEMENTS, QK_KINDS)), "42"]
+    refusal = ["-m", "powernorm_fairseq.cli.study", "--task", "classification", "--norms", "layernorm", "--data",
+               str(tmp_path), "--out", str(tmp_path / "s")]
+    forked, started = (subprocess.run([python, *refusal], capture_output=True, text=True, cwd=ROOT,
+                                      env={**os.environ, "PATH": path}) for python in ("python", sys.executable))
+    assert (forked.returncode, forked.stdout) == (started.returncode, started.stdout) == (2, "")
+    assert forked.stderr.splitlines()[-1] == started.stderr.splitlines()[-1] and "layernorm" in started.stderr
     sacremoses = commands._fork_server(commands._server_of("sacremoses"))
     server = processes_mentioning(sacremoses)  # the fork server, then its forks too
     waiting = subprocess.Popen(["bash", "-c", "exec sacremoses -l en tokenize"], stdin=subprocess.PIPE,

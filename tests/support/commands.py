@@ -164,6 +164,9 @@ def cli(tool, *args, check=True, cwd=ROOT, timeout=600, input=None, env=None, en
 #: many times); the scripts the recipes signal or kill run as they are (tests pass no stand-ins there)
 STAND_IN_TOOLS = ("fairseq-preprocess", "fairseq-train", "fairseq-generate", "fairseq-interactive", "fairseq-eval-lm",
                   "powernorm-average", "powernorm-score", "sacremoses")
+#: the plugin's commands that scripts/reproduce.sh and norm-study.sh run as ``python -m MODULE``: each imports
+#: fairseq to check the flags after ``--``, and trains in its own process (one cell at a time) or its forks
+STAND_IN_MODULES = ("powernorm_fairseq.cli.reproduce", "powernorm_fairseq.cli.study")
 
 
 def norm_query():
@@ -173,28 +176,32 @@ def norm_query():
     return re.search(r'python -c "([^"]+)"', (ROOT / "scripts" / "lib.sh").read_text()).group(1)
 
 
-_stand_ins = None
+_stand_ins = {}
 
 
-def stand_ins(directory=None):
+def stand_ins(directory=None, modules=True):
     """A directory of stand-ins for a recipe run, to put first on its PATH
     (``directory``, or once per process one beside the fork servers'
     sockets): each tool of STAND_IN_TOOLS runs as that console script in a
     fork of the fork server (:func:`stand_in`), and ``python`` answers
     lib.sh's registry query with the registry as this process reads it
     (a query that changed in lib.sh reaches the real interpreter: slower,
-    never wrong), and runs the real interpreter for anything else."""
+    never wrong), runs ``python -m`` each of STAND_IN_MODULES in a fork of
+    the fairseq server where ``modules`` is true, and runs the real
+    interpreter for anything else. A forked command is not in its caller's
+    process group: its client passes on the signals a group receives, its
+    children receive only what the command sends them (a test of a Ctrl-C
+    to the whole group runs the command itself)."""
     import shlex
 
     from powernorm_fairseq.norms import NORM_TYPES
     from powernorm_fairseq.norms.placement import PLACEMENTS
     from powernorm_fairseq.norms.qk_norm import QK_KINDS
 
-    global _stand_ins
     if directory is None:
-        if _stand_ins is None:
-            _stand_ins = stand_ins(Path(SOCKETS) / "stand-ins")
-        return _stand_ins
+        if modules not in _stand_ins:
+            _stand_ins[modules] = stand_ins(Path(SOCKETS) / ("stand-ins-m" if modules else "stand-ins"), modules)
+        return _stand_ins[modules]
     directory.mkdir(parents=True, exist_ok=True)
     for tool in STAND_IN_TOOLS:
         path = directory / tool
@@ -203,11 +210,19 @@ def stand_ins(directory=None):
                         "commands = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(commands)\n"
                         f"commands.stand_in({tool!r}, sys.argv[1:], {_fork_server(_server_of(tool))!r})\n")
         path.chmod(0o755)
+    module = directory / "python-m"
+    module.write_text(f"#!{sys.executable}\nimport importlib.util, sys\n"
+                      f"spec = importlib.util.spec_from_file_location('commands', {str(Path(__file__))!r})\n"
+                      "commands = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(commands)\n"
+                      f"commands.stand_in('python', sys.argv[1:], {_fork_server('fairseq')!r})\n")
+    module.chmod(0o755)
     names = shlex.quote("\n".join(map(" ".join, (NORM_TYPES, PLACEMENTS, QK_KINDS))))
     python = shlex.quote(sys.executable)
+    forked = " || ".join(f"$2 == {m}" for m in STAND_IN_MODULES) if modules else "false"
     shim = directory / "python"
     shim.write_text(f"#!/usr/bin/env bash\nif [[ $# == 2 && $1 == -c && $2 == {shlex.quote(norm_query())} ]]; then\n"
-                    f"  echo {names}\nelse\n  exec {python} \"$@\"\nfi\n")
+                    f"  echo {names}\nelif [[ $# -ge 2 && $1 == -m && ( {forked} ) ]]; then\n"
+                    f"  exec {shlex.quote(str(module))} \"$@\"\nelse\n  exec {python} \"$@\"\nfi\n")
     shim.chmod(0o755)
     return directory
 

@@ -15,7 +15,7 @@ imported here; a command imports it through ``--user-dir`` as a fresh process
 would.
 
 One connection per command. The client sends an 8-byte length and a JSON
-request ``{"tool", "argv", "cwd", "env"}`` (tool ``python``: ``python -c``),
+request ``{"tool", "argv", "cwd", "env"}`` (tool ``python``: ``python -c`` or ``-m``),
 with its stdin, stdout and stderr as three file descriptors (SCM_RIGHTS);
 the server answers with a line ``{"pid": ...}`` once the command runs, then
 ``{"returncode": ...}`` (negative for a signal, as ``subprocess`` reports it)
@@ -130,6 +130,12 @@ def _become(request, fds):
     sys.stdout = sys.__stdout__ = _stream(1, "w", unbuffered)
     sys.stderr = sys.__stderr__ = _stream(2, "w", unbuffered)
     _fresh_logging({id(server): mine for server, mine in zip(servers, (sys.stdout, sys.stderr))})
+    if request["tool"] == "python" and request["argv"][1] == "-m":  # ``python -m MODULE [ARG...]``: the module
+        import runpy  # as __main__ (sys.argv[0] its file), the working directory first on sys.path
+
+        module = request["argv"][2]
+        sys.argv, sys.path[0] = [module, *request["argv"][3:]], os.getcwd()
+        return lambda: runpy.run_module(module, run_name="__main__", alter_sys=True) and None  # not its globals
     if request["tool"] == "python":  # ``python -c CODE [ARG...]``: the code as __main__, '' first on sys.path
         code = request["argv"][2]
         sys.argv, sys.path[0] = ["-c", *request["argv"][3:]], ""
