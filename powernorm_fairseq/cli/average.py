@@ -82,7 +82,7 @@ def average_checkpoints(paths, allow_nonfinite=False):
         for key, value in model.items():
             if value.is_floating_point():
                 if key in sums:
-                    sums[key] += value.double()
+                    sums[key].add_(value)  # in float64, with no float64 copy of the input (a heap of them grows)
                 else:
                     sums[key] = value.double()
         updates = checkpoints.updates(state)
