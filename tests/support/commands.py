@@ -100,8 +100,9 @@ class Command:
 
 
 def _server_of(tool):
-    """The fork server (a key of IMPORTS) that runs console script ``tool``."""
-    if tool.startswith("fairseq-"):
+    """The fork server (a key of IMPORTS) that runs console script ``tool``: fairseq's server for fairseq's
+    commands and for powernorm-average, which imports fairseq (its models' settings) whenever it runs."""
+    if tool.startswith("fairseq-") or tool == "powernorm-average":
         return "fairseq"
     return "sacremoses" if tool == "sacremoses" else "torch"
 
@@ -116,9 +117,10 @@ SOCKETS = None  # the directory of the fork servers' sockets: the session's temp
 
 def _fork_server(modules):
     """The socket of this session's fork server that has imported ``modules``
-    ("fairseq": torch and fairseq for fairseq's commands, and torch._dynamo,
-    which torch.optim imports as a training builds its optimizer, 3 s of
-    every fairseq-train; "torch": torch alone, for the plugin's tools;
+    ("fairseq": torch and fairseq for fairseq's commands and the plugin's
+    that import fairseq whenever they run, and torch._dynamo, which
+    torch.optim imports as a training builds its optimizer, 3 s of every
+    fairseq-train; "torch": torch alone, for the plugin's other tools;
     "sacremoses": its command line, whose import compiles the tokenizer's
     patterns, 0.3-0.7 s of each of the recipes' many calls), started on first use."""
     if modules not in _servers:

@@ -3,11 +3,12 @@
 Every ``fairseq-train`` spends seconds importing torch, fairseq and what
 fairseq imports (scikit-learn among them) before it reads a flag: the same
 seconds in every one of the suite's many runs. This server imports them once
-(torch and fairseq for fairseq's commands; torch alone for the plugin's
-tools, which import fairseq themselves where they need it, and whose
-behaviour depends on whether it is loaded; sacremoses's command line for
-sacremoses). Each command is then a fork of it that runs the console script
-as the script itself does, ``sys.exit(main())`` at the top level of
+(torch and fairseq for fairseq's commands and for the plugin's commands
+that import fairseq whenever they run: powernorm-average, the table's and
+the study's; torch alone for its other tools, which import fairseq only
+where they need it; sacremoses's command line for sacremoses). Each
+command is then a fork of it that runs the console script as the script
+itself does, ``sys.exit(main())`` at the top level of
 ``__main__``, in a process of its own: its own pid, file descriptors,
 environment, working directory, signal dispositions, exit status, excepthook
 and interpreter exit (:func:`exit_as_the_interpreter`). The plugin is never
