@@ -30,8 +30,9 @@ def sh(*args, check=True, path=()):
 
 def recipe(*args, check=True):
     """:func:`sh` with the stand-ins first on PATH (``support.commands.stand_ins``):
-    the recipe's fairseq commands, sacremoses and powernorm-average run in
-    forks of the fork server, and the registry query is answered at once. The
+    the recipe's fairseq commands, sacremoses, powernorm-average and the
+    table's and study's commands run in forks of the fork servers, and the
+    registry query is answered at once. The
     tests that signal a recipe, or check its options' effects, run it as it is."""
     return sh(*args, check=check, path=[stand_ins()])
 

@@ -205,19 +205,19 @@ def stand_ins(directory=None, modules=True):
             _stand_ins[modules] = stand_ins(Path(SOCKETS) / ("stand-ins-m" if modules else "stand-ins"), modules)
         return _stand_ins[modules]
     directory.mkdir(parents=True, exist_ok=True)
-    for tool in STAND_IN_TOOLS:
-        path = directory / tool
+    def script(name, tool, server):
+        """A stand-in, ``directory/name``, that runs ``tool`` with its arguments in a fork of ``server``."""
+        path = directory / name
         path.write_text(f"#!{sys.executable}\nimport importlib.util, sys\n"
                         f"spec = importlib.util.spec_from_file_location('commands', {str(Path(__file__))!r})\n"
                         "commands = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(commands)\n"
-                        f"commands.stand_in({tool!r}, sys.argv[1:], {_fork_server(_server_of(tool))!r})\n")
+                        f"commands.stand_in({tool!r}, sys.argv[1:], {_fork_server(server)!r})\n")
         path.chmod(0o755)
-    module = directory / "python-m"
-    module.write_text(f"#!{sys.executable}\nimport importlib.util, sys\n"
-                      f"spec = importlib.util.spec_from_file_location('commands', {str(Path(__file__))!r})\n"
-                      "commands = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(commands)\n"
-                      f"commands.stand_in('python', sys.argv[1:], {_fork_server('fairseq')!r})\n")
-    module.chmod(0o755)
+        return path
+
+    for tool in STAND_IN_TOOLS:
+        script(tool, tool, _server_of(tool))
+    module = script("python-m", "python", "fairseq")  # python -m MODULE, for the shim below
     names = shlex.quote("\n".join(map(" ".join, (NORM_TYPES, PLACEMENTS, QK_KINDS))))
     python = shlex.quote(sys.executable)
     forked = " || ".join(f"$2 == {m}" for m in STAND_IN_MODULES) if modules else "false"
