@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from support import ROOT, refused_in_process, slurm
+from support import BIN, ROOT, TINY, refused_in_process, slurm, stand_ins
 from test_faults import malicious_checkpoint
 from test_study import demo  # noqa: F401 (the fixture)
 
@@ -188,8 +188,6 @@ def test_a_study_runs_on_slurm_and_a_rerun_resubmits_only_what_ended_without_a_r
                                                                                          tmp_path, capsys):
     out = tmp_path / "study"
     command = ["bash", "scripts/norm-study.sh", *GRID, "--data", str(demo), "--out", str(out)]
-    from support import BIN, stand_ins
-
     run = dict(cwd=ROOT, env={**cluster, "PATH": f"{stand_ins()}:{BIN}:{cluster['PATH']}", "POWERNORM_HEARTBEAT": "2"},
                text=True)
     first = subprocess.Popen(command, stderr=subprocess.PIPE, **run)
@@ -319,8 +317,6 @@ REPRODUCE = ["--table", "quickstart", "--rows", "ln", "pn", "--seeds", "1", "2",
 
 def test_a_table_reproduces_on_slurm_and_a_rerun_resubmits_only_the_cancelled_run(cluster, toy_data, tmp_path,
                                                                                    capsys):
-    from support import BIN, TINY, stand_ins
-
     out = tmp_path / "table"
     fairseq = [*TINY, "--max-epoch", "5", "--warmup-updates", "4", "--max-tokens", "512", "--num-workers", "0",
            "--tensorboard-logdir", ""]

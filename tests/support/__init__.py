@@ -26,8 +26,9 @@ def once(tmp_path_factory, name, make):
             shutil.rmtree(path, ignore_errors=True)
             path.mkdir()
             make(path)
-            made.with_suffix(".tmp").write_text(json.dumps(manifest(path)))
-            made.with_suffix(".tmp").rename(made)
+            tmp = made.with_suffix(".tmp")
+            tmp.write_text(json.dumps(manifest(path)))
+            tmp.rename(made)
     return path
 
 
@@ -40,7 +41,7 @@ def shared_base(tmp_path_factory):
 def manifest(path):
     """Each file under ``path``: its size and modification time, to tell that no test wrote there. A
     lock file is left out: a command that reads there (a rerun that finds its work done) takes it."""
-    return {str(f.relative_to(path)): [f.stat().st_size, f.stat().st_mtime_ns]
+    return {str(f.relative_to(path)): [(stat := f.stat()).st_size, stat.st_mtime_ns]
             for f in sorted(path.rglob("*")) if f.is_file() and f.suffix != ".lock"}
 
 
@@ -54,7 +55,6 @@ def changed_since_made(base):
         if diff:
             changed[made.stem] = diff
     return changed
-
 
 
 def refused_in_process(main, argv, env, capsys):
