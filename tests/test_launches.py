@@ -111,7 +111,7 @@ def test_the_counter_counts_a_kernel_as_one_launch_and_sees_through_the_ops():
     backend_or_fail("triton")
     x = torch.randn(5, 8)
     with kernels.use("triton"), launches.counting() as seen:
-        torch.ops.powernorm.row_forward("triton", "scalenorm", x, [torch.tensor(2.0)], 1e-5)
+        torch.ops.powernorm.row_forward("triton", "scalenorm", x, [torch.tensor(2.0)], 0.0, 1e-5)
     assert seen.launches == ["triton:_scalenorm_forward"]
 
 

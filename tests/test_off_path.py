@@ -556,7 +556,7 @@ def test_triton_sums_a_long_row_range_in_float64():
     P = torch.ops.powernorm
     none = torch.empty(0)
     _, _, part = P.forward("triton", x.float(), torch.empty(0, dtype=torch.bool), 0, 1e-5, none, none, -1.0, none,
-                           none, False, True, False)
+                           0.0, none, False, True, False)
     assert part.size(0) - 1 >= 30_000 / 1024
     got, want = part[:-1, 2].double().sum(0), (x.float().double() ** 2).sum(0)
     # without the split (4 programs of 7,500 rows each, in float32): 2.2e-7
@@ -572,7 +572,7 @@ def test_an_unknown_update_is_refused(backend):
     with pytest.raises((ValueError, RuntimeError), match=r"unknown update 9 \(contract.py's Update: 0 to 5\)"):
         P.finish_stats(backend, part, none, buf, torch.zeros((), dtype=torch.long), 9, 0.1, 1e-5, 0, -1)
     with pytest.raises((ValueError, RuntimeError), match=r"unknown mode 7 \(contract.py's Mode: 0 to 3\)"):
-        P.finish_backward(backend, torch.ones(1 + (backend == "triton"), 5, 4, dtype=torch.float64), buf,
+        P.finish_backward(backend, torch.ones(1 + (backend == "triton"), 5, 4, dtype=torch.float64), buf, 0.0,
                           torch.ones(1, dtype=torch.float64), torch.zeros(4), 0.1, 7, False, 8)
 
 

@@ -145,7 +145,7 @@ class NormDiagnostics:
             return
 
         def log_gradients(grad_y):
-            for key, value in gradient_terms(grad_y, norm.weight, *xh_of).items():
+            for key, value in gradient_terms(grad_y, norm.gain(upcast(grad_y)), *xh_of).items():
                 metrics.log_scalar(f"{prefix}/grad_{key}", value, priority=PRIORITY)
 
         output.register_hook(log_gradients)

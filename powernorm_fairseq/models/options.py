@@ -18,7 +18,7 @@ from ..common.flags import at_least, fraction, positive
 from ..norms.placement import (LAYER_PLACEMENTS, PLACEMENTS, REZERO_GATES, check_layers, check_placement, expand,
                                final_norm, per_layer)
 from ..norms.qk_norm import QK_SCOPES, check_qk_norm
-from ..norms import NORM_TYPES, NORMS, RUNNING_STAT_TYPES
+from ..norms import GAIN_TYPES, NORM_TYPES, NORMS, RUNNING_STAT_TYPES
 from ..norms.sync import MODES as SYNC_MODES
 
 SUBLAYER_FLAGS = {
@@ -129,6 +129,9 @@ class _ModelNormConfig(FairseqDataclass):
                                              metavar="K")
     norm_depth_scaling: bool = _flag(False, "LayerNorm Scaling: pre-norm layer l's norms times 1/sqrt(l)", FUNCTION,
                                      action="store_true")
+    norm_unit_offset: bool = _flag(False, "every norm gain stored as its offset from the initial gain (gamma - 1; "
+                                   "ScaleNorm's g - sqrt(d)), initialised at 0 and applied as 1 + gamma",
+                                   FUNCTION, kinds=GAIN_TYPES, action="store_true")
     rezero_gates: str = _flag("sublayer", "ReZero's gates: one per sublayer, or one per layer (the authors' code)",
                               FUNCTION, **_choice(REZERO_GATES))
     qk_norm: Optional[str] = _flag(None, "a norm of each attention head's queries and keys (default: none; a "
@@ -273,6 +276,10 @@ def check_args(args, sides=("encoder", "decoder")):
         said = [f"--{'' if on else 'no-'}{flag}"
                 for flag, on in (("layer-scale", args.layer_scale), ("pn-group-scaling", args.pn_group_scaling))]
         raise PowerNormConfigError(f"{said[0]} contradicts {said[1]}; use --layer-scale/--no-layer-scale alone")
+    qk = {args.qk_norm} - {None, "none"}
+    if getattr(args, "norm_unit_offset", False) and not (kinds | qk) & set(GAIN_TYPES):
+        raise PowerNormConfigError(f"--norm-unit-offset: no norm of the model has a gain "
+                                   f"({', '.join(sorted(kinds | qk))}); the kinds with one: {', '.join(GAIN_TYPES)}")
     if "bn-original" in kinds and args.norm_sync not in (None, "none"):
         raise PowerNormConfigError(
             "bn-original reproduces the released code, which never synchronised statistics "

@@ -14,7 +14,7 @@ from fairseq.modules.transformer_layer import (
 import inspect
 
 from ..common.errors import PowerNormConfigError
-from ..norms import NORMS, build_norm
+from ..norms import GAIN_TYPES, NORMS, build_norm
 from ..norms.placement import Placed, layer_plan
 from ..norms.qk_norm import add_qk_norm_
 
@@ -25,7 +25,10 @@ def norm_options(cfg, kind: str, heads: int, final: bool = False) -> dict:
     after a side's last layer."""
     if kind not in NORMS:
         raise ValueError(f"unknown norm type {kind!r}; choose one of {', '.join(NORMS)}")
-    return NORMS[kind].options(cfg, heads, final)
+    options = NORMS[kind].options(cfg, heads, final)
+    if getattr(cfg, "norm_unit_offset", False) and kind in GAIN_TYPES:  # --norm-unit-offset: every gain
+        options["unit_offset"] = True
+    return options
 
 
 def encoder_norm(cfg, kind=None, final=False):

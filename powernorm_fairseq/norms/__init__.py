@@ -39,6 +39,8 @@ NORMS = {
 NORM_TYPES = tuple(NORMS)
 #: the kinds that keep running statistics of the batch
 RUNNING_STAT_TYPES = tuple(kind for kind, cls in NORMS.items() if cls.running_stats)
+#: the kinds with an affine gain, which ``unit_offset`` stores as its offset from the initial one (base.Norm)
+GAIN_TYPES = tuple(kind for kind, cls in NORMS.items() if "unit_offset" in inspect.signature(cls).parameters)
 
 
 #: what every norm takes as torch's own layers do (``device=``, ``dtype=``), beside its options
@@ -65,4 +67,5 @@ def norm_type_of(module: nn.Module) -> str:
     raise TypeError(f"{type(module).__name__} is not a registered norm")
 
 
-__all__ = ["NORMS", "NORM_TYPES", "RUNNING_STAT_TYPES", "Norm", "build_norm", "norm_type_of", "padding_mask"]
+__all__ = ["GAIN_TYPES", "NORMS", "NORM_TYPES", "RUNNING_STAT_TYPES", "Norm", "build_norm", "norm_type_of",
+           "padding_mask"]

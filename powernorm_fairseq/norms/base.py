@@ -58,6 +58,12 @@ class Norm(nn.Module):
     flags: dict = {}
     #: set by the models for a norm inside a causal decoder (see :meth:`warn_leak`)
     in_causal_decoder = False
+    #: the name of its affine gain, for a kind that has one (ScaleNorm's is "scale")
+    GAIN = "weight"
+    #: what every read of the gain adds to the stored one: 0, or with ``unit_offset`` the gain at
+    #: initialisation (:meth:`offset_gain`)
+    w_offset = 0.0
+    unit_offset = False
 
     @classmethod
     def options(cls, cfg, heads: int, final: bool = False) -> dict:
@@ -118,10 +124,32 @@ class Norm(nn.Module):
         raise NotImplementedError
 
     def reset_parameters(self) -> None:
-        """Gain 1 and bias 0, as ``nn.LayerNorm`` and ``nn.BatchNorm1d`` start."""
+        """Gain 1 and bias 0, as ``nn.LayerNorm`` and ``nn.BatchNorm1d`` start (a unit-offset gain: 0)."""
         with torch.no_grad():
             for name, p in self.named_parameters(recurse=False):
-                p.fill_(0.0 if name == "bias" else 1.0)
+                p.fill_(0.0 if name == "bias" else 1.0 - self.w_offset)
+
+    def initial_gain(self) -> float:
+        """The gain at initialisation: 1 (ScaleNorm: sqrt(C))."""
+        return 1.0
+
+    def offset_gain(self, unit_offset: bool) -> None:
+        """``unit_offset``: the gain is stored as its offset from the initial one (gamma - 1; ScaleNorm's g
+        - sqrt(C)), initialised at 0 and read as w_offset + gamma wherever it is read (the kernels'
+        ``w_offset``), so that weight decay pulls it toward the identity (x-transformers'
+        ``norm_add_unit_offset``, Gemma's RMSNorm, TransformerEngine's ``zero_centered_gamma``)."""
+        self.unit_offset, self.w_offset = bool(unit_offset), self.initial_gain() if unit_offset else 0.0
+        if unit_offset:
+            with torch.no_grad():
+                self._parameters[self.GAIN].sub_(self.w_offset)
+
+    def gain(self, like: Tensor) -> Tensor:
+        """The gain as the norm applies it, in like's dtype: the stored one plus ``w_offset``."""
+        g = self._parameters[self.GAIN].to(like)
+        return g + self.w_offset if self.w_offset else g
+
+    def offset_repr(self) -> str:
+        return ", unit_offset=True" if self.unit_offset else ""
 
     def reset_running_stats(self) -> None:
         """The running statistics as at construction (a norm without them has nothing to reset)."""

@@ -37,6 +37,8 @@ class BatchStatNorm(Norm):
     gradient), so no token's output depends on another token of the batch:
     for causal decoders, where batch statistics leak later tokens.
 
+    ``unit_offset``: the gain is stored as gamma - 1 and read as 1 + gamma (``Norm.offset_gain``).
+
     Every training step runs on the backend :func:`kernels.select` gives
     (``kernels/functions.py``); a recomputation of activation checkpointing
     gives the first forward's output again and updates nothing."""
@@ -45,7 +47,8 @@ class BatchStatNorm(Norm):
     running_stats = True
 
     def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch",
-                 layer_scale: bool = False, groups: int = 1, causal: bool = False, device=None, dtype=None):
+                 layer_scale: bool = False, groups: int = 1, causal: bool = False, unit_offset: bool = False,
+                 device=None, dtype=None):
         super().__init__()
         if not 0.0 < momentum < 1.0:
             raise ValueError(f"momentum must be in (0, 1), got {momentum}")
@@ -56,6 +59,7 @@ class BatchStatNorm(Norm):
         self.layer_scale, self.groups, self.causal = layer_scale, groups, causal
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+        self.offset_gain(unit_offset)
         self._given = None  # the statistics the last training forward was given (causal), for its replay
 
     @classmethod
@@ -91,13 +95,13 @@ class BatchStatNorm(Norm):
         mean_buf, second_buf = self.kernel_buffers()
         return fused.ChannelConfig(center=self.center, groups=self.groups if self.layer_scale else 0,
                                    momentum=self.momentum, eps=self.eps, sync=self.sync, mean_buf=mean_buf,
-                                   second_buf=second_buf)
+                                   second_buf=second_buf, w_offset=self.w_offset)
 
     def _normalized(self, xf: Tensor, mean: Optional[Tensor], second: Tensor) -> Tensor:
         """gamma * (xf - mean) / sqrt(var + eps) + beta (Eq. 3's forward; no
         mean and second = psi^2 for PN-V, Eq. 6's)."""
         y = (xf - mean if mean is not None else xf) * torch.rsqrt(second + self.eps)
-        return y * self.weight.to(xf) + self.bias.to(xf)
+        return y * self.gain(xf) + self.bias.to(xf)
 
     def scaled(self, xf: Tensor) -> Tensor:
         """The input the statistics are taken of: layer-scaled if asked."""
@@ -119,15 +123,17 @@ class BatchStatNorm(Norm):
     def extra_repr(self) -> str:
         scale = f", layer_scale=True, groups={self.groups}" if self.layer_scale else ""
         causal = ", causal=True" if self.causal else ""
-        return f"{self.dim}, momentum={self.momentum}, eps={self.eps}, sync={self.sync!r}{scale}{causal}"
+        return (f"{self.dim}, momentum={self.momentum}, eps={self.eps}, sync={self.sync!r}{scale}{causal}"
+                + self.offset_repr())
 
 
 class MaskedBatchNorm(BatchStatNorm):
     """BatchNorm whose batch is the set of real tokens of a (T, B, C) input."""
 
     def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch",
-                 layer_scale: bool = False, groups: int = 1, causal: bool = False, device=None, dtype=None):
-        super().__init__(dim, momentum, eps, sync, layer_scale, groups, causal, device, dtype)
+                 layer_scale: bool = False, groups: int = 1, causal: bool = False, unit_offset: bool = False,
+                 device=None, dtype=None):
+        super().__init__(dim, momentum, eps, sync, layer_scale, groups, causal, unit_offset, device, dtype)
         self.register_buffer("running_mean", torch.zeros(dim, device=device))
         self.register_buffer("running_var", torch.ones(dim, device=device))
 
@@ -171,12 +177,12 @@ class OriginalBatchNorm(MaskedBatchNorm):
     Momentum 0.05 by default, and never synchronised across workers, as there.
     """
 
-    def __init__(self, dim: int, momentum: float = 0.05, eps: float = 1e-5, sync: str = "none", device=None,
-                 dtype=None):
+    def __init__(self, dim: int, momentum: float = 0.05, eps: float = 1e-5, sync: str = "none",
+                 unit_offset: bool = False, device=None, dtype=None):
         if sync != "none":
             raise ValueError(f"bn-original reproduces code that never synchronised its statistics: "
                              f"use sync='none', got {sync!r}")
-        super().__init__(dim, momentum, eps, sync, device=device, dtype=dtype)
+        super().__init__(dim, momentum, eps, sync, unit_offset=unit_offset, device=device, dtype=dtype)
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long, device=device))
 
     def reset_running_stats(self) -> None:
@@ -212,7 +218,7 @@ class OriginalBatchNorm(MaskedBatchNorm):
                     rm.copy_(torch.where(ok, new_mean, rm))
                     rv.copy_(torch.where(ok, new_var, rv))
         y = (xs - mean) * torch.rsqrt(var + self.eps)
-        return (y * self.weight.to(xs) + self.bias.to(xs)).to(x.dtype)
+        return (y * self.gain(xs) + self.bias.to(xs)).to(x.dtype)
 
     def fill(self, xf: Tensor, pad_mask: Optional[Tensor]):
         """The layer-scaled input with its padding filled, and the real-token count (a tensor)."""

@@ -68,4 +68,5 @@ class Derf(EntryNorm):
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         params = self._parameters
-        return row_norm(DERF, x, (params["alpha"], params["shift"], params["weight"], params["bias"]))
+        return row_norm(DERF, x, (params["alpha"], params["shift"], params["weight"], params["bias"]), None,
+                        self.w_offset)

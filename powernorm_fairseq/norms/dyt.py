@@ -64,4 +64,4 @@ class DyT(EntryNorm):
         # per entry, one fused pass each way (kernels/functions.py, FusedRowNorm): padding rows are computed and
         # never mixed into a real one; the output keeps x's dtype, as every norm's does
         params = self._parameters  # not nn.Module's __getattr__, a call each
-        return row_norm(DYT, x, (params["alpha"], params["weight"], params["bias"]))
+        return row_norm(DYT, x, (params["alpha"], params["weight"], params["bias"]), None, self.w_offset)

@@ -14,7 +14,7 @@ class EntryNorm(Norm):
 
     SCALARS = ()  # the scalars after alpha, in the row kind's parameter order, each starting at 0
 
-    def __init__(self, dim: int, alpha_init: float = 0.5, device=None, dtype=None):
+    def __init__(self, dim: int, alpha_init: float = 0.5, unit_offset: bool = False, device=None, dtype=None):
         super().__init__()
         if not alpha_init > 0:
             raise ValueError(f"alpha_init must be positive, got {alpha_init}")
@@ -24,6 +24,7 @@ class EntryNorm(Norm):
             setattr(self, name, nn.Parameter(torch.zeros((), device=device, dtype=dtype)))
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+        self.offset_gain(unit_offset)
 
     @classmethod
     def options(cls, cfg, heads: int, final: bool = False) -> dict:
@@ -33,7 +34,7 @@ class EntryNorm(Norm):
     def reset_parameters(self) -> None:
         with torch.no_grad():
             for name, p in self.named_parameters(recurse=False):
-                p.fill_(self.alpha_init if name == "alpha" else 1.0 if name == "weight" else 0.0)
+                p.fill_(self.alpha_init if name == "alpha" else 1.0 - self.w_offset if name == "weight" else 0.0)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, alpha_init={self.alpha_init}"
+        return f"{self.dim}, alpha_init={self.alpha_init}" + self.offset_repr()

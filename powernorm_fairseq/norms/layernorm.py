@@ -23,17 +23,21 @@ class LayerNorm(Norm):
     """fairseq's LayerNorm: per-token mean and variance over the channels,
     with its parameter names (an ln model has a stock state dict)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
+    def __init__(self, dim: int, eps: float = 1e-5, unit_offset: bool = False, device=None, dtype=None):
         super().__init__()
         self.dim, self.eps = dim, eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+        self.offset_gain(unit_offset)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+        # torch's kernel takes the gain as given: a unit-offset gain is 1 + gamma in its own dtype, one
+        # elementwise op of C entries more per forward
+        weight = self.weight + self.w_offset if self.w_offset else self.weight
+        return F.layer_norm(x, (self.dim,), weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}"
+        return f"{self.dim}, eps={self.eps}" + self.offset_repr()
 
 
 STDS = ("biased", "unbiased")
@@ -144,13 +148,15 @@ class GroupNorm(Norm):
     """Per token, LayerNorm over each of ``groups`` channel groups, then a gain
     and bias per channel (GroupNorm with one token as the spatial extent)."""
 
-    def __init__(self, dim: int, groups: int = 4, eps: float = 1e-5, device=None, dtype=None):
+    def __init__(self, dim: int, groups: int = 4, eps: float = 1e-5, unit_offset: bool = False, device=None,
+                 dtype=None):
         super().__init__()
         if groups < 1 or dim % groups:
             raise ValueError(f"groups must divide dim={dim}, got {groups}")
         self.dim, self.groups, self.eps = dim, groups, eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+        self.offset_gain(unit_offset)
 
     @classmethod
     def options(cls, cfg, heads, final=False):
@@ -160,7 +166,7 @@ class GroupNorm(Norm):
         xf = upcast(x)
         xg = xf.reshape(*x.shape[:-1], self.groups, self.dim // self.groups)
         y = F.layer_norm(xg, (self.dim // self.groups,), None, None, self.eps).reshape_as(xf)
-        return (y * self.weight.to(xf) + self.bias.to(xf)).to(x.dtype)
+        return (y * self.gain(xf) + self.bias.to(xf)).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, groups={self.groups}, eps={self.eps}"
+        return f"{self.dim}, groups={self.groups}, eps={self.eps}" + self.offset_repr()

@@ -44,8 +44,9 @@ class PowerNormV(BatchStatNorm):
     center = False
 
     def __init__(self, dim: int, momentum: float = 0.1, eps: float = 1e-5, sync: str = "batch",
-                 layer_scale: bool = False, groups: int = 1, causal: bool = False, device=None, dtype=None):
-        super().__init__(dim, momentum, eps, sync, layer_scale, groups, causal, device, dtype)
+                 layer_scale: bool = False, groups: int = 1, causal: bool = False, unit_offset: bool = False,
+                 device=None, dtype=None):
+        super().__init__(dim, momentum, eps, sync, layer_scale, groups, causal, unit_offset, device, dtype)
         self.register_buffer("running_psi2", torch.ones(dim, device=device))
 
     def reset_running_stats(self) -> None:
@@ -82,8 +83,8 @@ class PowerNorm(Norm):
 
     def __init__(self, dim: int, alpha_fwd: float = 0.9, alpha_bwd: float = 0.9, warmup_updates: int = 0,
                  eps: float = 1e-5, layer_scale: bool = False, groups: int = 1, backward: str = "paper",
-                 sync: Optional[str] = None, group_scaling: Optional[bool] = None, causal: bool = False, device=None,
-                 dtype=None):
+                 sync: Optional[str] = None, group_scaling: Optional[bool] = None, causal: bool = False,
+                 unit_offset: bool = False, device=None, dtype=None):
         super().__init__()
         if group_scaling is not None:  # the earlier, pn-only spelling of layer_scale
             if layer_scale and not group_scaling:
@@ -112,6 +113,7 @@ class PowerNorm(Norm):
         self.layer_scale, self.groups, self.sync = layer_scale, groups, sync
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype))
+        self.offset_gain(unit_offset)
         self.register_buffer("running_psi2", torch.ones(dim, device=device))
         self.register_buffer("running_nu", torch.zeros(dim, device=device))
         self.register_buffer("num_steps", torch.tensor(0, dtype=torch.long, device=device))
@@ -172,7 +174,8 @@ class PowerNorm(Norm):
         return fused.ChannelConfig(center=False, groups=self.groups if self.layer_scale else 0,
                                    momentum=1.0 - self.alpha_fwd, eps=self.eps, sync=self.sync,
                                    second_buf=bufs["running_psi2"], steps=bufs["num_steps"], nu=bufs["running_nu"],
-                                   warmup=self.warmup_updates, rate=1.0 - self.alpha_bwd, clock=self._clock.key)
+                                   warmup=self.warmup_updates, rate=1.0 - self.alpha_bwd, clock=self._clock.key,
+                                   w_offset=self.w_offset)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         """Eval: the running psi^2, no update. Training: one fused step
@@ -180,7 +183,7 @@ class PowerNorm(Norm):
         in the warmup and Algorithm 2 after it."""
         if not self.training:
             xs = self.scaled(upcast(x))
-            y = xs * torch.rsqrt(self.running_psi2.to(xs) + self.eps) * self.weight.to(xs) + self.bias.to(xs)
+            y = xs * torch.rsqrt(self.running_psi2.to(xs) + self.eps) * self.gain(xs) + self.bias.to(xs)
             return y.to(x.dtype)
         replay = recomputing()  # activation checkpointing: the first forward's plan and scale again
         warm, given = self._last if replay else (self._clock.warm, None)
@@ -211,4 +214,5 @@ class PowerNorm(Norm):
             f"warmup_updates={self.warmup_updates}, eps={self.eps}, "
             f"layer_scale={self.layer_scale}, groups={self.groups}, "
             f"backward={self.backward!r}, sync={self.sync!r}" + (", causal=True" if self.causal else "")
+            + self.offset_repr()
         )

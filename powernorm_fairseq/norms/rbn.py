@@ -62,8 +62,8 @@ class RegularizedBatchNorm(MaskedBatchNorm):
 
     def __init__(self, dim: int, momentum: float = 0.05, eps: float = 1e-5, sync: str = "batch",
                  layer_scale: bool = False, groups: int = 1, causal: bool = False, penalty_mean: float = 0.1,
-                 penalty_var: float = 0.01, device=None, dtype=None):
-        super().__init__(dim, momentum, eps, sync, layer_scale, groups, causal, device, dtype)
+                 penalty_var: float = 0.01, unit_offset: bool = False, device=None, dtype=None):
+        super().__init__(dim, momentum, eps, sync, layer_scale, groups, causal, unit_offset, device, dtype)
         if penalty_mean < 0 or penalty_var < 0:
             raise ValueError(f"penalty_mean and penalty_var must be >= 0, got {penalty_mean} and {penalty_var}")
         self.penalty_mean, self.penalty_var = penalty_mean, penalty_var

@@ -47,19 +47,20 @@ RMSNORM = row_kind(RowKind("rmsnorm", ("weight",), True, _forward, _backward))
 class RMSNorm(Norm):
     """RMSNorm (Zhang & Sennrich, 2019, Eq. 4): x / sqrt(mean(x^2) + eps) * g per token, g per channel."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
+    def __init__(self, dim: int, eps: float = 1e-5, unit_offset: bool = False, device=None, dtype=None):
         super().__init__()
         self.dim, self.eps = dim, eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        self.offset_gain(unit_offset)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         weight = self._parameters["weight"]  # not nn.Module's __getattr__, a call
-        if x.is_cuda and torch_fused(x, weight):
+        if x.is_cuda and not self.w_offset and torch_fused(x, weight):  # torch's takes no offset: the plugin's do
             return F.rms_norm(x, (self.dim,), weight, self.eps)
-        return row_norm(RMSNORM, x, (weight,), self.eps)
+        return row_norm(RMSNORM, x, (weight,), self.eps, self.w_offset)
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}"
+        return f"{self.dim}, eps={self.eps}" + self.offset_repr()
 
 
 #: (device, x's dtype, the weight's dtype) -> whether torch's fused RMSNorm serves there

@@ -38,23 +38,29 @@ def _backward(x, norms, grad_y, scale, eps):
 
 
 #: the kind's description: the kernels' (csrc/cpu_rows.h, gpu_rows.py) by name, these passes the plain backend's
-SCALENORM = row_kind(RowKind("scalenorm", ("scale",), True, _forward, _backward))
+SCALENORM = row_kind(RowKind("scalenorm", ("scale",), True, _forward, _backward, gain="scale"))
 
 
 class ScaleNorm(Norm):
-    """Per-token l2 normalisation to a learned length."""
+    """Per-token l2 normalisation to a learned length (``unit_offset``: g stored as g - sqrt(C))."""
 
-    def __init__(self, dim: int, eps: float = 1e-5, device=None, dtype=None):
+    GAIN = "scale"
+
+    def __init__(self, dim: int, eps: float = 1e-5, unit_offset: bool = False, device=None, dtype=None):
         super().__init__()
         self.dim, self.eps = dim, eps
         self.scale = nn.Parameter(torch.tensor(math.sqrt(dim), device=device, dtype=dtype))
+        self.offset_gain(unit_offset)
+
+    def initial_gain(self) -> float:
+        return math.sqrt(self.dim)
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            self.scale.fill_(math.sqrt(self.dim))
+            self.scale.fill_(math.sqrt(self.dim) - self.w_offset)
 
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
-        return row_norm(SCALENORM, x, (self._parameters["scale"],), self.eps)  # no __getattr__ call
+        return row_norm(SCALENORM, x, (self._parameters["scale"],), self.eps, self.w_offset)  # no __getattr__ call
 
     def extra_repr(self) -> str:
-        return f"{self.dim}, eps={self.eps}"
+        return f"{self.dim}, eps={self.eps}" + self.offset_repr()

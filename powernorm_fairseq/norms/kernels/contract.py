@@ -16,6 +16,8 @@ import re
 from enum import IntEnum
 from typing import Callable, NamedTuple, Optional
 
+import torch
+
 
 class _Enumeration(IntEnum):
     """An enumeration of the contract: an unknown value is refused in one line naming the allowed ones."""
@@ -68,8 +70,10 @@ class RowKind(NamedTuple):
     whether its statistic has one value per row, its two passes in PyTorch
     ops (the plain backend's: ``forward(x, *params, eps)`` -> (y, statistic),
     ``backward(x, statistic, grad_y, *params, eps)`` -> [dL/dx, one gradient
-    per parameter]) and the gradients of a backward that builds a graph
-    (``twice(x, grad_y, *params)``; None: first derivatives only)."""
+    per parameter]), the gradients of a backward that builds a graph
+    (``twice(x, grad_y, *params)``; None: first derivatives only) and the
+    name of its gain, which every backend reads as gain + ``w_offset``
+    (a unit-offset gain's 1 + gamma)."""
 
     name: str
     params: tuple
@@ -77,6 +81,16 @@ class RowKind(NamedTuple):
     forward: Callable
     backward: Callable
     twice: Optional[Callable] = None
+    gain: str = "weight"
+
+    def shifted(self, params, w_offset: float) -> tuple:
+        """``params`` with the gain read as gain + ``w_offset``, at least in float32 (a half gain near 1 would
+        round away the small gamma the offset stores): PyTorch ops, the plain backend's."""
+        if not w_offset:
+            return tuple(params)
+        at = self.params.index(self.gain)
+        return tuple(p.to(torch.promote_types(p.dtype, torch.float32)) + w_offset if i == at else p
+                     for i, p in enumerate(params))
 
 
 #: name -> RowKind: the per-row and per-entry kinds, each registered by its module
@@ -98,34 +112,37 @@ SCHEMAS = {
     # statistics of the real rows, part (P, 3, C): count, then (center) mean
     # and sum of squared deviations from it, or 0 and the sum of xs^2.
     # Returns (y, group scales (N, groups), part), each empty where not asked.
+    # Every gain is read as weight + w_offset (1 for a unit-offset gain, --norm-unit-offset; else 0).
     "forward": ("Tensor x, Tensor mask, int groups, float gs_eps, Tensor mean, Tensor inv, float inv_eps, "
-                "Tensor weight, Tensor bias, bool want_y, bool want_stats, bool center", 3),
+                "Tensor weight, float w_offset, Tensor bias, bool want_y, bool want_stats, bool center", 3),
     # the batch's statistics from forward's part and the running statistics'
     # update (an Update), in a fixed order; steps counts PN's steps.
     # Returns (mean (bn) or empty, inv for the forward, inv of the batch, n (1,) float64).
     "finish_stats": ("Tensor part, Tensor(a!) mean_buf, Tensor(b!) second_buf, Tensor(c!) steps, int update, "
                      "float momentum, float eps, int warmup", 4),
-    # dL/dxs = (g - m * (A + b_scale * B * xh)) * inv_bwd, g = grad_y * weight,
+    # dL/dxs = (g - m * (A + b_scale * B * xh)) * inv_bwd, g = grad_y * (weight + w_offset),
     # back through the group scaling; m = 1 at real rows, and at padding too
     # when correct_pads (the released code's backward). With want_sums,
     # per-program sums part (P, 5, C): dy*xh and dy over every row, dy*xh and
     # xh^2 over the real rows, xh^2 over every row. Returns (dL/dx, part).
-    "backward": ("Tensor x, Tensor mask, Tensor scale, Tensor grad_y, Tensor weight, Tensor mean, Tensor inv_fwd, "
-                 "Tensor inv_bwd, Tensor A, Tensor B, float b_scale, int groups, bool correct_pads, bool want_gx, "
-                 "bool want_sums", 2),
+    "backward": ("Tensor x, Tensor mask, Tensor scale, Tensor grad_y, Tensor weight, float w_offset, Tensor mean, "
+                 "Tensor inv_fwd, Tensor inv_bwd, Tensor A, Tensor B, float b_scale, int groups, bool correct_pads, "
+                 "bool want_gx, bool want_sums", 2),
     # from backward's part: the weight and bias gradients, A and B of the exact
     # gradient (kind EXACT, a Mode), and nu's update (Algorithm 2; the released
     # code's under REFERENCE). rows: N, a SymInt: under torch.compile a sequence length that varies from batch
     # to batch stays symbolic (an int would guard each graph on one length). Returns (grad_weight, grad_bias,
     # A or empty, B or empty).
-    "finish_backward": ("Tensor part, Tensor weight, Tensor n, Tensor(a!) nu, float rate, int kind, bool center, "
-                        "SymInt rows", 4),
+    "finish_backward": ("Tensor part, Tensor weight, float w_offset, Tensor n, Tensor(a!) nu, float rate, int kind, "
+                        "bool center, SymInt rows", 4),
     # a per-row or per-entry kind (a RowKind, by name) over the rows with its parameters (in the order its
-    # descriptor names them): returns (y, the statistic its backward reads: one value per row and the GPU
-    # kernels' arrival ticket past them, or the ticket alone where it has none per row)
-    "row_forward": ("str kind, Tensor x, Tensor[] params, float eps", 2),
+    # descriptor names them), its gain (RowKind.gain) read as gain + w_offset: returns (y, the statistic its
+    # backward reads: one value per row and the GPU kernels' arrival ticket past them, or the ticket alone
+    # where it has none per row)
+    "row_forward": ("str kind, Tensor x, Tensor[] params, float w_offset, float eps", 2),
     # returns [dL/dx, one gradient per parameter]
-    "row_backward": ("str kind, Tensor x, Tensor stat, Tensor grad_y, Tensor[] params, float eps", "Tensor[]"),
+    "row_backward": ("str kind, Tensor x, Tensor stat, Tensor grad_y, Tensor[] params, float w_offset, float eps",
+                     "Tensor[]"),
 }
 #: name -> its argument names, in order: what every backend's function takes
 CONTRACT = {name: tuple(arg.split()[-1] for arg in args.split(", ")) for name, (args, _) in SCHEMAS.items()}

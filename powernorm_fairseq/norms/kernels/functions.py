@@ -58,6 +58,7 @@ class Step(NamedTuple):
     rate: float = 0.0  # PN's 1 - alpha_bwd
     sync: str = "none"  # --norm-sync where workers are synchronised: "batch" or "running" (sync.py)
     clock: int = -1  # the key of PN's warmup clock, advanced once the step is committed (norms/clock.py)
+    w_offset: float = 0.0  # the gain is read as weight + w_offset (1: a unit-offset gain, --norm-unit-offset)
 
 
 #: the updates of PN's warmup, whose steps advance its host clock (norms/clock.py)
@@ -70,15 +71,16 @@ class ChannelConfig:
     when its buffers, settings or device change (``base.Norm.step_config``), and
     the compiled node's own copy of it per backend (``StepConfig``), made on
     the first eager step there. ``clock``: the key of PN's warmup clock
-    (norms/clock.py), -1 for none."""
+    (norms/clock.py), -1 for none; ``w_offset``: what the kernels add to the
+    stored gain (1 for a unit-offset gain, else 0)."""
 
-    __slots__ = ("center", "groups", "momentum", "eps", "sync", "warmup", "rate", "clock", "mean_buf",
+    __slots__ = ("center", "groups", "momentum", "eps", "sync", "warmup", "rate", "clock", "w_offset", "mean_buf",
                  "second_buf", "steps", "nu", "made", "made_as", "held")
 
     def __init__(self, *, center, groups, momentum, eps, sync, second_buf, mean_buf=None, steps=None, nu=None,
-                 warmup=0, rate=0.0, clock=-1):
+                 warmup=0, rate=0.0, clock=-1, w_offset=0.0):
         self.center, self.groups, self.momentum, self.eps, self.sync = center, groups, momentum, eps, sync
-        self.warmup, self.rate, self.clock = warmup, rate, clock
+        self.warmup, self.rate, self.clock, self.w_offset = warmup, rate, clock, w_offset
         self.mean_buf, self.second_buf, self.steps, self.nu = mean_buf, second_buf, steps, nu
         self.made, self.made_as = None, None  # the node's StepConfig, and the passes it names
         self.held = ()  # every buffer of the module when this was made (base.Norm.step_config)
@@ -90,13 +92,15 @@ class ChannelConfig:
 
         return ChannelConfig(center=self.center, groups=self.groups, momentum=self.momentum, eps=self.eps,
                              sync=self.sync, second_buf=clone(self.second_buf), mean_buf=clone(self.mean_buf),
-                             steps=clone(self.steps), nu=self.nu, warmup=self.warmup, rate=self.rate)
+                             steps=clone(self.steps), nu=self.nu, warmup=self.warmup, rate=self.rate,
+                             w_offset=self.w_offset)
 
     def on(self, node, bound_as):
         """The node's StepConfig of this configuration on the passes ``bound_as`` (made once; a step reads
         ``made`` without a call)."""
         self.made = node.StepConfig(self.mean_buf, self.second_buf, self.steps, self.nu, GROUP_EPS, self.groups,
-                                    self.center, self.momentum, self.eps, self.warmup, self.rate, bound_as)
+                                    self.center, self.momentum, self.eps, self.warmup, self.rate, self.w_offset,
+                                    bound_as)
         self.made_as = bound_as
         return self.made
 
@@ -141,7 +145,7 @@ def channel_norm(x: Tensor, pad_mask, weight, bias, config: ChannelConfig, updat
     x2 = rows(xk)
     mask = None if pad_mask is None else pad_mask.contiguous()
     step = Step(k.NAME, config.groups, config.center, update, mode, config.momentum, config.eps, config.warmup,
-                config.rate, sync, clock)
+                config.rate, sync, clock, config.w_offset)
     # absent tensors as distinct empty ones (dynamo takes no input twice)
     y, inv = FusedChannelNorm.apply(x2, weight, bias, _none(x2, mask, torch.bool),
                                     *(_none(x2, t) for t in tensors[4:]), step)
@@ -245,14 +249,16 @@ def _forward(s: Step, x, mask, *, mean=None, inv=None, inv_eps=-1.0, weight=None
              want_stats=True, center=False):
     """The contract's forward on the step's backend; absent tensors empty."""
     return P.forward(impl=s.backend, x=x, mask=mask, groups=s.groups, gs_eps=GROUP_EPS, mean=_none(x, mean),
-                     inv=_none(x, inv), inv_eps=inv_eps, weight=_none(x, weight), bias=_none(x, bias),
+                     inv=_none(x, inv), inv_eps=inv_eps, weight=_none(x, weight), w_offset=s.w_offset,
+                     bias=_none(x, bias),
                      want_y=want_y, want_stats=want_stats, center=center)
 
 
 def _backward(s: Step, x, mask, scale, grad_y, weight, mean, inv_fwd, *, inv_bwd=None, A=None, B=None,
               b_scale=1.0, correct_pads=False, want_gx=True, want_sums=True):
     """The contract's backward on the step's backend; absent tensors empty."""
-    return P.backward(impl=s.backend, x=x, mask=mask, scale=scale, grad_y=grad_y, weight=weight, mean=mean,
+    return P.backward(impl=s.backend, x=x, mask=mask, scale=scale, grad_y=grad_y, weight=weight,
+                      w_offset=s.w_offset, mean=mean,
                       inv_fwd=inv_fwd, inv_bwd=_none(x, inv_bwd), A=_none(x, A), B=_none(x, B), b_scale=b_scale,
                       groups=s.groups, correct_pads=correct_pads, want_gx=want_gx, want_sums=want_sums)
 
@@ -262,7 +268,8 @@ def _backward_terms(s: Step, part, weight, n, n_all, nu, rows):
     if s.sync != "none":
         return _synced_terms(s, part, weight, n, n_all, nu, exact=s.mode == Mode.EXACT)
     kind = Mode.PAPER if s.mode == Mode.FIXED else s.mode  # nu follows Algorithm 2
-    return P.finish_backward(impl=s.backend, part=part, weight=weight, n=n, nu=nu, rate=s.rate, kind=kind,
+    return P.finish_backward(impl=s.backend, part=part, weight=weight, w_offset=s.w_offset, n=n, nu=nu,
+                             rate=s.rate, kind=kind,
                              center=s.center, rows=rows)
 
 
@@ -335,7 +342,7 @@ def _synced_terms(s: Step, part, weight, n, n_all, nu, exact: bool):
     gradient's A and B (of the global batch under ``batch``), and nu's
     Algorithm-2 update over the global batch, with one all-reduce."""
     sums = _rows_of(part, s).double().sum(0)
-    w = weight.double()
+    w = weight.double() + s.w_offset
     # the rows all workers add (a slice: indexing by a list would copy it to the device)
     first, last = (0 if exact and s.sync == "batch" else 2), (4 if nu.numel() else 2)
     total = dict(zip(range(first, last), sync_mod.all_sum(sums[first:last]))) if first < last else {}
@@ -370,10 +377,10 @@ def _as(y: Tensor, x: Tensor) -> Tensor:
 _ROW_INDEX = {}  # a row kind's name -> its index in the compiled module (csrc/cpu_rows.h's kRowKinds)
 
 
-def row_norm(kind, x: Tensor, params: tuple, eps=None) -> Tensor:
+def row_norm(kind, x: Tensor, params: tuple, eps=None, w_offset: float = 0.0) -> Tensor:
     """Per-row or per-entry ``kind`` (a contract.RowKind) over the rows of x (T, B, C) with its
-    ``params``, on the backend that takes x, in a dtype that backend reads; y
-    in x's dtype. The eager route: one C++ autograd node (RowStep) around the
+    ``params``, its gain read as gain + ``w_offset`` (a unit-offset gain's 1 + gamma), on the backend that
+    takes x, in a dtype that backend reads; y in x's dtype. The eager route: one C++ autograd node (RowStep) around the
     backend's passes; the graph route: :class:`FusedRowNorm`, each pass through its op."""
     k = select(x)
     xk = x if x.dtype in k.DTYPES else upcast(x)
@@ -383,36 +390,37 @@ def row_norm(kind, x: Tensor, params: tuple, eps=None) -> Tensor:
         bound = _BOUND[k] if k in _BOUND else _bind(k, node)
         index = _ROW_INDEX[kind.name] if kind.name in _ROW_INDEX else _ROW_INDEX.setdefault(
             kind.name, node.row_kind_index(kind.name))
-        y = node.row_step(index, xk, p[0], p[1], p[2], p[3], 0.0 if eps is None else eps, bound)
+        y = node.row_step(index, xk, p[0], p[1], p[2], p[3], 0.0 if eps is None else eps, w_offset, bound)
     else:
         xk = xk if xk.stride(-1) == 1 else xk.contiguous()  # as rows(): channels adjacent, rows anywhere
-        y = FusedRowNorm.apply(xk, (kind, eps, k.NAME), *params).view(xk.shape)  # (N, C) rows, viewed outside
+        y = FusedRowNorm.apply(xk, (kind, eps, k.NAME, w_offset), *params).view(xk.shape)  # (N, C), viewed outside
     return y if y.dtype == x.dtype else y.to(x.dtype)
 
 
 class FusedRowNorm(torch.autograd.Function):
     """A per-row or per-entry kind (``how``: (its contract.RowKind, eps, the
-    backend's name)) in one pass each way, each through its op."""
+    backend's name, the gain's offset)) in one pass each way, each through its op."""
 
     @staticmethod
     def forward(ctx, x, how, *params):
-        kind, eps, backend = how
-        y, stat = P.row_forward(impl=backend, kind=kind.name, x=x, params=list(params), eps=_eps(eps))
+        kind, eps, backend, w_offset = how
+        y, stat = P.row_forward(impl=backend, kind=kind.name, x=x, params=list(params), w_offset=w_offset,
+                                eps=_eps(eps))
         ctx.save_for_backward(x, stat, *params)
         ctx.how = how
         return y  # (N, C), as FusedChannelNorm's
 
     @staticmethod
     def backward(ctx, grad_y):
-        kind, eps, backend = ctx.how
+        kind, eps, backend, w_offset = ctx.how
         x, stat, *params = ctx.saved_tensors
         if grad_y.requires_grad and torch.is_grad_enabled():  # a backward that builds a graph
             if kind.twice is None:
                 first_derivative_only(kind.name, grad_y)
-            grad_x, *grads = kind.twice(x, grad_y, *params)
-            return (grad_x, None, *grads)
+            grad_x, *grads = kind.twice(x, grad_y, *kind.shifted(params, w_offset))
+            return (grad_x, None, *(g.to(p.dtype) for g, p in zip(grads, params)))
         grad_x, *grads = P.row_backward(impl=backend, kind=kind.name, x=x, stat=stat, grad_y=grad_y.contiguous(),
-                                        params=params, eps=_eps(eps))
+                                        params=params, w_offset=w_offset, eps=_eps(eps))
         return (grad_x.view_as(x), None, *grads)
 
 

@@ -102,16 +102,16 @@ def _rows(t, x):
     return t if t is None or t.dim() == 2 else t.view(-1, x.size(-1))
 
 
-def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
-    """y = (xs - mean) * inv * w + b over the rows, and per-program statistics
+def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, w_offset, bias, want_y, want_stats, center):
+    """y = (xs - mean) * inv * (w + w_offset) + b over the rows, and per-program statistics
     of the real rows (``part``, (P, 3, C): count, then mean and sum of squared
     deviations when ``center``, else 0 and the sum of xs^2). With ``inv_eps``
     >= 0, ``inv`` is a running second moment and the scale is 1 / sqrt(inv + inv_eps).
 
     Returns (y or empty, group scales (N, G) or empty, part or empty)."""
     n = _NODE or _node()
-    y, scale, part = n.gpu_forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats,
-                                   center)
+    y, scale, part = n.gpu_forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, w_offset, bias, want_y,
+                                   want_stats, center)
     return _empty(_rows(y, x), x), _empty(scale, x), _empty(part, x, _acc(x))
 
 
@@ -124,39 +124,40 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
     return _empty(mean, second_buf), inv, inv_batch, n
 
 
-def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
+def backward(x, mask, scale, grad_y, weight, w_offset, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
              want_gx, want_sums):
-    """dL/dx = back through the group scaling of (g - m (A + b_scale B xh)) * inv_bwd, g = dy * w,
+    """dL/dx = back through the group scaling of (g - m (A + b_scale B xh)) * inv_bwd, g = dy * (w + w_offset),
     and per-program sums ``part`` (P, 5, C): dy*xh and dy over every row,
     dy*xh and xh^2 over the real rows, xh^2 over every row.
 
     Returns (dL/dx or empty, part or empty)."""
-    gx, part = (_NODE or _node()).gpu_backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale,
-                                               groups, correct_pads, want_gx, want_sums)
+    gx, part = (_NODE or _node()).gpu_backward(x, mask, scale, grad_y, weight, w_offset, mean, inv_fwd, inv_bwd, A, B,
+                                               b_scale, groups, correct_pads, want_gx, want_sums)
     return _empty(_rows(gx, x), x), _empty(part, x, _acc(x))
 
 
-def finish_backward(part, weight, n, nu, rate, kind, center, rows):
+def finish_backward(part, weight, w_offset, n, nu, rate, kind, center, rows):
     """The weight and bias gradients from ``backward``'s ``part``, the exact
     gradient's A and B (``kind`` EXACT) and nu's update, in one kernel
     (contract.py; plain.py has the same in PyTorch ops)."""
     kind = Mode(kind)  # a ValueError names an unknown one
-    grad_w, grad_b, A, B = (_NODE or _node()).gpu_finish_backward(part, weight, n, nu, rate, int(kind), center, rows)
+    grad_w, grad_b, A, B = (_NODE or _node()).gpu_finish_backward(part, weight, w_offset, n, nu, rate, int(kind),
+                                                                  center, rows)
     sd = nu.dtype if nu.numel() else _acc(part)  # the statistics' dtype, as the pass makes A and B in
     return grad_w, grad_b, _empty(A, part, sd), _empty(B, part, sd)
 
 
-def row_forward(kind, x, params, eps):
+def row_forward(kind, x, params, w_offset, eps):
     """A per-row or per-entry kind's forward (contract.RowKind): (y, the statistic its backward reads and
     the backward's arrival ticket past it)."""
-    y, stat = (_NODE or _node()).gpu_row_forward(kind, x, params, eps)
+    y, stat = (_NODE or _node()).gpu_row_forward(kind, x, params, w_offset, eps)
     return _rows(y, x), stat
 
 
-def row_backward(kind, x, stat, grad_y, params, eps):
+def row_backward(kind, x, stat, grad_y, params, w_offset, eps):
     """[dL/dx, one gradient per parameter], the parameters' sums added in a fixed order (by the last
     program, or ``_sum_columns``: plans.row_for_node)."""
-    gx, *grads = (_NODE or _node()).gpu_row_backward(kind, x, stat, grad_y, params, eps)
+    gx, *grads = (_NODE or _node()).gpu_row_backward(kind, x, stat, grad_y, params, w_offset, eps)
     return [_rows(gx, x), *grads]
 
 

@@ -118,7 +118,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_forward(X, MASK, MEAN, INV, W, Bias, Y, SCALE, PART,
-                         N, C, XB, XST, XSB, nb, nt, per_prog, cw, gs_eps, inv_eps,
+                         N, C, XB, XST, XSB, nb, nt, per_prog, cw, gs_eps, inv_eps, w_offset,
                          HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, INV_RUNNING: tl.constexpr,
                          GROUPED: tl.constexpr, WANT_Y: tl.constexpr, WANT_STATS: tl.constexpr,
                          CENTER: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
@@ -142,7 +142,7 @@ if triton is not None:
                     inv = _f((1.0 / tl.sqrt(run + inv_eps)).to(INV.dtype.element_ty), F64)
                 else:
                     inv = _f(tl.load(INV + cols, mask=cmask, other=0.0), F64)
-                mul = inv * _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
+                mul = inv * (_f(tl.load(W + cols, mask=cmask, other=0.0), F64) + w_offset)  # the gain as read
                 add = _f(tl.load(Bias + cols, mask=cmask, other=0.0), F64)
                 if HAS_MEAN:
                     sub = _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64)
@@ -262,7 +262,7 @@ if triton is not None:
             tl.store(NOUT, n0)
 
     @triton.jit
-    def _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale, HAS_MEAN: tl.constexpr,
+    def _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale, w_offset, HAS_MEAN: tl.constexpr,
                           HAS_A: tl.constexpr, HAS_B: tl.constexpr, WANT_GX: tl.constexpr, F64: tl.constexpr,
                           BLOCK_C: tl.constexpr):
         """The per-channel factors of the backward at ``cols``: (inv_fwd, mean, w, inv_bwd, A, b_scale B)."""
@@ -271,7 +271,7 @@ if triton is not None:
         shift = zero  # xh = (xs - shift) * invf: centred first, which no FMA contraction can cancel
         if HAS_MEAN:
             shift = _f(tl.load(MEAN + cols, mask=cmask, other=0.0), F64)
-        w = _f(tl.load(W + cols, mask=cmask, other=0.0), F64)
+        w = _f(tl.load(W + cols, mask=cmask, other=0.0), F64) + w_offset
         invb = zero
         a = zero
         b = zero
@@ -307,7 +307,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["N", "nb", "nt", "per_prog"])
     def _channel_backward(X, MASK, SCALE, GY, W, MEAN, INVF, INVB, A, Bc, GX, PART, DOTS,
-                          N, C, XB, XST, XSB, nb, nt, per_prog, cw, b_scale,
+                          N, C, XB, XST, XSB, nb, nt, per_prog, cw, b_scale, w_offset,
                           HAS_MASK: tl.constexpr, HAS_MEAN: tl.constexpr, HAS_A: tl.constexpr,
                           HAS_B: tl.constexpr, GROUPED: tl.constexpr, CORRECT_PADS: tl.constexpr,
                           WANT_GX: tl.constexpr, WANT_SUMS: tl.constexpr, F64: tl.constexpr, WIDE: tl.constexpr,
@@ -322,7 +322,8 @@ if triton is not None:
                 for s0 in range(0, width, BLOCK_C):
                     cols, cmask = _chunk_cols(chunk, width, s0, offs, C)
                     invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale,
-                                                                   HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64, BLOCK_C)
+                                                                   w_offset, HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64,
+                                                                   BLOCK_C)
                     _, _, m2, at, xs, xh, gy, keep, r = _backward_tile(
                         X, XB, XST, XSB, SCALE, GY, MASK, start + r0, N, C, nb, nt, cols, cmask, chunk, invf, shift,
                         HAS_MASK, GROUPED, F64, BLOCK_N)
@@ -330,7 +331,7 @@ if triton is not None:
                 tl.store(_at_group(DOTS, rows, chunk), dot / width, mask=rmask)
         for s0 in range(0, width, BLOCK_C):  # one block unless WIDE
             cols, cmask = _chunk_cols(chunk, width, s0, offs, C)
-            invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale,
+            invf, shift, w, invb, a, b = _backward_vectors(INVF, MEAN, W, INVB, A, Bc, cols, cmask, b_scale, w_offset,
                                                            HAS_MEAN, HAS_A, HAS_B, WANT_GX, F64, BLOCK_C)
             zero = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
             s0_ = zero  # dy * xh, every row
@@ -368,7 +369,7 @@ if triton is not None:
                 tl.store(base + 4 * C + cols, s4, mask=cmask)
 
     @triton.jit(do_not_specialize=["P", "rows"])
-    def _finish_backward(PART, W, NIN, NU, GW, GB, A, Bc, SCRATCH, FLAGS, TICKET, P, C, rate, rows,
+    def _finish_backward(PART, W, NIN, NU, GW, GB, A, Bc, SCRATCH, FLAGS, TICKET, P, C, rate, rows, w_offset,
                          MODE: tl.constexpr, CENTER: tl.constexpr, HAS_NU: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK: tl.constexpr):
         """MODE: a Mode (contract.py): EXACT, the exact gradient's A and B (Eq. 3
@@ -387,7 +388,7 @@ if triton is not None:
             s2 += _part_sum(base, m, 2, C)
             s3 += _part_sum(base, m, 3, C)
             s4 += _part_sum(base, m, 4, C)
-        w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float64)
+        w = tl.load(W + cols, mask=cm, other=0.0).to(tl.float64) + w_offset  # the gain as read
         tl.store(GW + cols, _cast(s0, GW), mask=cm)
         tl.store(GB + cols, _cast(s1, GB), mask=cm)
         n = tl.load(NIN).to(tl.float64)

@@ -16,10 +16,10 @@ if triton is not None:
     # the row's sums, once to write (the second read finds the rows in cache).
 
     @triton.jit
-    def _row_sum(X, XB, XST, XSB, Y, W, first, N, C, cols, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    def _row_sum(X, XB, XST, XSB, Y, W, w_offset, first, N, C, cols, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
                  F64: tl.constexpr, HAS_W: tl.constexpr, SQUARE: tl.constexpr):
         """Per row of rows first .. first + BLOCK_N: the sum over every column
-        of x * y (* w), y the (N, C) ``Y`` or, with SQUARE, x itself."""
+        of x * y (* (w + w_offset)), y the (N, C) ``Y`` or, with SQUARE, x itself."""
         total = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
         for c0 in range(0, C, BLOCK_C):
             cc = c0 + cols
@@ -28,7 +28,7 @@ if triton is not None:
             if not SQUARE:
                 y = _f(tl.load(Y + at, mask=m2, other=0.0), F64)
             if HAS_W:
-                y = y * _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)[None, :]
+                y = y * (_f(tl.load(W + cc, mask=cc < C, other=0.0), F64) + w_offset)[None, :]
             total += tl.sum(x * y, axis=1)
         return total
 
@@ -43,24 +43,24 @@ if triton is not None:
             tl.store(OUT + cc, _cast(acc, OUT), mask=cc < C)
 
     @triton.jit
-    def _scaled_rows(X, P, Y, STAT, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, RMS: tl.constexpr):
+    def _scaled_rows(X, P, Y, STAT, N, C, XB, XST, XSB, per_prog, eps, w_offset, F64: tl.constexpr,
+                     WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, RMS: tl.constexpr):
         """Each row scaled by a statistic of its own, kept in STAT (its element N is the backward's
         arrival ticket, set to 0 by program 0): ScaleNorm's y = g x / max(||x||, eps) (Nguyen &
         Salazar, 2019, Eq. 8; STAT the norms) or, with RMS, RMSNorm's y = w x r, r = 1 / sqrt(mean(x^2)
-        + eps) (Zhang & Sennrich, 2019, Eq. 4; STAT the r)."""
+        + eps) (Zhang & Sennrich, 2019, Eq. 4; STAT the r); the gain read as P + w_offset."""
         cols = tl.arange(0, BLOCK_C)
         if RMS:
-            p = _f(tl.load(P + cols, mask=cols < C, other=0.0), F64)
+            p = _f(tl.load(P + cols, mask=cols < C, other=0.0), F64) + w_offset
         else:
-            p = _f(tl.load(P), F64)
+            p = _f(tl.load(P), F64) + w_offset
         if tl.program_id(0) == 0:
             tl.store(STAT + N, 0.0)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
             rows = start + r0 + tl.arange(0, BLOCK_N)
             if WIDE:
-                ss = _row_sum(X, XB, XST, XSB, X, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False, True)
+                ss = _row_sum(X, XB, XST, XSB, X, X, 0.0, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False, True)
             else:
                 _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
                 ss = tl.sum(x * x, axis=1)
@@ -74,7 +74,7 @@ if triton is not None:
                     _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, c0 + cols, c0 + cols < C,
                                                 BLOCK_N, F64)
                     if RMS:
-                        p = _f(tl.load(P + c0 + cols, mask=c0 + cols < C, other=0.0), F64)
+                        p = _f(tl.load(P + c0 + cols, mask=c0 + cols < C, other=0.0), F64) + w_offset
                 if RMS:
                     y = x * stat[:, None] * p[None, :]
                 else:
@@ -82,15 +82,15 @@ if triton is not None:
                 tl.store(Y + at, y.to(Y.dtype.element_ty), mask=m2)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _scalenorm_forward(X, S, Y, NORMS, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-        _scaled_rows(X, S, Y, NORMS, N, C, XB, XST, XSB, per_prog, eps, F64, WIDE, BLOCK_N, BLOCK_C, False)
+    def _scalenorm_forward(X, S, Y, NORMS, N, C, XB, XST, XSB, per_prog, eps, w_offset, F64: tl.constexpr,
+                           WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        _scaled_rows(X, S, Y, NORMS, N, C, XB, XST, XSB, per_prog, eps, w_offset, F64, WIDE, BLOCK_N, BLOCK_C, False)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, TICKET, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr,
-                            WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+    def _scalenorm_backward(X, NORMS, GY, S, GX, PART, GS, TICKET, N, C, XB, XST, XSB, per_prog, eps, w_offset,
+                            F64: tl.constexpr, WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         cols = tl.arange(0, BLOCK_C)
-        g = _f(tl.load(S), F64)
+        g = _f(tl.load(S), F64) + w_offset
         total = _f(tl.zeros([BLOCK_N], dtype=tl.float32), F64)
         start = tl.program_id(0) * per_prog
         for r0 in range(0, per_prog, BLOCK_N):
@@ -98,7 +98,8 @@ if triton is not None:
             rmask = rows < N
             norm = _f(tl.load(NORMS + rows, mask=rmask, other=1.0), F64)
             if WIDE:
-                dot = _row_sum(X, XB, XST, XSB, GY, X, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False, False)
+                dot = _row_sum(X, XB, XST, XSB, GY, X, 0.0, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, False,
+                               False)
             else:
                 _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
                 gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
@@ -117,20 +118,20 @@ if triton is not None:
             _sum_parts(PART, GS, 1, tl.arange(0, 1), 1)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _rmsnorm_forward(X, W, Y, RSTD, N, C, XB, XST, XSB, per_prog, eps, F64: tl.constexpr, WIDE: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-        _scaled_rows(X, W, Y, RSTD, N, C, XB, XST, XSB, per_prog, eps, F64, WIDE, BLOCK_N, BLOCK_C, True)
+    def _rmsnorm_forward(X, W, Y, RSTD, N, C, XB, XST, XSB, per_prog, eps, w_offset, F64: tl.constexpr,
+                         WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        _scaled_rows(X, W, Y, RSTD, N, C, XB, XST, XSB, per_prog, eps, w_offset, F64, WIDE, BLOCK_N, BLOCK_C, True)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
-                          WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _rmsnorm_backward(X, RSTD, GY, W, GX, PART, GW, TICKET, N, C, XB, XST, XSB, per_prog, w_offset,
+                          F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_C: tl.constexpr):
         """dL/dw's per-program sums stay in registers, or with WIDE in the
         program's row of PART, added to block by block; the rows are added by
         the last program to arrive (SUM_HERE: few programs) or by _sum_columns."""
         cols = tl.arange(0, BLOCK_C)
         part = PART + tl.program_id(0).to(tl.int64) * C
-        w = _f(tl.load(W + cols, mask=cols < C, other=0.0), F64)
+        w = _f(tl.load(W + cols, mask=cols < C, other=0.0), F64) + w_offset
         gw = _f(tl.zeros([BLOCK_C], dtype=tl.float32), F64)
         if WIDE:
             for c0 in range(0, C, BLOCK_C):
@@ -140,8 +141,8 @@ if triton is not None:
             rows = start + r0 + tl.arange(0, BLOCK_N)
             r = _f(tl.load(RSTD + rows, mask=rows < N, other=0.0), F64)
             if WIDE:
-                dot = _row_sum(X, XB, XST, XSB, GY, W, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64, True,
-                               False) * r / C
+                dot = _row_sum(X, XB, XST, XSB, GY, W, w_offset, start + r0, N, C, cols, BLOCK_N, BLOCK_C, F64,
+                               True, False) * r / C
             else:
                 _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cols, cols < C, BLOCK_N, F64)
                 gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
@@ -151,7 +152,7 @@ if triton is not None:
                     cc = c0 + cols
                     _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
                     gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
-                    w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
+                    w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64) + w_offset
                 xr = x * r[:, None]
                 g = gy * w[None, :]
                 gx = r[:, None] * (g - xr * dot[:, None])
@@ -181,7 +182,7 @@ if triton is not None:
         return tl.where(u < 0, -t, t)
 
     @triton.jit
-    def _entry_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
+    def _entry_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, w_offset, F64: tl.constexpr,
                        WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, ERF: tl.constexpr):
         """The per-entry kinds' y = w f(u) + b, a wide row in blocks of columns: DyT's f = tanh, u = alpha x
         (Zhu et al., 2025, Eq. 1), or with ERF Derf's f = erf, u = alpha x + s; program 0 sets the
@@ -195,7 +196,7 @@ if triton is not None:
             for c0 in range(0, C, BLOCK_C):
                 cc = c0 + cols
                 _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
-                w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
+                w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64) + w_offset
                 b = _f(tl.load(B + cc, mask=cc < C, other=0.0), F64)
                 if ERF:
                     fu = tl.math.erf(a * x + _f(tl.load(SHIFT), F64))
@@ -205,7 +206,7 @@ if triton is not None:
 
     @triton.jit
     def _entry_backward(X, GY, ALPHA, SHIFT, W, GX, GA, GS, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
-                        F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        w_offset, F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_C: tl.constexpr, ERF: tl.constexpr):
         """dL/dx = alpha d with d = dy w f'(u) (DyT: 1 - tanh(u)^2; ERF, Derf: (2 / sqrt(pi)) exp(-u^2)).
         Each program's sums go to PART: dy f(u) (dL/dw) in its row of a (P, C) block, dy (dL/db) in a
@@ -231,7 +232,7 @@ if triton is not None:
                 cc = c0 + cols
                 _, _, m2, at, x = _row_tile(X, XB, XST, XSB, start + r0, N, C, cc, cc < C, BLOCK_N, F64)
                 gy = _f(tl.load(GY + at, mask=m2, other=0.0), F64)
-                w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64)
+                w = _f(tl.load(W + cc, mask=cc < C, other=0.0), F64) + w_offset
                 if ERF:
                     u = a * x + _f(tl.load(SHIFT), F64)
                     fu = tl.math.erf(u)
@@ -264,30 +265,30 @@ if triton is not None:
                 _sum_parts(PART + 2 * P * C + P, GS, 1, tl.arange(0, 1), 1)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _dyt_forward(X, ALPHA, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr, WIDE: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-        _entry_forward(X, ALPHA, ALPHA, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64, WIDE, BLOCK_N, BLOCK_C,
-                       False)
+    def _dyt_forward(X, ALPHA, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, w_offset, F64: tl.constexpr,
+                     WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
+        _entry_forward(X, ALPHA, ALPHA, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, w_offset, F64, WIDE, BLOCK_N,
+                       BLOCK_C, False)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _dyt_backward(X, GY, ALPHA, W, GX, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
+    def _dyt_backward(X, GY, ALPHA, W, GX, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog, w_offset,
                       F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_C: tl.constexpr):
-        _entry_backward(X, GY, ALPHA, ALPHA, W, GX, GA, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog, F64,
-                        WIDE, SUM_HERE, BLOCK_N, BLOCK_C, False)
+        _entry_backward(X, GY, ALPHA, ALPHA, W, GX, GA, GA, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
+                        w_offset, F64, WIDE, SUM_HERE, BLOCK_N, BLOCK_C, False)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
-    def _derf_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64: tl.constexpr,
+    def _derf_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, w_offset, F64: tl.constexpr,
                       WIDE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
-        _entry_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, F64, WIDE, BLOCK_N, BLOCK_C,
-                       True)
+        _entry_forward(X, ALPHA, SHIFT, W, B, Y, TICKET, N, C, XB, XST, XSB, per_prog, w_offset, F64, WIDE, BLOCK_N,
+                       BLOCK_C, True)
 
     @triton.jit(do_not_specialize=["N", "per_prog"])
     def _derf_backward(X, GY, ALPHA, SHIFT, W, GX, GA, GS, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
-                       F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_C: tl.constexpr):
+                       w_offset, F64: tl.constexpr, WIDE: tl.constexpr, SUM_HERE: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr):
         _entry_backward(X, GY, ALPHA, SHIFT, W, GX, GA, GS, GW, GB, PART, TICKET, N, C, XB, XST, XSB, per_prog,
-                        F64, WIDE, SUM_HERE, BLOCK_N, BLOCK_C, True)
+                        w_offset, F64, WIDE, SUM_HERE, BLOCK_N, BLOCK_C, True)
 
     @triton.jit(do_not_specialize=["P"])
     def _sum_columns(PART, OUT, OUT2, P, C, TWO: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK: tl.constexpr):

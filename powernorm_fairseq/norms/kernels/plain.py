@@ -61,6 +61,11 @@ def _keep(mask, x):
     return (~mask).t().reshape(shape).to(torch.float64)
 
 
+def _gain(weight, w_offset, like):
+    """The gain as the kernels read it, weight + w_offset (a unit-offset gain's 1 + gamma), in like's dtype."""
+    return weight.to(like) + w_offset if w_offset else weight.to(like)
+
+
 def _channels(t, C, like):
     return t.to(like) if t.numel() else torch.zeros(C, dtype=like.dtype, device=like.device)
 
@@ -79,7 +84,7 @@ def _scaled(x, groups, gs_eps, scale=None):
     return (xg * r.unsqueeze(-1)).flatten(-2), r
 
 
-def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center):
+def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, w_offset, bias, want_y, want_stats, center):
     N, rows = _rows(x)
     C = x.size(-1)
     xs, scale = _scaled(x, groups, gs_eps)
@@ -88,7 +93,7 @@ def forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, w
         iv = inv.to(xs.dtype) if inv_eps < 0 else running_scale(inv, inv_eps).to(xs.dtype)
         centred = xs - mean.to(xs) if mean.numel() else xs
         y, out = _into(x)
-        torch.add(centred * (iv * weight.to(xs)), bias.to(xs), out=out)
+        torch.add(centred * (iv * _gain(weight, w_offset, xs)), bias.to(xs), out=out)
     if want_stats:
         keep = _keep(mask, x)
         xd = xs.double()
@@ -149,7 +154,7 @@ def finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmu
     return out_mean, inv, inv_batch, n
 
 
-def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
+def backward(x, mask, scale, grad_y, weight, w_offset, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
              want_gx, want_sums):
     _, rows = _rows(x)
     C = x.size(-1)
@@ -162,7 +167,7 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     if want_gx:
         m = torch.ones_like(keep) if correct_pads else keep
         a, b = _channels(A, C, xs), _channels(B, C, xs) * b_scale
-        d = gy * weight.to(xs) - m.to(xs) * (a + b * xh)
+        d = gy * _gain(weight, w_offset, xs) - m.to(xs) * (a + b * xh)
         gx, out = _into(x)
         if groups > 0:  # back through a group's scaling r: r (d - xs mean_group(d xs))
             dg, sg = (d * inv_bwd.to(xs)).unflatten(-1, (groups, -1)), xs.unflatten(-1, (groups, -1))
@@ -177,9 +182,9 @@ def backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_sca
     return gx, part
 
 
-def finish_backward(part, weight, n, nu, rate, kind, center, rows):
+def finish_backward(part, weight, w_offset, n, nu, rate, kind, center, rows):
     s = part.double().sum(0)
-    w = weight.double()
+    w = weight.double() + w_offset
     n = n.double()
     ns = n.clamp(min=1)
     sd = nu.dtype if nu.numel() else (torch.float64 if weight.dtype == torch.float64 else torch.float32)
@@ -202,13 +207,16 @@ def finish_backward(part, weight, n, nu, rate, kind, center, rows):
     return s[0].to(weight.dtype), s[1].to(weight.dtype), A, B
 
 
-def row_forward(kind, x, params, eps):
+def row_forward(kind, x, params, w_offset, eps):
     """A per-row or per-entry kind's forward: its descriptor's PyTorch ops (contract.RowKind)."""
-    return tuple(contract.ROW_KINDS[kind].forward(x, *params, eps))
+    k = contract.ROW_KINDS[kind]
+    return tuple(k.forward(x, *k.shifted(params, w_offset), eps))
 
 
-def row_backward(kind, x, stat, grad_y, params, eps):
-    return list(contract.ROW_KINDS[kind].backward(x, stat, grad_y, *params, eps))
+def row_backward(kind, x, stat, grad_y, params, w_offset, eps):
+    k = contract.ROW_KINDS[kind]
+    grads = k.backward(x, stat, grad_y, *k.shifted(params, w_offset), eps)
+    return [grads[0], *(g.to(p.dtype) for g, p in zip(grads[1:], params))]  # each in its parameter's dtype
 
 
 contract.check(sys.modules[__name__], "plain")

@@ -55,7 +55,7 @@ struct ForwardPass {
 template <typename T>
 std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G, double gs_eps,
                                  const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
-                                 const Tensor& bias, bool want_y, bool want_stats, bool center) {
+                                 double w_offset, const Tensor& bias, bool want_y, bool want_stats, bool center) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
   const Real real(mask);
@@ -70,7 +70,7 @@ std::vector<Tensor> forward_impl(const Tensor& x, const Tensor& mask, int64_t G,
     const std::vector<double> mv = mean.numel() ? doubles(mean) : std::vector<double>(C, 0.0);
     const std::vector<double> wv = doubles(weight), bv = doubles(bias);
     for (int64_t c = 0; c < C; ++c) {
-      mul[c] = A(iv[c] * wv[c]);
+      mul[c] = A(iv[c] * (wv[c] + w_offset));
       add[c] = A(bv[c]);
       sub[c] = A(mv[c]);
     }
@@ -232,14 +232,14 @@ struct BackwardPass {
 // Backward (contract "backward").
 template <typename T>
 std::vector<Tensor> backward_impl(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& gy,
-                                  const Tensor& weight, const Tensor& mean, const Tensor& inv_fwd,
+                                  const Tensor& weight, double w_offset, const Tensor& mean, const Tensor& inv_fwd,
                                   const Tensor& inv_bwd, const Tensor& Ac, const Tensor& Bc, double b_scale,
                                   int64_t G, bool correct_pads, bool want_gx, bool want_sums) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1), Cg = G > 0 ? C / G : C, groups = std::max<int64_t>(G, 1);
   Tensor gx = want_gx ? at::empty({N, C}, x.options()) : at::empty({0}, x.options());
   const std::vector<A> ip = channels<A>(inv_fwd, C), mp = channels<A>(mean, C);
-  std::vector<A> wj = channels<A>(weight, C), aj = channels<A>(Ac, C), bj = channels<A>(Bc, C, b_scale);
+  std::vector<A> wj = channels<A>(weight, C, 1.0, w_offset), aj = channels<A>(Ac, C), bj = channels<A>(Bc, C, b_scale);
   const std::vector<A> jp = channels<A>(inv_bwd, C);
   for (int64_t c = 0; c < C; ++c) {  // the backward's scale folded into its per-channel factors
     wj[c] *= jp[c];
@@ -386,8 +386,8 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
 
 // Contract "finish_backward": from backward's part (P, 5, C), the weight and
 // bias gradients, the exact gradient's A and B, and nu's update.
-std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n_t, const Tensor& nu,
-                                    double rate, int64_t kind, bool center, int64_t rows) {
+std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, double w_offset, const Tensor& n_t,
+                                    const Tensor& nu, double rate, int64_t kind, bool center, int64_t rows) {
   TORCH_CHECK(kind >= EXACT && kind <= FIXED, "unknown mode ", kind, " (contract.py's Mode: 0 to 3)");
   const Tensor pt = as_double(part);
   const int64_t P = pt.size(0), C = pt.size(2);
@@ -396,7 +396,8 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
   for (int64_t i = 0; i < P; ++i)
     for (int64_t j = 0; j < 5; ++j)
       for (int64_t c = 0; c < C; ++c) s[j][c] += p[(i * 5 + j) * C + c];
-  const std::vector<double> w = doubles(weight);
+  std::vector<double> w = doubles(weight);
+  for (auto& v : w) v += w_offset;  // a unit-offset gain's 1 + gamma
   const double n = as_double(n_t).data_ptr<double>()[0], ns = std::max(n, 1.0);
   const auto sd = nu.numel() ? nu.scalar_type()
                              : (weight.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
@@ -428,25 +429,25 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
 
 std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups, double gs_eps,
                             const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
-                            const Tensor& bias, bool want_y, bool want_stats, bool center) {
+                            double w_offset, const Tensor& bias, bool want_y, bool want_stats, bool center) {
   check_rows(x);
   std::vector<Tensor> out;
   DISPATCH(x, "powernorm_forward", [&] {
-    out = forward_impl<scalar_t>(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats,
-                                 center);
+    out = forward_impl<scalar_t>(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, w_offset, bias, want_y,
+                                 want_stats, center);
   });
   return out;
 }
 
 std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& grad_y,
-                             const Tensor& weight, const Tensor& mean, const Tensor& inv_fwd,
+                             const Tensor& weight, double w_offset, const Tensor& mean, const Tensor& inv_fwd,
                              const Tensor& inv_bwd, const Tensor& A, const Tensor& B, double b_scale,
                              int64_t groups, bool correct_pads, bool want_gx, bool want_sums) {
   check_rows(x);
   TORCH_CHECK(grad_y.is_contiguous(), "grad_y must be contiguous");
   std::vector<Tensor> out;
   DISPATCH(x, "powernorm_backward", [&] {
-    out = backward_impl<scalar_t>(x, mask, scale.contiguous(), grad_y, weight, mean, inv_fwd, inv_bwd, A, B,
+    out = backward_impl<scalar_t>(x, mask, scale.contiguous(), grad_y, weight, w_offset, mean, inv_fwd, inv_bwd, A, B,
                                   b_scale, groups, correct_pads, want_gx, want_sums);
   });
   return out;

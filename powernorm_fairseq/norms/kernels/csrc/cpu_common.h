@@ -96,13 +96,14 @@ Tensor as_double(const Tensor& t) {
   return t.scalar_type() == at::kDouble && t.is_contiguous() ? t : t.to(at::kDouble).contiguous();
 }
 
-// a per-channel vector as A values (zeros where absent)
+// a per-channel vector as A values, (t + plus) * times (zeros where absent): ``plus`` is a unit-offset
+// gain's 1, added in doubles (the contract's w_offset)
 template <typename A>
-std::vector<A> channels(const Tensor& t, int64_t C, double times = 1.0) {
+std::vector<A> channels(const Tensor& t, int64_t C, double times = 1.0, double plus = 0.0) {
   std::vector<A> out(C, A(0));
   if (t.numel() == 0) return out;
   const std::vector<double> d = doubles(t);
-  for (int64_t c = 0; c < C; ++c) out[c] = A(d[c] * times);
+  for (int64_t c = 0; c < C; ++c) out[c] = A((d[c] + plus) * times);
   return out;
 }
 
@@ -201,13 +202,15 @@ void check_rows(const Tensor& x) {
 using RowParams = std::array<Tensor, 4>;
 
 // A per-row or per-entry kind's passes, found by its name: {y, the statistic its backward reads}, and
-// {dL/dx, one gradient per parameter}; the GPU's (gpu_passes.h) are found by the CPU's names
+// {dL/dx, one gradient per parameter}, its gain (parameter ``gain``) read as gain + w_offset; the GPU's
+// (gpu_passes.h) are found by the CPU's names
 struct RowKind {
   const char* name;
   int reads;  // how many of its parameters, from the first, its backward (and twice) reads: 1 to 3
-  std::vector<Tensor> (*forward)(const Tensor& x, const RowParams& p, double eps);
+  int gain;  // which parameter is its gain (contract.RowKind.gain)
+  std::vector<Tensor> (*forward)(const Tensor& x, const RowParams& p, double w_offset, double eps);
   std::vector<Tensor> (*backward)(const Tensor& x, const Tensor& stat, const Tensor& grad_y, const RowParams& p,
-                                  double eps);
+                                  double w_offset, double eps);
   // the gradients in ATen ops, which autograd differentiates again (nullptr: first derivatives only)
   std::vector<Tensor> (*twice)(const Tensor& x, const Tensor& grad_y, const RowParams& p);
 };

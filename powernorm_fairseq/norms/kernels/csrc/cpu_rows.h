@@ -81,53 +81,55 @@ std::vector<Tensor> rows_backward(const Tensor& x, const Tensor& stat, const Ten
 // ScaleNorm's g is read from its tensor's memory, not through an op: reading a
 // value through the dispatcher would count as a host wait, and a `to` is a call
 template <typename A>
-std::vector<A> scalar_weight(const Tensor& scale, int64_t C) {
+std::vector<A> scalar_weight(const Tensor& scale, int64_t C, double w_offset) {
   TORCH_CHECK(scale.numel() == 1, "scale: one value");
-  return std::vector<A>(C, A(doubles(scale)[0]));
+  return std::vector<A>(C, A(doubles(scale)[0] + w_offset));
 }
 
-std::vector<Tensor> scalenorm_forward(const Tensor& x, const RowParams& p, double eps) {  // p: g
+std::vector<Tensor> scalenorm_forward(const Tensor& x, const RowParams& p, double w_offset, double eps) {  // p: g
   check_rows(x);
   const Tensor& scale = p[0];
   std::vector<Tensor> out;
   DISPATCH(x, "scalenorm_forward", [&] {
     using A = at::opmath_type<scalar_t>;
-    out = rows_forward<scalar_t>(x, scalar_weight<A>(scale, x.size(-1)), eps, true);
+    out = rows_forward<scalar_t>(x, scalar_weight<A>(scale, x.size(-1), w_offset), eps, true);
   });
   return out;
 }
 
 std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& grad_y,
-                                       const RowParams& p, double eps) {
+                                       const RowParams& p, double w_offset, double eps) {
   check_rows(x);
   const Tensor& scale = p[0];
   std::vector<Tensor> out;
   DISPATCH(x, "scalenorm_backward", [&] {
     using A = at::opmath_type<scalar_t>;
-    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(-1)), eps, true,
+    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(-1), w_offset), eps, true,
                                   scale.scalar_type());
   });
   return out;
 }
 
-std::vector<Tensor> rmsnorm_forward(const Tensor& x, const RowParams& p, double eps) {  // p: w
+std::vector<Tensor> rmsnorm_forward(const Tensor& x, const RowParams& p, double w_offset, double eps) {  // p: w
   check_rows(x);
   const Tensor& weight = p[0];
   std::vector<Tensor> out;
   DISPATCH(x, "rmsnorm_forward", [&] {
-    out = rows_forward<scalar_t>(x, channels<at::opmath_type<scalar_t>>(weight, x.size(-1)), eps, false);
+    out = rows_forward<scalar_t>(x, channels<at::opmath_type<scalar_t>>(weight, x.size(-1), 1.0, w_offset), eps,
+                                 false);
   });
   return out;
 }
 
 std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& grad_y,
-                                     const RowParams& p, double) {
+                                     const RowParams& p, double w_offset, double) {
   check_rows(x);
   const Tensor& weight = p[0];
   std::vector<Tensor> out;
   DISPATCH(x, "rmsnorm_backward", [&] {
-    out = rows_backward<scalar_t>(x, rstd, grad_y.contiguous(), channels<at::opmath_type<scalar_t>>(weight, x.size(-1)),
-                                  0.0, false, weight.scalar_type());
+    out = rows_backward<scalar_t>(x, rstd, grad_y.contiguous(),
+                                  channels<at::opmath_type<scalar_t>>(weight, x.size(-1), 1.0, w_offset), 0.0, false,
+                                  weight.scalar_type());
   });
   return out;
 }
@@ -156,11 +158,11 @@ inline double tanh_of(double x) { return std::tanh(x); }
 // The per-entry kinds, y = w f(a x + s) + b (DyT: f = tanh, s = 0; Derf: f = erf): contract "<kind>_forward",
 // no statistic (the GPU's ticket in its place). ``f`` is the kind's float or double function.
 template <typename T, typename F>
-std::vector<Tensor> entry_forward_impl(const Tensor& x, double a, double sh, const Tensor& weight, const Tensor& bias,
-                                       F f) {
+std::vector<Tensor> entry_forward_impl(const Tensor& x, double a, double sh, const Tensor& weight, double w_offset,
+                                       const Tensor& bias, F f) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1);
-  const std::vector<A> w = channels<A>(weight, C), b = channels<A>(bias, C);
+  const std::vector<A> w = channels<A>(weight, C, 1.0, w_offset), b = channels<A>(bias, C);
   Tensor y = at::empty({N, C}, x.options());
   const RowsOf<T> xp(x);
   T* yp = y.data_ptr<T>();
@@ -182,11 +184,12 @@ std::vector<Tensor> entry_forward_impl(const Tensor& x, double a, double sh, con
 // in doubles, in order. ``slope(u, &f_u)`` gives f'(u) and sets f(u), from what the two share.
 template <typename T, bool Shift, typename S>
 std::vector<Tensor> entry_backward_impl(const Tensor& x, const Tensor& gy, const Tensor& alpha, double sh,
-                                        const Tensor& weight, at::ScalarType shift_dtype, S slope) {
+                                        const Tensor& weight, double w_offset, at::ScalarType shift_dtype,
+                                        S slope) {
   using A = at::opmath_type<T>;
   const int64_t N = rows_in(x), C = x.size(-1);
   const A a = A(doubles(alpha)[0]);
-  const std::vector<A> w = channels<A>(weight, C);
+  const std::vector<A> w = channels<A>(weight, C, 1.0, w_offset);
   Tensor gx = at::empty({N, C}, x.options());
   Sums<A> sums(2 * C + 2);  // dL/dw's, dL/db's, then dL/da's and dL/ds's
   const RowsOf<T> xp(x);
@@ -228,23 +231,24 @@ std::vector<Tensor> entry_backward_impl(const Tensor& x, const Tensor& gy, const
 }
 
 // DyT (Zhu et al., 2025, Eq. 1): y = w * tanh(a * x) + b, f'(u) = 1 - tanh(u)^2
-std::vector<Tensor> dyt_forward(const Tensor& x, const RowParams& p, double) {  // p: alpha, w, b
+std::vector<Tensor> dyt_forward(const Tensor& x, const RowParams& p, double w_offset, double) {  // p: alpha, w, b
   check_rows(x);
   TORCH_CHECK(p[0].numel() == 1, "alpha: one value");
   std::vector<Tensor> out;
   DISPATCH(x, "dyt_forward", [&] {
-    out = entry_forward_impl<scalar_t>(x, doubles(p[0])[0], 0.0, p[1], p[2], [](auto u) { return tanh_of(u); });
+    out = entry_forward_impl<scalar_t>(x, doubles(p[0])[0], 0.0, p[1], w_offset, p[2],
+                                       [](auto u) { return tanh_of(u); });
   });
   return out;
 }
 
 std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor&, const Tensor& grad_y, const RowParams& p,
-                                 double) {
+                                 double w_offset, double) {
   check_rows(x);
   TORCH_CHECK(p[0].numel() == 1, "alpha: one value");
   std::vector<Tensor> out;
   DISPATCH(x, "dyt_backward", [&] {
-    out = entry_backward_impl<scalar_t, false>(x, grad_y.contiguous(), p[0], 0.0, p[1], p[0].scalar_type(),
+    out = entry_backward_impl<scalar_t, false>(x, grad_y.contiguous(), p[0], 0.0, p[1], w_offset, p[0].scalar_type(),
                                                [](auto u, auto& t) { t = tanh_of(u); return 1 - t * t; });
   });
   return out;
@@ -314,25 +318,25 @@ constexpr double kTwoOverSqrtPi = 1.12837916709551257;
 
 // Derf ("Stronger Normalization-Free Transformers", arXiv 2512.10938): y = w * erf(a x + s) + b, f'(u) =
 // (2 / sqrt(pi)) exp(-u^2), whose exp the backward's erf shares (erf_with)
-std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& p, double) {  // p: alpha, shift, w, b
+std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& p, double w_offset, double) {  // p: alpha, shift, w, b
   check_rows(x);
   TORCH_CHECK(p[0].numel() == 1 && p[1].numel() == 1, "alpha and shift: one value each");
   std::vector<Tensor> out;
   DISPATCH(x, "derf_forward", [&] {
-    out = entry_forward_impl<scalar_t>(x, doubles(p[0])[0], doubles(p[1])[0], p[2], p[3],
+    out = entry_forward_impl<scalar_t>(x, doubles(p[0])[0], doubles(p[1])[0], p[2], w_offset, p[3],
                                        [](auto u) { return erf_of(u); });
   });
   return out;
 }
 
 std::vector<Tensor> derf_backward(const Tensor& x, const Tensor&, const Tensor& grad_y, const RowParams& p,
-                                  double) {
+                                  double w_offset, double) {
   check_rows(x);
   TORCH_CHECK(p[0].numel() == 1 && p[1].numel() == 1, "alpha and shift: one value each");
   std::vector<Tensor> out;
   DISPATCH(x, "derf_backward", [&] {
     using A = at::opmath_type<scalar_t>;
-    out = entry_backward_impl<scalar_t, true>(x, grad_y.contiguous(), p[0], doubles(p[1])[0], p[2],
+    out = entry_backward_impl<scalar_t, true>(x, grad_y.contiguous(), p[0], doubles(p[1])[0], p[2], w_offset,
                                               p[1].scalar_type(), [](A u, A& f) {
       const A e = exp_of(-u * u);
       f = erf_with(u, e);
@@ -351,9 +355,9 @@ std::vector<Tensor> derf_twice(const Tensor& x, const Tensor& grad_y, const RowP
 }
 
 // The per-row and per-entry kinds by name (their descriptors: contract.RowKind in each kind's module)
-const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", 1, scalenorm_forward, scalenorm_backward, nullptr},
-                                           {"rmsnorm", 1, rmsnorm_forward, rmsnorm_backward, nullptr},
-                                           {"dyt", 2, dyt_forward, dyt_backward, dyt_twice},
-                                           {"derf", 3, derf_forward, derf_backward, derf_twice}}};
+const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", 1, 0, scalenorm_forward, scalenorm_backward, nullptr},
+                                           {"rmsnorm", 1, 0, rmsnorm_forward, rmsnorm_backward, nullptr},
+                                           {"dyt", 2, 1, dyt_forward, dyt_backward, dyt_twice},
+                                           {"derf", 3, 2, derf_forward, derf_backward, derf_twice}}};
 
 }  // namespace

@@ -192,8 +192,8 @@ Tensor empty(at::IntArrayRef shape, const Tensor& like) { return empty(shape, li
 
 // gpu._forward_pass: {y, group scales, part}, absent ones undefined
 std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups, double gs_eps, const Tensor& mean,
-                            const Tensor& inv, double inv_eps, const Tensor& weight, const Tensor& bias, bool want_y,
-                            bool want_stats, bool center) {
+                            const Tensor& inv, double inv_eps, const Tensor& weight, double w_offset,
+                            const Tensor& bias, bool want_y, bool want_stats, bool center) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const ChannelPlan& p = channel_plan(CH_FWD, x, mask, groups, !want_y);
@@ -205,7 +205,7 @@ std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups,
   a.ptr(x);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&mask, &mean, &inv, &weight, &bias, &y, &scale, &part}) a.ptr_or_none(*t);
   for (int64_t s : p.scalars) a.i(s);
-  a.f(gs_eps), a.f(inv_eps);
+  a.f(gs_eps), a.f(inv_eps), a.f(w_offset);
   launch::run(CH_FWD, {p.progs + want_stats, p.chunks, 1}, a.list,
               joined({!absent(mean), inv_eps >= 0, want_y, want_stats, center}, p.constexprs), to);
   return {y, scale, part};
@@ -232,7 +232,7 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
 
 // gpu._backward_pass: {dL/dx, part}
 std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& grad_y,
-                             const Tensor& weight, const Tensor& mean, const Tensor& inv_fwd, const Tensor& inv_bwd,
+                             const Tensor& weight, double w_offset, const Tensor& mean, const Tensor& inv_fwd, const Tensor& inv_bwd,
                              const Tensor& A, const Tensor& B, double b_scale, int64_t groups, bool correct_pads,
                              bool want_gx, bool want_sums) {
   const launch::Target to = launch::target_of(x);
@@ -249,15 +249,15 @@ std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& 
   a.ptr(inv_fwd);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&inv_bwd, &A, &B, &gx, &part, &dots}) a.ptr_or_none(*t);
   for (int64_t s : p.scalars) a.i(s);
-  a.f(b_scale);
+  a.f(b_scale), a.f(w_offset);
   launch::run(CH_BWD, {p.progs + want_sums, p.chunks, 1}, a.list,
               joined({!absent(mean), !absent(A), !absent(B), correct_pads, want_gx, want_sums}, p.constexprs), to);
   return {gx, part};
 }
 
 // gpu._finish_backward_pass: {dL/dw, dL/db, A, B}
-std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n, const Tensor& nu,
-                                    double rate, int64_t kind, bool center, int64_t rows) {
+std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, double w_offset, const Tensor& n,
+                                    const Tensor& nu, double rate, int64_t kind, bool center, int64_t rows) {
   const launch::Target to = launch::target_of(part);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const FinishPlan& f = finish_plan(FIN_BWD, part.scalar_type() == at::kDouble);
@@ -270,7 +270,7 @@ std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, co
   Args a{to};
   a.ptr(part), a.ptr(weight), a.ptr(n), a.ptr_or_none(nu), a.ptr(grad_w), a.ptr(grad_b), a.ptr_or_none(A);
   a.ptr_or_none(B), a.ptr_or_none(scratch), a.ptr(flags), a.ptr(part, P * 5 * C);
-  a.i(P), a.i(C), a.f(rate), a.i(rows);
+  a.i(P), a.i(C), a.f(rate), a.i(rows), a.f(w_offset);
   launch::run(FIN_BWD, {progs, 1, 1}, a.list, joined({kind, center, has_nu}, f.constexprs), to);
   return {grad_w, grad_b, A, B};
 }
@@ -298,33 +298,35 @@ void sum_columns(const Tensor& part, const Tensor& out, const Tensor& out2, int6
   launch::run(SUM_COLS, {(C + f.block - 1) / f.block, 1, 1}, a.list, joined({!absent(out2)}, f.constexprs), to);
 }
 
-// the launch of a row kernel: its tensors, then the plan's integers and any scalar (and SUM_HERE's value)
+// the launch of a row kernel: its tensors, then the plan's integers, any scalar and the gain's offset (and
+// SUM_HERE's value)
 void run_rows(int kernel, const RowPlan& p, const launch::Target& to, Args& a, std::optional<double> scalar,
-              std::optional<bool> sum_here = std::nullopt) {
+              double w_offset, std::optional<bool> sum_here = std::nullopt) {
   for (int64_t s : p.shape) a.i(s);
   if (scalar) a.f(*scalar);
+  a.f(w_offset);
   launch::run(kernel, {p.progs, 1, 1}, a.list, joined(sum_here ? launch::Values{*sum_here} : launch::Values{},
                                                           p.constexprs), to);
 }
 
 // ScaleNorm's and RMSNorm's forward (``kernel``): {y, the per-row statistic, the backward's ticket past it}
-std::vector<Tensor> statistic_forward(int kernel, const Tensor& x, const Tensor& param, double eps) {
+std::vector<Tensor> statistic_forward(int kernel, const Tensor& x, const Tensor& param, double w_offset, double eps) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const RowPlan& p = row_plan(kernel, x);
   Tensor y = empty(x.sizes(), x), statistic = empty({p.N + 1}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(param), a.ptr(y), a.ptr(statistic);
-  run_rows(kernel, p, to, a, eps);
+  run_rows(kernel, p, to, a, eps, w_offset);
   return {y, statistic};
 }
 
-std::vector<Tensor> scalenorm_forward(const Tensor& x, const RowParams& p, double eps) {
-  return statistic_forward(SN_FWD, x, p[0], eps);
+std::vector<Tensor> scalenorm_forward(const Tensor& x, const RowParams& p, double w_offset, double eps) {
+  return statistic_forward(SN_FWD, x, p[0], w_offset, eps);
 }
 
 std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, const Tensor& grad_y,
-                                       const RowParams& params, double eps) {
+                                       const RowParams& params, double w_offset, double eps) {
   const Tensor& scale = params[0];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
@@ -334,16 +336,16 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
   Args a{to};
   a.ptr(x), a.ptr(norms), a.ptr(grad_y), a.ptr(scale), a.ptr(gx), a.ptr(part), a.ptr(grad_scale);
   a.ptr(norms, p.N);
-  run_rows(SN_BWD, p, to, a, eps);
+  run_rows(SN_BWD, p, to, a, eps, w_offset);
   return {gx, grad_scale};
 }
 
-std::vector<Tensor> rmsnorm_forward(const Tensor& x, const RowParams& p, double eps) {
-  return statistic_forward(RMS_FWD, x, p[0], eps);
+std::vector<Tensor> rmsnorm_forward(const Tensor& x, const RowParams& p, double w_offset, double eps) {
+  return statistic_forward(RMS_FWD, x, p[0], w_offset, eps);
 }
 
 std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const Tensor& grad_y,
-                                     const RowParams& params, double) {
+                                     const RowParams& params, double w_offset, double) {
   const Tensor& weight = params[0];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
@@ -353,12 +355,12 @@ std::vector<Tensor> rmsnorm_backward(const Tensor& x, const Tensor& rstd, const 
   Args a{to};
   a.ptr(x), a.ptr(rstd), a.ptr(grad_y), a.ptr(weight), a.ptr(gx), a.ptr(part), a.ptr(grad_w), a.ptr(rstd, p.N);
   const bool here = p.sums_here;
-  run_rows(RMS_BWD, p, to, a, std::nullopt, here);
+  run_rows(RMS_BWD, p, to, a, std::nullopt, w_offset, here);
   if (!here) sum_columns(part, grad_w, Tensor(), p.progs, p.C, to);
   return {gx, grad_w};
 }
 
-std::vector<Tensor> dyt_forward(const Tensor& x, const RowParams& params, double) {
+std::vector<Tensor> dyt_forward(const Tensor& x, const RowParams& params, double w_offset, double) {
   const Tensor &alpha = params[0], &weight = params[1], &bias = params[2];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
@@ -366,12 +368,12 @@ std::vector<Tensor> dyt_forward(const Tensor& x, const RowParams& params, double
   Tensor y = empty(x.sizes(), x), ticket = empty({1}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(alpha), a.ptr(weight), a.ptr(bias), a.ptr(y), a.ptr(ticket);
-  run_rows(DYT_FWD, p, to, a, std::nullopt);
+  run_rows(DYT_FWD, p, to, a, std::nullopt, w_offset);
   return {y, ticket};
 }
 
 std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& ticket, const Tensor& grad_y, const RowParams& params,
-                                 double) {
+                                 double w_offset, double) {
   const Tensor &alpha = params[0], &weight = params[1];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
@@ -383,12 +385,12 @@ std::vector<Tensor> dyt_backward(const Tensor& x, const Tensor& ticket, const Te
   a.ptr(x), a.ptr(grad_y), a.ptr(alpha), a.ptr(weight), a.ptr(gx), a.ptr(grad_alpha), a.ptr(grad_w), a.ptr(grad_b);
   a.ptr(part), a.ptr(ticket);
   const bool here = p.sums_here;
-  run_rows(DYT_BWD, p, to, a, std::nullopt, here);
+  run_rows(DYT_BWD, p, to, a, std::nullopt, w_offset, here);
   if (!here) sum_columns(part, grad_w, grad_b, p.progs, p.C, to);
   return {gx, grad_alpha, grad_w, grad_b};
 }
 
-std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& params, double) {
+std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& params, double w_offset, double) {
   const Tensor &alpha = params[0], &shift = params[1], &weight = params[2], &bias = params[3];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
@@ -396,12 +398,12 @@ std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& params, doubl
   Tensor y = empty(x.sizes(), x), ticket = empty({1}, p.acc, x);
   Args a{to};
   a.ptr(x), a.ptr(alpha), a.ptr(shift), a.ptr(weight), a.ptr(bias), a.ptr(y), a.ptr(ticket);
-  run_rows(DERF_FWD, p, to, a, std::nullopt);
+  run_rows(DERF_FWD, p, to, a, std::nullopt, w_offset);
   return {y, ticket};
 }
 
 std::vector<Tensor> derf_backward(const Tensor& x, const Tensor& ticket, const Tensor& grad_y,
-                                  const RowParams& params, double) {
+                                  const RowParams& params, double w_offset, double) {
   const Tensor &alpha = params[0], &shift = params[1], &weight = params[2];
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
@@ -413,16 +415,16 @@ std::vector<Tensor> derf_backward(const Tensor& x, const Tensor& ticket, const T
   a.ptr(x), a.ptr(grad_y), a.ptr(alpha), a.ptr(shift), a.ptr(weight), a.ptr(gx), a.ptr(grad_alpha), a.ptr(grad_shift);
   a.ptr(grad_w), a.ptr(grad_b), a.ptr(part), a.ptr(ticket);
   const bool here = p.sums_here;
-  run_rows(DERF_BWD, p, to, a, std::nullopt, here);
+  run_rows(DERF_BWD, p, to, a, std::nullopt, w_offset, here);
   if (!here) sum_columns(part, grad_w, grad_b, p.progs, p.C, to);
   return {gx, grad_alpha, grad_shift, grad_w, grad_b};
 }
 
 // The per-row and per-entry kinds' passes, found by the CPU kinds' names (cpu_rows.h) when bound
-const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", 1, scalenorm_forward, scalenorm_backward, nullptr},
-                                           {"rmsnorm", 1, rmsnorm_forward, rmsnorm_backward, nullptr},
-                                           {"dyt", 2, dyt_forward, dyt_backward, nullptr},
-                                           {"derf", 3, derf_forward, derf_backward, nullptr}}};
+const std::array<RowKind, 4> kRowKinds = {{{"scalenorm", 1, 0, scalenorm_forward, scalenorm_backward, nullptr},
+                                           {"rmsnorm", 1, 0, rmsnorm_forward, rmsnorm_backward, nullptr},
+                                           {"dyt", 2, 1, dyt_forward, dyt_backward, nullptr},
+                                           {"derf", 3, 2, derf_forward, derf_backward, nullptr}}};
 // kRowKinds' entry for each of ::kRowKinds, by name
 std::array<const RowKind*, ::kRowKinds.size()> rows_by_index{};
 

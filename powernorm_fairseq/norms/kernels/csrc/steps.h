@@ -52,14 +52,15 @@ std::vector<Tensor> filled(std::vector<Tensor> results, const Tensor& none) {
 struct Passes {
   int64_t bound_as;
   Tensor none;
+  double w_offset;  // the gain is read as weight + w_offset (a unit-offset gain's 1)
 
   std::vector<Tensor> forward(const Tensor& x, const Tensor& mask, int64_t groups, double gs_eps,
                               const Tensor& mean, const Tensor& inv, double inv_eps, const Tensor& weight,
                               const Tensor& bias, bool want_y, bool want_stats, bool center) const {
     if (bound_as == GPU)
-      return filled(gpu::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats,
-                                 center), none);
-    return ::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, bias, want_y, want_stats, center);
+      return filled(gpu::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, w_offset, bias, want_y,
+                                 want_stats, center), none);
+    return ::forward(x, mask, groups, gs_eps, mean, inv, inv_eps, weight, w_offset, bias, want_y, want_stats, center);
   }
 
   std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, const Tensor& second_buf,
@@ -75,16 +76,17 @@ struct Passes {
                                const Tensor& inv_bwd, const Tensor& A, const Tensor& B, double b_scale,
                                int64_t groups, bool correct_pads, bool want_gx, bool want_sums) const {
     if (bound_as == GPU)
-      return filled(gpu::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
-                                  correct_pads, want_gx, want_sums), none);
-    return ::backward(x, mask, scale, grad_y, weight, mean, inv_fwd, inv_bwd, A, B, b_scale, groups, correct_pads,
-                      want_gx, want_sums);
+      return filled(gpu::backward(x, mask, scale, grad_y, weight, w_offset, mean, inv_fwd, inv_bwd, A, B, b_scale,
+                                  groups, correct_pads, want_gx, want_sums), none);
+    return ::backward(x, mask, scale, grad_y, weight, w_offset, mean, inv_fwd, inv_bwd, A, B, b_scale, groups,
+                      correct_pads, want_gx, want_sums);
   }
 
   std::vector<Tensor> finish_backward(const Tensor& part, const Tensor& weight, const Tensor& n, const Tensor& nu,
                                       double rate, int64_t kind, bool center, int64_t rows) const {
-    if (bound_as == GPU) return filled(gpu::finish_backward(part, weight, n, nu, rate, kind, center, rows), none);
-    return ::finish_backward(part, weight, n, nu, rate, kind, center, rows);
+    if (bound_as == GPU)
+      return filled(gpu::finish_backward(part, weight, w_offset, n, nu, rate, kind, center, rows), none);
+    return ::finish_backward(part, weight, w_offset, n, nu, rate, kind, center, rows);
   }
 };
 
@@ -94,9 +96,9 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
                                const Tensor& steps, const Tensor& nu, const Tensor& given_mean,
                                const Tensor& given_inv, double gs_eps, int64_t groups, bool center, int64_t update,
                                int64_t mode, double momentum, double eps, int64_t warmup, double rate,
-                               int64_t bound_as) {
+                               double w_offset, int64_t bound_as) {
     const Tensor none = nothing_like(x);
-    const Passes k{bound_as, none};
+    const Passes k{bound_as, none, w_offset};
     Tensor y, scale, mean, inv, inv_batch, n;
     const auto finish = [&](const Tensor& part) {
       return k.finish_stats(part, mean_buf, second_buf, steps, update, momentum, eps, warmup);
@@ -126,13 +128,14 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     // one integer: each entry costs a hash, and a list an allocation
     ctx->saved_data["step"] = ((groups * 2 + center) * 4 + mode) * 2 + (bound_as == GPU);
     ctx->saved_data["rate"] = rate;
+    if (w_offset != 0.0) ctx->saved_data["w_offset"] = w_offset;  // none saved for the usual 0: an entry a hash
     ctx->mark_non_differentiable({inv});
     ctx->set_materialize_grads(false);
     return {y, inv};  // (N, C): the caller's view of it is one autograd records (in-place ops on it work)
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list out(20);
+    variable_list out(21);
     const Tensor& grad_y = grads[0];
     if (!grad_y.defined()) return out;
     TORCH_CHECK(!(at::GradMode::is_enabled() && grad_y.requires_grad()),
@@ -146,7 +149,8 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
     const int64_t groups = step / 16, mode = step / 2 % 4, bound_as = step % 2 ? GPU : -1;
     const bool center = step / 8 % 2 != 0;
     const double rate = ctx->saved_data["rate"].toDouble();
-    const Passes k{bound_as, none};
+    const auto offset = ctx->saved_data.find("w_offset");
+    const Passes k{bound_as, none, offset == ctx->saved_data.end() ? 0.0 : offset->second.toDouble()};
     const int64_t rows = x.numel() / x.size(-1);
     Tensor grad_x;
     std::vector<Tensor> terms;
@@ -174,7 +178,7 @@ struct ChannelStep : torch::autograd::Function<ChannelStep> {
 // passes it runs on.
 struct StepConfig {
   Tensor mean_buf, second_buf, steps, nu;
-  double gs_eps, momentum, eps, rate;
+  double gs_eps, momentum, eps, rate, w_offset;
   int64_t groups, warmup, bound_as;
   bool center;
 };
@@ -195,7 +199,7 @@ variable_list channel_step(const Tensor& x, const std::optional<Tensor>& mask, c
   auto out = ChannelStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), mask ? dense(*mask) : empty, weight,
                                 bias, given(c.mean_buf), c.second_buf, given(c.steps), given(c.nu),
                                 or_empty(given_mean), or_empty(given_inv), c.gs_eps, c.groups, c.center, update,
-                                mode, c.momentum, c.eps, c.warmup, c.rate, c.bound_as);
+                                mode, c.momentum, c.eps, c.warmup, c.rate, c.w_offset, c.bound_as);
   out[0] = shaped(out[0], x);  // where a view: one autograd records, not one made inside the node
   return out;
 }
@@ -210,8 +214,8 @@ const RowKind& row_passes(int64_t kind, int64_t bound_as) {
 
 struct RowStep : torch::autograd::Function<RowStep> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, const Tensor& p0, const Tensor& p1, const Tensor& p2,
-                        const Tensor& p3, int64_t kind, double eps, int64_t bound_as) {
-    auto f = row_passes(kind, bound_as).forward(x, {p0, p1, p2, p3}, eps);
+                        const Tensor& p3, int64_t kind, double eps, double w_offset, int64_t bound_as) {
+    auto f = row_passes(kind, bound_as).forward(x, {p0, p1, p2, p3}, w_offset, eps);
     // the parameters its backward reads, and no more: each saved tensor is host time on a small layer
     switch (kRowKinds[kind].reads) {
       case 1: ctx->save_for_backward({x, f[1], p0}); break;
@@ -220,6 +224,7 @@ struct RowStep : torch::autograd::Function<RowStep> {
     }
     ctx->saved_data["step"] = kind * 2 + (bound_as == GPU);  // one integer, as ChannelStep's
     ctx->saved_data["eps"] = eps;
+    if (w_offset != 0.0) ctx->saved_data["w_offset"] = w_offset;
     return f[0];  // (N, C), as ChannelStep's y
   }
 
@@ -230,14 +235,20 @@ struct RowStep : torch::autograd::Function<RowStep> {
     for (size_t i = 2; i < saved.size(); ++i) p[i - 2] = saved[i];
     const int64_t step = ctx->saved_data["step"].toInt(), kind = step / 2, bound_as = step % 2 ? GPU : -1;
     const RowKind& k = kRowKinds[kind];
-    variable_list out(8);
+    const auto offset = ctx->saved_data.find("w_offset");
+    const double w_offset = offset == ctx->saved_data.end() ? 0.0 : offset->second.toDouble();
+    variable_list out(9);
     std::vector<Tensor> g;
     if (at::GradMode::is_enabled() && gy.requires_grad()) {  // a graph of the gradient
       TORCH_CHECK(k.twice != nullptr, k.name, " has no second derivative here (a backward with create_graph=True "
                   "went through one): use ln, layernorm-simple or none for double backward");
-      g = k.twice(x, gy, p);
+      RowParams shifted = p;  // the gain as read, at least in float32 (contract.RowKind.shifted)
+      if (w_offset != 0.0)
+        shifted[k.gain] = p[k.gain].to(at::promote_types(p[k.gain].scalar_type(), at::kFloat)) + w_offset;
+      g = k.twice(x, gy, shifted);
+      if (w_offset != 0.0) g[k.gain + 1] = g[k.gain + 1].to(p[k.gain].scalar_type());
     } else {
-      g = row_passes(kind, bound_as).backward(x, stat, dense(gy), p, ctx->saved_data["eps"].toDouble());
+      g = row_passes(kind, bound_as).backward(x, stat, dense(gy), p, w_offset, ctx->saved_data["eps"].toDouble());
     }
     out[0] = shaped(g[0], x);
     for (size_t i = 1; i < g.size(); ++i) out[i] = g[i];
@@ -246,13 +257,14 @@ struct RowStep : torch::autograd::Function<RowStep> {
 };
 
 Tensor row_step(int64_t kind, const Tensor& x, const Tensor& p0, const std::optional<Tensor>& p1,
-                const std::optional<Tensor>& p2, const std::optional<Tensor>& p3, double eps, int64_t bound_as) {
+                const std::optional<Tensor>& p2, const std::optional<Tensor>& p3, double eps, double w_offset,
+                int64_t bound_as) {
   TORCH_CHECK(kind >= 0 && kind < int64_t(kRowKinds.size()), "unknown row kind ", kind, " (0 to ",
               kRowKinds.size() - 1, ": row_kind_index gives one)");
   check_bound(bound_as);
   const Tensor empty = nothing_like(x);
   return shaped(RowStep::apply(x.stride(-1) == 1 ? x : x.contiguous(), p0, p1 ? *p1 : empty, p2 ? *p2 : empty,
-                               p3 ? *p3 : empty, kind, eps, bound_as), x);
+                               p3 ? *p3 : empty, kind, eps, w_offset, bound_as), x);
 }
 
 // ops.py's ``observed``, but for torch.compile's test: whether something may watch or transform the ops
