@@ -57,15 +57,15 @@ def toy_data(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained(toy_data, tmp_path_factory):
-    """``trained(norm)``: the save directory of a tiny model trained once per
-    session through fairseq-train (40 updates, ``--norm-type norm``), with the
+    """``trained(norm, *flags)``: the save directory of a tiny model trained once per
+    session through fairseq-train (40 updates, ``--norm-type norm`` and ``flags``), with the
     run's console in ``train.log``. Tests only read it; one that resumes
     from it copies it first."""
-    def get(norm):
+    def get(norm, *flags):
         def make(save):
-            proc = cli("fairseq-train", *train_args(toy_data, save, "--norm-type", norm))
+            proc = cli("fairseq-train", *train_args(toy_data, save, "--norm-type", norm, *flags))
             (save / "train.log").write_text(proc.stdout + proc.stderr)
-        return once(tmp_path_factory, f"trained-{norm}", make)
+        return once(tmp_path_factory, "-".join(["trained", norm, *(f.lstrip("-") for f in flags)]), make)
     return get
 
 

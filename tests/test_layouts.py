@@ -130,5 +130,5 @@ def test_one_set_of_option_names():
         assert build_norm(kind, C, layer_scale=True, groups=2).layer_scale
     assert build_norm("pn", C, group_scaling=True, groups=2).layer_scale
     with pytest.raises(ValueError, match=r"^bn takes no option warmup_updates; its options: momentum, eps, sync, "
-                                         r"layer_scale, groups, causal$"):
+                                         r"layer_scale, groups, causal, unit_offset$"):
         build_norm("bn", C, warmup_updates=10)

@@ -7,7 +7,7 @@ import torch
 
 import reference as ref
 from support import backend_or_fail
-from powernorm_fairseq.norms import NORM_TYPES, RUNNING_STAT_TYPES, build_norm, kernels
+from powernorm_fairseq.norms import GAIN_TYPES, NORM_TYPES, RUNNING_STAT_TYPES, build_norm, kernels
 
 pytestmark = pytest.mark.fast
 
@@ -552,3 +552,75 @@ def test_torch_s_fused_rmsnorm_serves_only_where_it_matches_eq_4(monkeypatch):
     monkeypatch.setattr(F, "rms_norm", lambda x, shape, w, eps: rms_norm(x, shape, w, eps).float())
     assert not rmsnorm.torch_fused(x, torch.ones(8))  # the verdict kept: asked once per device and dtypes
     assert not rmsnorm.torch_fused(x.double(), torch.ones(8, dtype=torch.float64))  # output not in x's dtype
+
+
+def _unit_offset_reference(kind, norm, x, pad, leaves, state):
+    """y of ``kind``'s reference formula (reference.py) with the gain read as stored + offset: ``leaves``
+    holds the gain ``G`` and every other parameter by name; ``state``: what a reference keeps over steps."""
+    G, p = leaves["G"], leaves
+    if kind == "ln":
+        return ref.layer_norm(x, G, p["bias"])
+    if kind in ("bn", "rbn"):
+        return ref.batch_norm(x, pad, G, p["bias"])[0]
+    if kind == "pn-v":
+        return ref.pn_v(x, pad, G, p["bias"])[0]
+    if kind == "bn-original":
+        return ref.original_batch_norm(x, pad, G, p["bias"], state["mean"], state["var"])
+    if kind == "scalenorm":
+        return ref.scale_norm(x, G)
+    if kind == "rmsnorm":
+        return ref.rms_norm(x, G)
+    if kind == "groupnorm":
+        return ref.group_norm(x, norm.groups, G, p["bias"])
+    if kind == "dyt":
+        return ref.dyt(x, p["alpha"], G, p["bias"])
+    return ref.derf(x, p["alpha"], p["shift"], G, p["bias"])
+
+
+@pytest.mark.parametrize("kind", GAIN_TYPES)
+def test_a_unit_offset_gain_is_stored_at_zero_and_applied_as_one_plus_gamma(kind):
+    """--norm-unit-offset (x-transformers' norm_add_unit_offset): every gain starts at 0 (ScaleNorm's g
+    at 0 for sqrt(C)), the output at initialisation is the kind's own, and over two training steps, in
+    (T, B, C) with a bool mask and then (B, T, C) with a 0/1 attention mask, y, dL/dx and every
+    parameter's gradient are those of the kind's reference formula with the gain 1 + gamma (sqrt(C) + g)."""
+    options = {"pn": dict(warmup_updates=1)}.get(kind, {})
+    norm = build_norm(kind, C, unit_offset=True, **options).double().train()
+    plain_norm = build_norm(kind, C, **options).double().train()
+    gain = norm.GAIN
+    assert float(getattr(norm, gain).detach().abs().max()) == 0.0 and norm.w_offset == plain_norm.initial_gain()
+    x, pad, grad_y = batch(130)
+    torch.testing.assert_close(norm.eval()(x, pad), plain_norm.eval()(x, pad))  # ScaleNorm's: sqrt(C) rounded once
+    norm.train()
+    g = torch.Generator().manual_seed(131)
+    with torch.no_grad():
+        for p in norm.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    state = {"mean": torch.zeros(C, dtype=torch.float64), "var": torch.ones(C, dtype=torch.float64)}
+    paper = ref.PaperPN(C, warmup=1)
+    for step in range(2):
+        x, pad, grad_y = batch(132 + step)
+        norm.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        if step == 0:
+            y = norm(xi, pad)
+            y.backward(grad_y)
+        else:
+            xb = xi.transpose(0, 1)
+            y = norm(xb, batch_first=True, attention_mask=(~pad).long()).transpose(0, 1)
+            y.backward(grad_y)
+        leaves = {name: p.detach().clone().requires_grad_(True) for name, p in norm.named_parameters()}
+        leaves["G"] = (leaves[gain].detach() + norm.w_offset).requires_grad_(True)
+        xr = x.clone().requires_grad_(True)
+        if kind == "pn":
+            y_ref, gx_ref, g_ref = paper.step(x, pad, leaves["G"].detach(), leaves["bias"].detach(), grad_y)
+            grads = {"G": g_ref, "bias": grad_y.sum((0, 1))}
+        else:
+            y_ref = _unit_offset_reference(kind, norm, xr, pad, leaves, state)
+            names = [n for n in leaves if n != gain]
+            gx_ref, *rest = torch.autograd.grad(y_ref, [xr] + [leaves[n] for n in names], grad_y, allow_unused=True)
+            grads = dict(zip(names, rest))
+        torch.testing.assert_close(y.detach(), y_ref.detach(), msg=f"{kind} step {step}: y")
+        torch.testing.assert_close(xi.grad, gx_ref, msg=f"{kind} step {step}: dL/dx")
+        for name, p in norm.named_parameters():
+            want = grads["G" if name == gain else name]
+            torch.testing.assert_close(p.grad, want, msg=f"{kind} step {step}: dL/d{name}")

@@ -54,7 +54,7 @@ def test_load_model_ensemble_and_task_gives_training_mode_until_eval(trained, to
     from fairseq import checkpoint_utils
 
     models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(trained("bn") / "checkpoint_last.pt")], arg_overrides={"data": str(toy_data)})
+        [str(trained("bn", "--norm-unit-offset") / "checkpoint_last.pt")], arg_overrides={"data": str(toy_data)})
     model = models[0]
     assert model.training
     src = task.source_dictionary

@@ -249,3 +249,36 @@ def test_fifos_and_directories_given_as_checkpoints_are_refused_in_one_line(toy_
     os.mkfifo(save / "checkpoint_last.pt")
     proc = cli("fairseq-train", *train_args(toy_data, save, max_update=2), check=False, timeout=120)
     one_line_error(proc, f"checkpoint_last.pt: {said}", "fairseq-train")
+
+
+@pytest.mark.slow
+def test_a_unit_offset_model_trains_generates_and_is_told_apart(toy_data, trained, tmp_path):
+    """--norm-unit-offset through fairseq: its checkpoint records the setting and holds gains stored as
+    their offset from 1 (trained from 0); fairseq-generate translates with it; an override, the hub and
+    powernorm-average refuse a model without it."""
+    from fairseq.models.transformer import TransformerModel
+
+    last = trained("bn", "--norm-unit-offset") / "checkpoint_last.pt"
+    state = torch.load(last, weights_only=False)
+    assert state["cfg"]["model"].norm_unit_offset is True
+    gains = {k: v for k, v in state["model"].items() if k.endswith("layer_norm.weight")}
+    assert gains and all(0 < float(v.abs().max()) < 0.5 for v in gains.values()), gains  # moved from 0, not 1
+    proc = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", last, "--beam", "1", "--cpu",
+               "--max-sentences", "8", timeout=300)
+    assert sum(line.startswith("H-") for line in proc.stdout.splitlines()) > 0
+    proc = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", last, "--beam", "1", "--cpu",
+               "--max-sentences", "8", "--model-overrides", "{'norm_unit_offset': False}", check=False, timeout=300)
+    one_line_error(proc, last, "fairseq-generate")
+    assert "--norm-unit-offset: the checkpoint has on, this asks off" in proc.stderr
+    folder = tmp_path / "hub"
+    folder.mkdir()
+    shutil.copy(last, folder / "model.pt")
+    with pytest.raises(PowerNormConfigError, match="--norm-unit-offset: the checkpoint has on, this asks off"):
+        TransformerModel.from_pretrained(str(folder), checkpoint_file="model.pt", data_name_or_path=str(toy_data),
+                                         norm_unit_offset=False)
+    state["cfg"]["model"].norm_unit_offset = False  # the same weights, read as gains without the offset
+    torch.save(state, tmp_path / "plain.pt")
+    proc = cli("powernorm-average", "--inputs", tmp_path / "plain.pt", last, "--output", tmp_path / "avg.pt",
+               check=False)
+    one_line_error(proc, last, "powernorm-average")
+    assert "norm_unit_offset=True (not False)" in proc.stderr and not (tmp_path / "avg.pt").exists()

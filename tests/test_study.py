@@ -605,20 +605,25 @@ def test_a_switch_axis_gives_each_norm_a_column_with_the_flag_on(demo, tmp_path)
     name and train with it), paired by seed against the first norm without it; an unknown one is refused."""
     out = tmp_path / "switched"
     recipe("scripts/norm-study.sh", "--task", "classification", "--lrs", "0.1", "--depths", "2", "--widths", "32",
-           "--norms", "ln", "--placement", "pre", "--switches", "none", "norm-depth-scaling", "--seeds", "1", "2",
-           "--max-update", "4", "--log-interval", "2", "--threads", "1", "--data", demo, "--out", out)
+           "--norms", "ln", "--placement", "pre", "--switches", "none", "norm-depth-scaling", "norm-unit-offset",
+           "--seeds", "1", "2", "--max-update", "4", "--log-interval", "2", "--threads", "1", "--data", demo,
+           "--out", out)
     names = sorted(p.name for p in (out / "cells").iterdir())
-    assert names == sorted(f"d2-w32-ln{s}-xavier-kaiming-lr0.1-s{seed}" for s in ("", "-norm-depth-scaling")
-                           for seed in (1, 2)), names
+    switched = ("", "-norm-depth-scaling", "-norm-unit-offset")
+    assert names == sorted(f"d2-w32-ln{s}-xavier-kaiming-lr0.1-s{seed}" for s in switched for seed in (1, 2)), names
     from powernorm_fairseq.common.checkpoints import load
 
     for name in names:
-        cfg = load(str(out / "cells" / name / "checkpoint_last.pt"))["cfg"]["model"]
-        assert cfg.norm_depth_scaling == ("scaling" in name), name
+        state = load(str(out / "cells" / name / "checkpoint_last.pt"))
+        cfg = state["cfg"]["model"]
+        assert (cfg.norm_depth_scaling, cfg.norm_unit_offset) == ("scaling" in name, "offset" in name), name
+        gain = next(v for k, v in state["model"].items() if k.endswith("layer_norm.weight"))
+        assert (float(gain.abs().max()) < 0.5) == ("offset" in name), name  # stored from 0, or from 1
     text = (out / "study.md").read_text()
-    assert "| lr | ln | ln +norm-depth-scaling |" in text
+    assert "| lr | ln | ln +norm-depth-scaling | ln +norm-unit-offset |" in text
     rows = {r["norm"]: r for r in json.loads((out / "study.json").read_text())["seeds"]}
     assert rows["ln +norm-depth-scaling"]["difference"]["n"] == 2 and rows["ln"]["difference"] is None
+    assert rows["ln +norm-unit-offset"]["difference"]["n"] == 2
     bad = recipe("scripts/norm-study.sh", "--task", "classification", "--switches", "depth-scaling", "--data", demo,
                  "--out", tmp_path / "bad", check=False)
     assert bad.returncode == 2 and "--switches: 'depth-scaling' is not an on/off flag of the models; choose from " \

@@ -42,7 +42,7 @@ SCALENORM = row_kind(RowKind("scalenorm", ("scale",), True, _forward, _backward,
 
 
 class ScaleNorm(Norm):
-    """Per-token l2 normalisation to a learned length (``unit_offset``: g stored as g - sqrt(C))."""
+    """Per-token l2 normalisation to a learned length."""
 
     GAIN = "scale"
 
