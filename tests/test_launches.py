@@ -481,7 +481,8 @@ def test_the_nodes_send_a_gpu_what_triton_s_own_launch_sends():
     (T, B, C) and (B, T, C), float32, float16 and bfloat16, PN in and after its
     warmup, x 2 bytes off a 16-byte boundary, a single token (integers equal
     to 1: constexprs), one sequence, channels not a multiple of 16, and
-    groups and rows wider than a block (WIDE). The kernels launched are
+    groups and rows wider than a block (WIDE); unit-offset gains, each
+    launching the kernels of its case without one. The kernels launched are
     those the counter sees, in order and no more than the targets; each has
     its warps' block, torch's stream, and its PTX parameters, x first."""
     import json
@@ -505,11 +506,23 @@ def test_the_nodes_send_a_gpu_what_triton_s_own_launch_sends():
               ("rmsnorm", {}, "float16", "batch_first", (256, 16, 64)),
               ("dyt", {}, "float32", "contiguous", (256, 16, 64))]
     targets = [t for *_, t in TARGETS] + [4, 4, 4, 4, 6, 6, 3, 3, 3, 4, 4, 3, 2, 6, 4, 3, 3, 3]
+    # unit-offset gains (the gain read as w_offset + gamma in every kernel): the same launches as the case without
+    offset = [cases[0], cases[len(TARGETS) + 4], cases[len(TARGETS) + 12], cases[len(TARGETS) + 15],
+              cases[len(TARGETS) + 11], cases[len(TARGETS) - 1]]  # pn, bn, scalenorm, WIDE rmsnorm, dyt, derf
+    assert [(k, o) for k, o, *_ in offset] == [("pn", {}), ("bn", {}), ("scalenorm", {}), ("rmsnorm", {}),
+                                               ("dyt", {}), ("derf", {})]
+    without = {len(cases) + i: cases.index(case) for i, case in enumerate(offset)}
+    cases += [(kind, {"unit_offset": True}, *rest) for kind, _, *rest in offset]
+    targets += [targets[cases.index(case)] for case in offset]
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # Triton's own kernel cache: bench/run.py's host section shares it
     proc = subprocess.run([sys.executable, "-c", STAND_IN, json.dumps(cases)], capture_output=True, text=True,
                           env=env, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for case, target, got in zip(cases, targets, json.loads(proc.stdout)):
+    results = json.loads(proc.stdout)
+    for at, base in without.items():
+        assert [launch["kernel"] for launch in results[at]["cxx"]] == [
+            launch["kernel"] for launch in results[base]["cxx"]], cases[at]
+    for case, target, got in zip(cases, targets, results):
         names = [launch["kernel"] for launch in got["cxx"]]
         assert names == [k.removeprefix("triton:") for k in got["counted"]] and len(names) <= target, case
         assert got["pairs"] == 2 * len(names) and all(got["same"]), case  # the node's = Triton's, byte for byte
@@ -680,3 +693,15 @@ def test_the_held_launch_keeps_each_guarantee_of_triton_s_own():
     assert out["hook"] == [n, n] and out["chain"] == [n, n] and out["unhooked"] == [0, n]
     assert out["debug_new"] and out["debug_same"]
     assert out["after_drop"] == n and out["invalid"] == 0 and out["same_after_drop"]
+
+
+@pytest.mark.parametrize("kind", ["pn", "bn", "scalenorm", "rmsnorm", "dyt", "derf", "ln"])
+def test_a_unit_offset_gain_adds_no_launch_to_a_fused_kind(kind):
+    """--norm-unit-offset: the kernels read the gain as 1 + gamma themselves, so a training step launches
+    what it launches without the offset; ln (torch's layer_norm, which takes the gain as given) adds one
+    elementwise add of C entries before it."""
+    backend_or_fail("triton")
+    plain = counted(build_norm(kind, C).train(), "triton").launches
+    offset = counted(build_norm(kind, C, unit_offset=True).train(), "triton").launches
+    assert offset == (["add"] if kind == "ln" else []) + plain, (plain, offset)
+    assert any(name.startswith("triton:") for name in plain) == (kind != "ln")

@@ -159,9 +159,9 @@ LENGTHS = [5, 9, 6, 12, 7, 5, 10, 8, 11, 6, 12, 9]
 
 
 class LinearThenNorm(torch.nn.Module):
-    def __init__(self, kind, batch_first):
+    def __init__(self, kind, batch_first, **options):
         super().__init__()
-        self.linear, self.norm, self.batch_first = torch.nn.Linear(C, C), build_norm(kind, C), batch_first
+        self.linear, self.norm, self.batch_first = torch.nn.Linear(C, C), build_norm(kind, C, **options), batch_first
 
     def forward(self, x, mask):
         if self.batch_first:  # (B, T, C) with HuggingFace's 0/1 attention mask
@@ -178,6 +178,8 @@ VARYING += [(kind, "cpu", "tbc-bool") for kind in ("ln", "scalenorm", "rmsnorm")
 VARYING += [("pn", backend, "btc-int") for backend in BACKENDS]
 # rbn: bn's kernels and a penalty in plain PyTorch, whose value and gradient must be eager's too
 VARYING += [("rbn", backend, "btc-int") for backend in BACKENDS]
+# unit-offset gains (a constant of the graph): a channel kind, an entry kind and torch's ln
+VARYING += [("pn", "triton", "btc-int-offset"), ("derf", "cpu", "tbc-bool-offset"), ("ln", "cpu", "tbc-bool-offset")]
 
 
 @pytest.mark.slow
@@ -191,8 +193,9 @@ def test_compiled_steps_at_lengths_that_vary_compile_two_graphs_and_match_eager(
     backend_or_fail(backend)
     torch._dynamo.reset()
     torch.manual_seed(0)
-    batch_first = layout == "btc-int"
-    compiled = LinearThenNorm(kind, batch_first).train()
+    batch_first = layout.startswith("btc-int")
+    compiled = LinearThenNorm(kind, batch_first, **({"unit_offset": True} if layout.endswith("offset") else {}))
+    compiled.train()
     eager = copy.deepcopy(compiled)
     counting = Counting()
     step = torch.compile(compiled, backend=counting, fullgraph=True)

@@ -269,11 +269,11 @@ def test_a_unit_offset_model_trains_generates_and_is_told_apart(toy_data, traine
     proc = cli("fairseq-generate", toy_data, "--user-dir", USER_DIR, "--path", last, "--beam", "1", "--cpu",
                "--max-sentences", "8", "--model-overrides", "{'norm_unit_offset': False}", check=False, timeout=300)
     one_line_error(proc, last, "fairseq-generate")
-    assert "--norm-unit-offset: the checkpoint has on, this asks off" in proc.stderr
+    assert "--norm-unit-offset: the checkpoint has True, this asks False" in proc.stderr
     folder = tmp_path / "hub"
     folder.mkdir()
     shutil.copy(last, folder / "model.pt")
-    with pytest.raises(PowerNormConfigError, match="--norm-unit-offset: the checkpoint has on, this asks off"):
+    with pytest.raises(PowerNormConfigError, match="--norm-unit-offset: the checkpoint has True, this asks False"):
         TransformerModel.from_pretrained(str(folder), checkpoint_file="model.pt", data_name_or_path=str(toy_data),
                                          norm_unit_offset=False)
     state["cfg"]["model"].norm_unit_offset = False  # the same weights, read as gains without the offset
