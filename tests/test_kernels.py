@@ -27,8 +27,9 @@ T, B, C = 23, 7, 200
 
 KINDS = [
     ("bn", {}), ("pn-v", {}), ("scalenorm", {}), ("rmsnorm", {}), ("dyt", {}), ("derf", {}),
+    ("rmsnorm", {"unit_offset": True}),  # the gain read as 1 + gamma (--norm-unit-offset)
     ("pn", {"warmup_updates": 2}),
-    ("pn", {"warmup_updates": 2, "layer_scale": True, "groups": 4}),
+    ("pn", {"warmup_updates": 2, "layer_scale": True, "groups": 4, "unit_offset": True}),
     ("pn", {"warmup_updates": 2, "backward": "reference", "layer_scale": True, "groups": 2}),
 ]
 IDS = [f"{k}-{'-'.join(f'{a}={b}' for a, b in o.items())}" if o else k for k, o in KINDS]

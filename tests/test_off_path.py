@@ -319,7 +319,7 @@ def test_dyt_and_derf_have_their_second_derivative_on_every_backend(kind, backen
 @pytest.mark.parametrize("kind", ["bn", "pn-v", "pn", "bn-original", "rbn", "rmsnorm", "dyt", "derf"])
 def test_checkpointed_equals_not_checkpointed(kind, backend, reentrant):
     """rbn's penalty too, which the reentrant checkpoint's first forward computes without autograd:
-    refused in one line, where the non-reentrant one keeps it."""
+    refused in one line, where the non-reentrant one keeps it. The second norm's gain has a unit offset."""
     from powernorm_fairseq.norms.rbn import regularization
 
     backend_or_fail(backend)
@@ -328,7 +328,7 @@ def test_checkpointed_equals_not_checkpointed(kind, backend, reentrant):
     for use in (False, True):
         torch.manual_seed(0)
         lin = torch.nn.Linear(C, C).double()
-        norms = [build_norm(kind, C, **options).double().train() for _ in range(2)]
+        norms = [build_norm(kind, C, **options, unit_offset=i == 1).double().train() for i in range(2)]
 
         def block(x, pad):
             return norms[1](lin(norms[0](x, pad)), pad)
