@@ -129,8 +129,8 @@ class _ModelNormConfig(FairseqDataclass):
                                              metavar="K")
     norm_depth_scaling: bool = _flag(False, "LayerNorm Scaling: pre-norm layer l's norms times 1/sqrt(l)", FUNCTION,
                                      action="store_true")
-    norm_unit_offset: bool = _flag(False, "every norm gain stored as its offset from the initial gain (gamma - 1; "
-                                   "ScaleNorm's g - sqrt(d)), initialised at 0 and applied as 1 + gamma",
+    norm_unit_offset: bool = _flag(False, "every norm gain stored as gamma - 1 (a learned length g: g - sqrt(d)), "
+                                   "from 0, and applied as 1 + gamma",
                                    FUNCTION, kinds=GAIN_TYPES, action="store_true")
     rezero_gates: str = _flag("sublayer", "ReZero's gates: one per sublayer, or one per layer (the authors' code)",
                               FUNCTION, **_choice(REZERO_GATES))

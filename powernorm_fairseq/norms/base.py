@@ -58,7 +58,7 @@ class Norm(nn.Module):
     flags: dict = {}
     #: set by the models for a norm inside a causal decoder (see :meth:`warn_leak`)
     in_causal_decoder = False
-    #: the name of its affine gain, for a kind that has one (ScaleNorm's is "scale")
+    #: the name of its affine gain, for a kind that has one (a learned length is "scale")
     GAIN = "weight"
     #: what every read of the gain adds to the stored one: 0, or with ``unit_offset`` the gain at
     #: initialisation (:meth:`offset_gain`)
@@ -130,14 +130,14 @@ class Norm(nn.Module):
                 p.fill_(0.0 if name == "bias" else 1.0 - self.w_offset)
 
     def initial_gain(self) -> float:
-        """The gain at initialisation: 1 (ScaleNorm: sqrt(C))."""
+        """The gain at initialisation: 1 (a learned length's: sqrt(C))."""
         return 1.0
 
     def offset_gain(self, unit_offset: bool) -> None:
-        """``unit_offset``: the gain is stored as its offset from the initial one (gamma - 1; ScaleNorm's g
-        - sqrt(C)), initialised at 0 and read as w_offset + gamma wherever it is read (the kernels'
+        """``unit_offset``: the gain is stored as its offset from the initial one (gamma - 1; a learned length
+        g: g - sqrt(C)), initialised at 0 and read as w_offset + gamma wherever it is read (the kernels'
         ``w_offset``), so that weight decay pulls it toward the identity (x-transformers'
-        ``norm_add_unit_offset``, Gemma's RMSNorm, TransformerEngine's ``zero_centered_gamma``)."""
+        ``norm_add_unit_offset``, Gemma's norms, TransformerEngine's ``zero_centered_gamma``)."""
         self.unit_offset, self.w_offset = bool(unit_offset), self.initial_gain() if unit_offset else 0.0
         if unit_offset:
             with torch.no_grad():

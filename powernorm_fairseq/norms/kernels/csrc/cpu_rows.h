@@ -104,8 +104,8 @@ std::vector<Tensor> scalenorm_backward(const Tensor& x, const Tensor& norms, con
   std::vector<Tensor> out;
   DISPATCH(x, "scalenorm_backward", [&] {
     using A = at::opmath_type<scalar_t>;
-    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(-1), w_offset), eps, true,
-                                  scale.scalar_type());
+    out = rows_backward<scalar_t>(x, norms, grad_y.contiguous(), scalar_weight<A>(scale, x.size(-1), w_offset), eps,
+                                  true, scale.scalar_type());
   });
   return out;
 }
@@ -318,7 +318,8 @@ constexpr double kTwoOverSqrtPi = 1.12837916709551257;
 
 // Derf ("Stronger Normalization-Free Transformers", arXiv 2512.10938): y = w * erf(a x + s) + b, f'(u) =
 // (2 / sqrt(pi)) exp(-u^2), whose exp the backward's erf shares (erf_with)
-std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& p, double w_offset, double) {  // p: alpha, shift, w, b
+// p: alpha, shift, w, b
+std::vector<Tensor> derf_forward(const Tensor& x, const RowParams& p, double w_offset, double) {
   check_rows(x);
   TORCH_CHECK(p[0].numel() == 1 && p[1].numel() == 1, "alpha and shift: one value each");
   std::vector<Tensor> out;

@@ -232,9 +232,9 @@ std::vector<Tensor> finish_stats(const Tensor& part, const Tensor& mean_buf, con
 
 // gpu._backward_pass: {dL/dx, part}
 std::vector<Tensor> backward(const Tensor& x, const Tensor& mask, const Tensor& scale, const Tensor& grad_y,
-                             const Tensor& weight, double w_offset, const Tensor& mean, const Tensor& inv_fwd, const Tensor& inv_bwd,
-                             const Tensor& A, const Tensor& B, double b_scale, int64_t groups, bool correct_pads,
-                             bool want_gx, bool want_sums) {
+                             const Tensor& weight, double w_offset, const Tensor& mean, const Tensor& inv_fwd,
+                             const Tensor& inv_bwd, const Tensor& A, const Tensor& B, double b_scale, int64_t groups,
+                             bool correct_pads, bool want_gx, bool want_sums) {
   const launch::Target to = launch::target_of(x);
   const c10::OptionalDeviceGuard guard(launch::guarded(to));
   const ChannelPlan& p = channel_plan(CH_BWD, x, mask, groups, /*tall=*/false);  // its sums pass spills when taller

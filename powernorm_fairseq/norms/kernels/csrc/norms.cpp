@@ -62,8 +62,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         arg("mean"),
         arg("inv_fwd"), arg("inv_bwd"), arg("A"), arg("B"), arg("b_scale"), arg("groups"), arg("correct_pads"),
         arg("want_gx"), arg("want_sums"));
-  m.def("finish_backward", &finish_backward, arg("part"), arg("weight"), arg("w_offset"), arg("n"), arg("nu"), arg("rate"),
-        arg("kind"), arg("center"), arg("rows"));
+  m.def("finish_backward", &finish_backward, arg("part"), arg("weight"), arg("w_offset"), arg("n"), arg("nu"),
+        arg("rate"), arg("kind"), arg("center"), arg("rows"));
   // the per-row and per-entry kinds by name (cpu_rows.h's kRowKinds; their descriptors: contract.RowKind)
   m.def("row_forward", [](const std::string& kind, const Tensor& x, const std::vector<Tensor>& params,
                           double w_offset, double eps) {
@@ -103,10 +103,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gpu_finish_stats", &gpu::finish_stats, arg("part"), arg("mean_buf"), arg("second_buf"), arg("steps"),
         arg("update"), arg("momentum"), arg("eps"), arg("warmup"));
   m.def("gpu_backward", &gpu::backward, arg("x"), arg("mask"), arg("scale"), arg("grad_y"), arg("weight"),
-        arg("w_offset"), arg("mean"), arg("inv_fwd"), arg("inv_bwd"), arg("A"), arg("B"), arg("b_scale"), arg("groups"),
-        arg("correct_pads"), arg("want_gx"), arg("want_sums"));
-  m.def("gpu_finish_backward", &gpu::finish_backward, arg("part"), arg("weight"), arg("w_offset"), arg("n"), arg("nu"), arg("rate"),
-        arg("kind"), arg("center"), arg("rows"));
+        arg("w_offset"), arg("mean"), arg("inv_fwd"), arg("inv_bwd"), arg("A"), arg("B"), arg("b_scale"),
+        arg("groups"), arg("correct_pads"), arg("want_gx"), arg("want_sums"));
+  m.def("gpu_finish_backward", &gpu::finish_backward, arg("part"), arg("weight"), arg("w_offset"), arg("n"),
+        arg("nu"), arg("rate"), arg("kind"), arg("center"), arg("rows"));
   m.def("gpu_row_forward", [](const std::string& kind, const Tensor& x, const std::vector<Tensor>& params,
                               double w_offset, double eps) {
     return row_kind(gpu::kRowKinds, kind).forward(x, row_params(params), w_offset, eps);
