@@ -17,7 +17,9 @@ T, C = 6, 8
 # tokens in step 1: its sentences are all padding), and the sentence lengths
 SPLITS = [([0, 1], [2, 3, 4]), ([0, 1, 2], [3, 4]), ([0], [1, 2, 3, 4])]
 LENGTHS = [[6, 2, 5, 1, 3], [4, 6, 3, 0, 0], [1, 6, 6, 2, 4]]
-OPTIONS = {"bn": {}, "pn-v": {}, "pn": dict(warmup_updates=1, layer_scale=True, groups=2)}
+#: bn and pn with unit-offset gains (the synced A, B and nu read 1 + gamma), pn-v and rbn without
+OPTIONS = {"bn": dict(unit_offset=True), "pn-v": {},
+           "pn": dict(warmup_updates=1, layer_scale=True, groups=2, unit_offset=True)}
 #: rbn: bn's kernels, and a penalty whose statistics are the global batch's under sync batch
 PENALIZED = {"rbn": dict(penalty_mean=0.3, penalty_var=0.2)}
 
