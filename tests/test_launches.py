@@ -507,11 +507,11 @@ def test_the_nodes_send_a_gpu_what_triton_s_own_launch_sends():
               ("dyt", {}, "float32", "contiguous", (256, 16, 64))]
     targets = [t for *_, t in TARGETS] + [4, 4, 4, 4, 6, 6, 3, 3, 3, 4, 4, 3, 2, 6, 4, 3, 3, 3]
     # unit-offset gains (the gain read as w_offset + gamma in every kernel): the same launches as the case without
-    offset = [cases[0], cases[len(TARGETS) + 4], cases[len(TARGETS) + 12], cases[len(TARGETS) + 15],
-              cases[len(TARGETS) + 11], cases[len(TARGETS) - 1]]  # pn, bn, scalenorm, WIDE rmsnorm, dyt, derf
-    assert [(k, o) for k, o, *_ in offset] == [("pn", {}), ("bn", {}), ("scalenorm", {}), ("rmsnorm", {}),
-                                               ("dyt", {}), ("derf", {})]
-    without = {len(cases) + i: cases.index(case) for i, case in enumerate(offset)}
+    offset = [("pn", {}, "float32", "contiguous", shape), ("bn", {}, "float16", "batch_first", shape),
+              ("scalenorm", {}, "float32", "contiguous", (3, 2, 40)), ("rmsnorm", {}, "float32", "batch_first",
+                                                                         (2, 2, 4096)),  # WIDE
+              ("dyt", {}, "bfloat16", "batch_first", shape), ("derf", {}, "float32", "contiguous", shape)]
+    without = {len(cases) + i: cases.index(case) for i, case in enumerate(offset)}  # each a case above
     cases += [(kind, {"unit_offset": True}, *rest) for kind, _, *rest in offset]
     targets += [targets[cases.index(case)] for case in offset]
     env = {**os.environ, "TRITON_INTERPRET": "0"}  # Triton's own kernel cache: bench/run.py's host section shares it

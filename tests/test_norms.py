@@ -624,3 +624,5 @@ def test_a_unit_offset_gain_is_stored_at_zero_and_applied_as_one_plus_gamma(kind
         for name, p in norm.named_parameters():
             want = grads["G" if name == gain else name]
             torch.testing.assert_close(p.grad, want, msg=f"{kind} step {step}: dL/d{name}")
+    norm.reset_parameters()
+    assert float(getattr(norm, gain).detach().abs().max()) == 0.0 and norm.unit_offset

@@ -63,7 +63,6 @@ class Norm(nn.Module):
     #: what every read of the gain adds to the stored one: 0, or with ``unit_offset`` the gain at
     #: initialisation (:meth:`offset_gain`)
     w_offset = 0.0
-    unit_offset = False
 
     @classmethod
     def options(cls, cfg, heads: int, final: bool = False) -> dict:
@@ -124,10 +123,11 @@ class Norm(nn.Module):
         raise NotImplementedError
 
     def reset_parameters(self) -> None:
-        """Gain 1 and bias 0, as ``nn.LayerNorm`` and ``nn.BatchNorm1d`` start (a unit-offset gain: 0)."""
+        """Gain 1 (:meth:`initial_gain`) and bias 0, as ``nn.LayerNorm`` and ``nn.BatchNorm1d`` start (a
+        unit-offset gain: 0)."""
         with torch.no_grad():
             for name, p in self.named_parameters(recurse=False):
-                p.fill_(0.0 if name == "bias" else 1.0 - self.w_offset)
+                p.fill_(0.0 if name == "bias" else self.initial_gain() - self.w_offset)
 
     def initial_gain(self) -> float:
         """The gain at initialisation: 1 (a learned length's: sqrt(C))."""
@@ -138,10 +138,15 @@ class Norm(nn.Module):
         g: g - sqrt(C)), initialised at 0 and read as w_offset + gamma wherever it is read (the kernels'
         ``w_offset``), so that weight decay pulls it toward the identity (x-transformers'
         ``norm_add_unit_offset``, Gemma's norms, TransformerEngine's ``zero_centered_gamma``)."""
-        self.unit_offset, self.w_offset = bool(unit_offset), self.initial_gain() if unit_offset else 0.0
+        self.w_offset = self.initial_gain() if unit_offset else 0.0
         if unit_offset:
             with torch.no_grad():
                 self._parameters[self.GAIN].sub_(self.w_offset)
+
+    @property
+    def unit_offset(self) -> bool:
+        """Whether the gain is stored as its offset from the initial one (every initial gain is non-zero)."""
+        return self.w_offset != 0.0
 
     def gain(self, like: Tensor) -> Tensor:
         """The gain as the norm applies it, in like's dtype: the stored one plus ``w_offset``."""

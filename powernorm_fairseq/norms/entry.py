@@ -34,7 +34,8 @@ class EntryNorm(Norm):
     def reset_parameters(self) -> None:
         with torch.no_grad():
             for name, p in self.named_parameters(recurse=False):
-                p.fill_(self.alpha_init if name == "alpha" else 1.0 - self.w_offset if name == "weight" else 0.0)
+                p.fill_(self.alpha_init if name == "alpha" else self.initial_gain() - self.w_offset if name == "weight"
+                        else 0.0)
 
     def extra_repr(self) -> str:
         return f"{self.dim}, alpha_init={self.alpha_init}" + self.offset_repr()

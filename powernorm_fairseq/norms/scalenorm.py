@@ -55,10 +55,6 @@ class ScaleNorm(Norm):
     def initial_gain(self) -> float:
         return math.sqrt(self.dim)
 
-    def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.scale.fill_(math.sqrt(self.dim) - self.w_offset)
-
     def normalize(self, x: Tensor, pad_mask: Optional[Tensor]) -> Tensor:
         return row_norm(SCALENORM, x, (self._parameters["scale"],), self.eps, self.w_offset)  # no __getattr__ call
 
